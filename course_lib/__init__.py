@@ -1,0 +1,17 @@
+"""course_lib: the helper library of the course "Feeding PyTorch with data".
+
+Modules are named for what they teach:
+
+* :mod:`course_lib.data` generates the offline shapes data set (no downloads);
+* :mod:`course_lib.datasets` holds the map-style datasets of notebook 01;
+* :mod:`course_lib.transforms` the custom transforms of notebook 02;
+* :mod:`course_lib.loaders` batching helpers for notebook 03;
+* :mod:`course_lib.viz` the pictures (sample grids, histograms, batch layouts);
+* :mod:`course_lib.checks` the self-checking exercises;
+* :mod:`course_lib.pitfalls` reproduces errors live; :mod:`course_lib.timing` measures ratios.
+"""
+
+__version__ = "0.1.0"
+
+#: Versions the course was last tested with (README, and the workshop doctor).
+TESTED_VERSIONS = {"python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "webdataset": "1.0.2"}

@@ -1,0 +1,110 @@
+"""The machinery behind self-checking exercises.
+
+A check is a function decorated with :func:`exercise`. It receives what the learner built and
+raises :class:`Hint` with a specific message when something is wrong. The decorator turns the
+outcome into one printed line and never lets an exception escape, so a wrong answer never
+crashes the notebook:
+
+* ``✅ Exercise 01.1 solved: ...``              the answer passed every test;
+* ``⬜ Exercise 01.1 not attempted yet: ...``   the answer is still the stub (``...`` or a
+  function that raises ``NotImplementedError``);
+* ``❌ Exercise 01.1 not yet: <hint>``          something is wrong, and the hint says what.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class Hint(Exception):
+    """Raised by a check: the learner's answer is wrong, and the message says how."""
+
+
+class NotAttempted(Exception):
+    """Raised by a check when the answer is still the stub."""
+
+
+class Status(enum.Enum):
+    SOLVED = "✅"
+    NOT_ATTEMPTED = "⬜"
+    WRONG = "❌"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    exercise: str
+    status: Status
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.SOLVED
+
+    def __str__(self) -> str:
+        label = {
+            Status.SOLVED: "solved",
+            Status.NOT_ATTEMPTED: "not attempted yet",
+            Status.WRONG: "not yet",
+        }[self.status]
+        return f"{self.status.value} Exercise {self.exercise} {label}: {self.message}"
+
+
+def require(condition: bool, hint: str) -> None:
+    """Raise :class:`Hint` with ``hint`` unless ``condition`` holds."""
+    if not condition:
+        raise Hint(hint)
+
+
+def attempted(*answers: Any) -> None:
+    """Raise :class:`NotAttempted` if any answer is still the ``...`` placeholder."""
+    def is_stub(a: Any) -> bool:
+        return a is Ellipsis or (isinstance(a, (tuple, list)) and any(is_stub(x) for x in a))
+
+    if any(is_stub(a) for a in answers):
+        raise NotAttempted("replace the `...` with your answer, run the cell, then run this check again.")
+
+
+def _where(exc: BaseException) -> str:
+    """The learner-facing part of an exception: type and message, plus the line in their code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "ipykernel" in f.filename or f.filename.startswith("<")]
+    line = f" (in your code: `{user[-1].line}`)" if user and user[-1].line else ""
+    return f"{type(exc).__name__}: {exc}{line}"
+
+
+def exercise(code: str, solved_message: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Decorate a check function for exercise ``code`` (e.g. ``"01.1"``).
+
+    The decorated function prints one line and returns ``None``; ``fn.evaluate(...)`` returns
+    the :class:`CheckResult` instead (for tests and graders).
+    """
+
+    def decorate(check: Callable[..., Any]) -> Callable[..., None]:
+        def evaluate(*args: Any, **kwargs: Any) -> CheckResult:
+            try:
+                check(*args, **kwargs)
+            except NotAttempted as exc:
+                return CheckResult(code, Status.NOT_ATTEMPTED, str(exc))
+            except NotImplementedError:
+                return CheckResult(
+                    code, Status.NOT_ATTEMPTED, "your function still raises NotImplementedError: fill in its body."
+                )
+            except Hint as exc:
+                return CheckResult(code, Status.WRONG, str(exc))
+            except Exception as exc:  # the learner's code failed inside the check
+                return CheckResult(code, Status.WRONG, f"running your answer raised {_where(exc)}")
+            return CheckResult(code, Status.SOLVED, solved_message)
+
+        @functools.wraps(check)
+        def run(*args: Any, **kwargs: Any) -> None:
+            print(evaluate(*args, **kwargs))
+
+        run.evaluate = evaluate  # type: ignore[attr-defined]
+        run.exercise = code  # type: ignore[attr-defined]
+        return run
+
+    return decorate

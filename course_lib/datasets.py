@@ -1,0 +1,219 @@
+"""Map-style datasets taught in notebook 01 and used throughout the course.
+
+A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes here are
+deliberately short so that a learner can read them whole; they live in a module (not in a
+notebook cell) so that DataLoader worker processes can pickle them under any start method.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from . import data as _data
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data folder is missing or holds no images; the message says how to create it."""
+
+
+def check_index(index: Any, length: int) -> int:
+    """Turn ``index`` into a valid non-negative position, as a Python sequence would.
+
+    Raises ``IndexError`` (with the dataset's length) when it is out of range: ``for x in
+    dataset`` relies on that error to know where the data ends.
+    """
+    try:
+        i = operator.index(index)  # accepts int, numpy ints and 0-d integer tensors
+    except TypeError:
+        raise TypeError(
+            f"dataset indices must be integers, got {type(index).__name__}; "
+            "to take several samples use torch.utils.data.Subset or a DataLoader"
+        ) from None
+    if i < 0:
+        i += length
+    if not 0 <= i < length:
+        raise IndexError(f"index {index} is out of range for a dataset of length {length} (valid: 0..{length - 1})")
+    return i
+
+
+class InMemoryDataset(Dataset):
+    """Samples (and optional targets) already held in memory: the classic first Dataset.
+
+    ``dataset[i]`` returns ``transform(data[i])``, or ``(transform(data[i]),
+    target_transform(targets[i]))`` when targets are given.
+    """
+
+    def __init__(
+        self,
+        data: Sequence[Any] | torch.Tensor | np.ndarray,
+        targets: Sequence[Any] | torch.Tensor | np.ndarray | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if targets is not None and len(targets) != len(data):
+            raise ValueError(f"data has {len(data)} samples but targets has {len(targets)}; they must match")
+        self.data = data
+        self.targets = targets
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        i = check_index(index, len(self))
+        x = self.data[i]
+        if self.transform is not None:
+            x = self.transform(x)
+        if self.targets is None:
+            return x
+        y = self.targets[i]
+        if self.target_transform is not None:
+            y = self.target_transform(y)
+        return x, y
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={len(self)}, targets={self.targets is not None}, transform={self.transform!r})"
+
+
+class ImageFileDataset(Dataset):
+    """Images stored one file per sample in an ImageFolder layout: ``root/<split>/<class>/<file>``.
+
+    Only the file list is built in ``__init__``; each image is opened and decoded in
+    ``__getitem__``, so memory stays small however large the set is. ``root`` is the folder
+    that holds the splits: a generated set (``course_lib.data.prepare_data()``) or a real one
+    with the same layout (e.g. ImageNet's ``train/``, ``val/`` on a cluster). Pass
+    ``split=None`` when ``root`` already holds the class folders.
+
+    Paths and targets are kept as NumPy arrays rather than lists of Python objects: forked
+    DataLoader workers then share them without copying (notebook 04 shows why).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str | None = "train",
+        transform: Callable[[Image.Image], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        extensions: Sequence[str] = IMG_EXTENSIONS,
+    ) -> None:
+        self.root = Path(root).expanduser()
+        self.split = split
+        self.transform = transform
+        self.target_transform = target_transform
+        folder = self.root if split is None else self.root / split
+        if not self.root.is_dir():
+            raise DataNotFoundError(
+                f"no data folder at {str(self.root)!r}. Create the course data with "
+                "course_lib.data.prepare_data() (or `python -m course_lib prepare`), or pass the "
+                "path of an existing ImageFolder-style dataset."
+            )
+        if not folder.is_dir():
+            splits = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            raise DataNotFoundError(
+                f"{self.root.name}/ has no {split!r} split; it holds: {', '.join(splits) or 'nothing'}. "
+                "Pass split=... (or split=None if the class folders are directly inside)."
+            )
+        self.classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        exts = tuple(e.lower() for e in extensions)
+        paths, targets = [], []
+        for cls in self.classes:
+            for f in sorted((folder / cls).iterdir()):
+                if f.suffix.lower() in exts and f.is_file():
+                    paths.append(f"{cls}/{f.name}")
+                    targets.append(self.class_to_idx[cls])
+        if not paths:
+            raise DataNotFoundError(
+                f"no images ({', '.join(exts)}) in class folders under {folder.name}/. "
+                "Generate the course data with course_lib.data.prepare_data(), or check the path."
+            )
+        self.folder = folder
+        self.paths = np.array(paths)  # relative to self.folder
+        self.targets = np.array(targets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load_image(self, index: int) -> Image.Image:
+        """Open and decode one image file as RGB (no transform)."""
+        i = check_index(index, len(self))
+        rel = str(self.paths[i])
+        try:
+            with Image.open(self.folder / rel) as img:
+                return img.convert("RGB")
+        except (UnidentifiedImageError, OSError) as exc:
+            raise _data.DataError(
+                f"cannot decode image {i} ({self.split or '.'}/{rel}): {exc}. The file is damaged; "
+                "re-create the generated set with prepare_data(force=True) or replace the file."
+            ) from None
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        img = self.load_image(index)
+        target: Any = int(self.targets[check_index(index, len(self))])
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.root.name}/{self.split or ''}, n={len(self)}, "
+            f"classes={len(self.classes)}, transform={self.transform!r})"
+        )
+
+
+def shapes(
+    split: str = "train",
+    transform: Callable[[Image.Image], Any] | None = None,
+    target_transform: Callable[[int], Any] | None = None,
+    *,
+    size: str = _data.DEFAULT_SIZE,
+    seed: int = 0,
+    root: str | os.PathLike[str] | None = None,
+) -> ImageFileDataset:
+    """The generated shapes set as an :class:`ImageFileDataset` (it must be prepared first)."""
+    folder = _data.data_dir(root) / _data.dataset_name(size, seed)
+    if not folder.is_dir():
+        raise DataNotFoundError(
+            f"the {_data.dataset_name(size, seed)} data set has not been generated yet. Run "
+            f"course_lib.data.prepare_data(size={size!r}, seed={seed}) or "
+            f"`python -m course_lib prepare --size {size}` (set {_data.ENV_VAR} to choose where)."
+        )
+    return ImageFileDataset(folder, split, transform, target_transform)
+
+
+class RandomSequences(Dataset):
+    """Integer token sequences of varying length, for batching variable-length samples (notebook 03).
+
+    Sample ``i`` is ``(tokens, label)``: ``tokens`` a 1-D ``int64`` tensor of length between
+    ``min_len`` and ``max_len`` with values in ``1..vocab-1`` (0 is kept free for padding), and
+    ``label`` 1 when the sequence is longer than the midpoint length, else 0. Sample ``i`` is
+    the same on every call and in every worker: it is drawn from its own seeded generator.
+    """
+
+    def __init__(self, n: int = 100, min_len: int = 3, max_len: int = 20, vocab: int = 50, seed: int = 0) -> None:
+        if n < 0 or not 1 <= min_len <= max_len or vocab < 2:
+            raise ValueError("need n >= 0, 1 <= min_len <= max_len and vocab >= 2")
+        self.n, self.min_len, self.max_len, self.vocab, self.seed = n, min_len, max_len, vocab, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        i = check_index(index, self.n)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        length = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))
+        tokens = torch.randint(1, self.vocab, (length,), generator=g)
+        return tokens, int(length > (self.min_len + self.max_len) / 2)

@@ -1,0 +1,35 @@
+"""Helpers for batching with ``torch.utils.data.DataLoader`` (notebook 03).
+
+The DataLoader's default ``collate_fn`` stacks samples, which needs them to have the same
+shape. ``pad_collate`` is the usual answer for variable-length samples such as token sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+
+def pad_collate(
+    batch: Sequence[tuple[torch.Tensor, int]], padding_value: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Collate ``(sequence, label)`` samples of different lengths into padded tensors.
+
+    Returns ``(padded, lengths, labels)``: ``padded`` is ``[batch, longest]`` with
+    ``padding_value`` after each sequence's end, ``lengths`` the true lengths (so a model can
+    mask or pack the padding), ``labels`` a 1-D tensor.
+    """
+    if len(batch) == 0:
+        raise ValueError("pad_collate got an empty batch")
+    try:
+        seqs, labels = zip(*batch)
+    except (TypeError, ValueError):
+        raise TypeError("pad_collate expects samples of the form (sequence_tensor, label)") from None
+    seqs = [torch.as_tensor(s) for s in seqs]
+    if any(s.dim() != 1 for s in seqs):
+        raise ValueError("pad_collate pads 1-D sequences; got shapes " + ", ".join(str(tuple(s.shape)) for s in seqs[:3]))
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    padded = pad_sequence(seqs, batch_first=True, padding_value=padding_value)
+    return padded, lengths, torch.as_tensor(labels)

@@ -1,0 +1,80 @@
+"""Custom transforms taught in notebook 02.
+
+A transform is just a callable: ``Compose`` (torchvision's, v1 or v2) calls each one on the
+output of the previous. ``Add`` and ``Mult`` are classes, not lambdas, so they pickle into
+DataLoader workers under every start method, and they have a readable ``repr`` so a printed
+pipeline says what it does.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import TypeVar
+
+import numpy as np
+import torch
+from PIL import Image
+
+T = TypeVar("T", torch.Tensor, np.ndarray, int, float, complex)
+
+
+def _check_input(name: str, sample: object) -> None:
+    if isinstance(sample, Image.Image):
+        raise TypeError(
+            f"{name} works on tensors and numbers, not on a PIL image: put v2.ToImage() and "
+            f"v2.ToDtype(torch.float32, scale=True) before {name} in the Compose"
+        )
+    if not isinstance(sample, (torch.Tensor, np.ndarray, numbers.Number)):
+        raise TypeError(f"{name} works on tensors, NumPy arrays and numbers, got {type(sample).__name__}")
+
+
+class Add:
+    """Add a constant to every element: ``Add(2)(x) == x + 2``."""
+
+    def __init__(self, value: float) -> None:
+        if not isinstance(value, numbers.Number):
+            raise TypeError(f"Add needs a number, got {type(value).__name__}")
+        self.value = value
+
+    def __call__(self, sample: T) -> T:
+        _check_input("Add", sample)
+        return sample + self.value
+
+    def __repr__(self) -> str:
+        return f"Add({self.value!r})"
+
+
+class Mult:
+    """Multiply every element by a constant: ``Mult(3)(x) == x * 3``."""
+
+    def __init__(self, value: float) -> None:
+        if not isinstance(value, numbers.Number):
+            raise TypeError(f"Mult needs a number, got {type(value).__name__}")
+        self.value = value
+
+    def __call__(self, sample: T) -> T:
+        _check_input("Mult", sample)
+        return sample * self.value
+
+    def __repr__(self) -> str:
+        return f"Mult({self.value!r})"
+
+
+class OneHot:
+    """Target transform: class index -> one-hot float vector of length ``num_classes``."""
+
+    def __init__(self, num_classes: int) -> None:
+        if num_classes < 1:
+            raise ValueError("num_classes must be >= 1")
+        self.num_classes = num_classes
+
+    def __call__(self, target: int) -> torch.Tensor:
+        t = int(target)
+        if not 0 <= t < self.num_classes:
+            raise ValueError(f"target {t} is outside 0..{self.num_classes - 1}")
+        out = torch.zeros(self.num_classes)
+        out[t] = 1.0
+        return out
+
+    def __repr__(self) -> str:
+        return f"OneHot({self.num_classes})"

@@ -306,8 +306,10 @@ def prepare_data(
     name = dataset_name(size, seed)
     final = base / name
     if final.exists() and not force:
-        verify(final, checksums=checksums)
-        return final
+        if read_manifest(final).get("format_version") == FORMAT_VERSION:
+            verify(final, checksums=checksums)
+            return final
+        force = True  # written by another version of the generator: it is derived data, redo it
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -23,10 +23,9 @@ def pad_collate(
     """
     if len(batch) == 0:
         raise ValueError("pad_collate got an empty batch")
-    try:
-        seqs, labels = zip(*batch)
-    except (TypeError, ValueError):
-        raise TypeError("pad_collate expects samples of the form (sequence_tensor, label)") from None
+    if not all(isinstance(sample, (tuple, list)) and len(sample) == 2 for sample in batch):
+        raise TypeError("pad_collate expects samples of the form (sequence_tensor, label)")
+    seqs, labels = zip(*batch)
     seqs = [torch.as_tensor(s) for s in seqs]
     if any(s.dim() != 1 for s in seqs):
         raise ValueError("pad_collate pads 1-D sequences; got shapes " + ", ".join(str(tuple(s.shape)) for s in seqs[:3]))

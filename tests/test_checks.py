@@ -1,0 +1,206 @@
+"""course_lib.checks: every exercise passes a right answer, flags stubs, and hints at wrong ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset, random_split
+from torchvision.transforms import v2
+
+from course_lib.checks import Hint, Status, exercise, nb01, nb02, nb03, require
+from course_lib.datasets import ImageFileDataset, InMemoryDataset
+from course_lib.transforms import Add, Mult
+
+
+def status(check, *args) -> tuple[Status, str]:
+    result = check.evaluate(*args)
+    return result.status, result.message
+
+
+# ----------------------------------------------------------------- the machinery
+
+
+def test_a_check_prints_one_line_and_never_raises(capsys: pytest.CaptureFixture[str]) -> None:
+    @exercise("99.1", "well done")
+    def demo(answer):
+        require(answer == 42, "the answer is 42")
+
+    assert demo(42) is None
+    assert capsys.readouterr().out == "✅ Exercise 99.1 solved: well done\n"
+    demo(41)
+    assert capsys.readouterr().out == "❌ Exercise 99.1 not yet: the answer is 42\n"
+
+
+def test_outcomes_of_the_machinery() -> None:
+    @exercise("99.2", "ok")
+    def demo(fn):
+        from course_lib.checks import attempted
+
+        attempted(fn)
+        require(fn() == 1, "return 1")
+
+    def stub():
+        raise NotImplementedError
+
+    def broken():
+        return 1 / 0
+
+    assert demo.evaluate(...).status is Status.NOT_ATTEMPTED
+    assert demo.evaluate(stub).status is Status.NOT_ATTEMPTED
+    crashed = demo.evaluate(broken)
+    assert crashed.status is Status.WRONG and "ZeroDivisionError: division by zero" in crashed.message
+    assert demo.evaluate(lambda: 2).message == "return 1"
+    assert demo.evaluate(lambda: 1).passed
+
+
+# ----------------------------------------------------------------- notebook 01
+
+
+class Squares(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, i * i
+
+
+class SquaresNoIndexError(Squares):
+    def __getitem__(self, i):
+        return i, i * i
+
+
+class SquaresFixedLength(Squares):
+    def __len__(self):
+        return 5
+
+
+class SquaresWrongValue(Squares):
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, 2 * i
+
+
+def test_01_squares() -> None:
+    assert status(nb01.squares_dataset, Squares)[0] is Status.SOLVED
+    assert status(nb01.squares_dataset, ...)[0] is Status.NOT_ATTEMPTED
+    assert "must raise IndexError" in status(nb01.squares_dataset, SquaresNoIndexError)[1]
+    assert "follow the n given" in status(nb01.squares_dataset, SquaresFixedLength)[1]
+    assert "should be (3, 9)" in status(nb01.squares_dataset, SquaresWrongValue)[1]
+
+
+def test_01_split(tiny_set: Path) -> None:
+    train = ImageFileDataset(tiny_set, "train")
+    good = random_split(train, [0.8, 0.2], generator=torch.Generator().manual_seed(42))
+    assert status(nb01.seeded_split, *good, train)[0] is Status.SOLVED
+    assert status(nb01.seeded_split, ..., ..., train)[0] is Status.NOT_ATTEMPTED
+    unseeded = random_split(train, [0.8, 0.2], generator=torch.Generator().manual_seed(1))
+    assert "seed 42" in status(nb01.seeded_split, *unseeded, train)[1]
+    wrong_sizes = random_split(train, [0.5, 0.5], generator=torch.Generator().manual_seed(42))
+    assert "[0.8, 0.2]" in status(nb01.seeded_split, *wrong_sizes, train)[1]
+    assert "should be a Subset" in status(nb01.seeded_split, list(range(64)), good[1], train)[1]
+
+
+def test_01_counts(tiny_set: Path) -> None:
+    val = ImageFileDataset(tiny_set, "val")
+    right = {c: 2 for c in val.classes}
+    assert status(nb01.class_counts, right, val)[0] is Status.SOLVED
+    assert "class names as keys" in status(nb01.class_counts, {i: 2 for i in range(10)}, val)[1]
+    off = dict(right, star=3)
+    assert "the count for 'star' is 3" in status(nb01.class_counts, off, val)[1]
+    assert "should be a dict" in status(nb01.class_counts, [2] * 10, val)[1]
+
+
+# ----------------------------------------------------------------- notebook 02
+
+
+def test_02_unit_range() -> None:
+    assert status(nb02.to_unit_range, v2.Compose([Mult(2), Add(-1)]))[0] is Status.SOLVED
+    assert status(nb02.to_unit_range, v2.Compose([Add(-0.5), Mult(2)]))[0] is Status.SOLVED
+    assert "multiply first or add first" in status(nb02.to_unit_range, v2.Compose([Add(-1), Mult(2)]))[1]
+    assert status(nb02.to_unit_range, ...)[0] is Status.NOT_ATTEMPTED
+
+
+def test_02_pipelines() -> None:
+    to_float = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    train_tf = v2.Compose([v2.RandomResizedCrop(48, antialias=True), v2.RandomHorizontalFlip(), *to_float])
+    val_tf = v2.Compose([v2.Resize(52, antialias=True), v2.CenterCrop(48), *to_float])
+    assert status(nb02.train_and_val, train_tf, val_tf)[0] is Status.SOLVED
+    assert "deterministic" in status(nb02.train_and_val, train_tf, train_tf)[1]
+    assert "add a random augmentation" in status(nb02.train_and_val, val_tf, val_tf)[1]
+    unscaled = v2.Compose([v2.Resize(52, antialias=True), v2.CenterCrop(48), v2.ToImage(), v2.ToDtype(torch.float32)])
+    assert "scale=True" in status(nb02.train_and_val, train_tf, unscaled)[1]
+    assert "expected (3, 48, 48)" in status(nb02.train_and_val, train_tf, v2.Compose(to_float))[1]
+    assert "add v2.ToImage()" in status(nb02.train_and_val, train_tf, v2.CenterCrop(48))[1]
+
+
+def test_02_is_round() -> None:
+    classes = ["arrow", "circle", "crescent", "cross", "hexagon", "pentagon", "ring", "square", "star", "triangle"]
+    assert status(nb02.is_round, lambda y: int(classes[y] in ("circle", "ring", "crescent")), classes)[0] is Status.SOLVED
+    assert "did you forget `return`" in status(nb02.is_round, lambda y: None, classes)[1]
+    assert "(ring) should be 1" in status(nb02.is_round, lambda y: int(classes[y] == "circle" or y == 2), classes)[1]
+
+
+# ----------------------------------------------------------------- notebook 03
+
+
+def test_03_count() -> None:
+    assert status(nb03.count_batches, (16, 15))[0] is Status.SOLVED
+    assert status(nb03.count_batches, (..., ...))[0] is Status.NOT_ATTEMPTED
+    assert "partial batch" in status(nb03.count_batches, (15, 15))[1]
+    assert "a pair" in status(nb03.count_batches, 16)[1]
+
+
+def good_mask_collate(samples):
+    seqs = [s for s, _ in samples]
+    padded = pad_sequence(seqs, batch_first=True)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return padded, torch.arange(padded.shape[1])[None] < lengths[:, None], torch.tensor([y for _, y in samples])
+
+
+def test_03_mask() -> None:
+    assert status(nb03.collate_with_mask, good_mask_collate)[0] is Status.SOLVED
+
+    def int_mask(samples):
+        p, m, y = good_mask_collate(samples)
+        return p, m.int(), y
+
+    def inverted(samples):
+        p, m, y = good_mask_collate(samples)
+        return p, ~m, y
+
+    assert "bool tensor" in status(nb03.collate_with_mask, int_mask)[1]
+    assert "should be True for the first" in status(nb03.collate_with_mask, inverted)[1]
+    assert "three things" in status(nb03.collate_with_mask, lambda s: good_mask_collate(s)[:2])[1]
+
+
+def test_03_loader() -> None:
+    def good(seed):
+        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+    def ordered(seed):
+        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10)
+
+    def global_rng(seed):
+        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True)
+
+    class Reseeding:  # re-seeds at the start of every epoch: all epochs identical
+        def __init__(self, seed):
+            self.seed = seed
+
+        def __iter__(self):
+            return iter(good(self.seed))
+
+    assert status(nb03.reproducible_loader, good)[0] is Status.SOLVED
+    assert "turn shuffle on" in status(nb03.reproducible_loader, ordered)[1]
+    assert "generator=torch.Generator()" in status(nb03.reproducible_loader, global_rng)[1]
+    assert "seed the generator once" in status(nb03.reproducible_loader, Reseeding)[1]
+    assert status(nb03.reproducible_loader, ...)[0] is Status.NOT_ATTEMPTED

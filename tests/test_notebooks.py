@@ -1,0 +1,122 @@
+"""Notebook hygiene that nbval cannot see.
+
+nbval re-executes every notebook and compares outputs, but it silently passes a cell whose stored
+version was never executed. These tests make sure what is committed was executed top to bottom,
+that learner notebooks match their solutions, that learners see "not attempted" where solutions
+see "solved", and that nothing machine-specific or downloaded slipped in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib import authoring
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.ipynb"))
+LEARNERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+ALL = LEARNERS + SOLUTIONS
+EXERCISE_LINE = re.compile(r"^(✅|⬜|❌) Exercise (\d\d\.\d) ", re.M)
+
+
+def ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(NOTEBOOKS)) for p in paths]
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def outputs_text(cell: nbformat.NotebookNode) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        parts.append(out.get("data", {}).get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_every_solution_has_a_learner_version_and_vice_versa() -> None:
+    assert SOLUTIONS, "no notebooks found"
+    assert [p.name for p in SOLUTIONS] == [p.name for p in LEARNERS]
+
+
+def test_learner_notebooks_are_generated_from_the_solutions() -> None:
+    assert authoring.out_of_sync(NOTEBOOKS) == []
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_committed_executed_in_order_without_errors(path: Path) -> None:
+    nb = read(path)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    counts = [c.execution_count for c in code]
+    assert None not in counts, f"cells never executed: {[i for i, n in enumerate(counts) if n is None]}"
+    assert counts == list(range(1, len(code) + 1)), "run the notebook top to bottom in a fresh kernel"
+    for c in code:
+        for out in c.outputs:
+            assert out.output_type != "error", f"a stored error: {out.get('ename')}: {out.get('evalue')}"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_no_machine_paths_in_outputs(path: Path) -> None:
+    roots = {str(ROOT.parent), os.path.expanduser("~"), tempfile.gettempdir(), sys.prefix}
+    pattern = re.compile("|".join(re.escape(r.rstrip("/") + "/") for r in roots if len(r) > 1))
+    for i, cell in enumerate(read(path).cells):
+        match = pattern.search(outputs_text(cell))
+        assert match is None, f"cell {i} shows a path of this machine: {match.group(0)}..."
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_nothing_is_downloaded(path: Path) -> None:
+    for cell in read(path).cells:
+        if cell.cell_type == "code":
+            assert "download=True" not in cell.source and "urlretrieve" not in cell.source
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))
+def test_lesson_structure(path: Path) -> None:
+    nb = read(path)
+    intro = nb.cells[0].source
+    assert re.search(r"\*\*Level [1-5]\*\*", intro), "the first cell states the level"
+    assert "Prerequisites" in intro and "By the end you will be able to" in intro
+    assert any(c.cell_type == "markdown" and "## Summary" in c.source for c in nb.cells)
+    assert any(c.cell_type == "markdown" and "Pitfall" in c.source for c in nb.cells), "reproduce a pitfall"
+    figures = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert figures, "at least one real matplotlib figure"
+    exercises = set(EXERCISE_LINE.findall("".join(outputs_text(c) for c in nb.cells)))
+    assert 2 <= len(exercises) <= 4
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=ids(SOLUTIONS))
+def test_solutions_solve_and_learners_start_unsolved(solution: Path) -> None:
+    solved = EXERCISE_LINE.findall("".join(outputs_text(c) for c in read(solution).cells))
+    learner = EXERCISE_LINE.findall("".join(outputs_text(c) for c in read(NOTEBOOKS / solution.name).cells))
+    assert solved and all(mark == "✅" for mark, _ in solved), solved
+    assert [code for _, code in learner] == [code for _, code in solved]
+    assert all(mark == "⬜" for mark, _ in learner), learner
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_notebooks_stay_small(path: Path) -> None:
+    assert path.stat().st_size < 1_500_000, "keep figures small (fewer images, smaller figsize)"
+
+
+def test_sanitize_patterns_only_mask_varying_text() -> None:
+    """The sanitize file must not be so broad that a wrong output could pass."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "tests" / "nbval_sanitize.cfg")
+    regexes = [re.compile(cfg[s]["regex"]) for s in cfg.sections()]
+    for text in ("✅ Exercise 01.1 solved", "shapes-small-seed0: 800 train + 200 val images", "[44, 633, 667]", "True"):
+        assert not any(r.search(text) for r in regexes), text
+    for text in ("12.5×", "420 µs", "0x7f3a2b1c0d", "3.2 ms"):
+        assert any(r.search(text) for r in regexes), text

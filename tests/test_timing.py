@@ -1,0 +1,24 @@
+"""course_lib.timing: ratios from robust per-call timings."""
+
+from __future__ import annotations
+
+import time
+
+from course_lib.timing import format_seconds, seconds_per_call
+
+
+def test_seconds_per_call_is_close_to_a_known_duration() -> None:
+    t = seconds_per_call(lambda: time.sleep(0.002), repeat=3, min_time=0.01)
+    assert 0.0015 < t < 0.05
+
+
+def test_fast_calls_are_batched_into_measurable_rounds() -> None:
+    calls = []
+    seconds_per_call(lambda: calls.append(1), repeat=2, min_time=0.005)
+    assert len(calls) > 100
+
+
+def test_format_seconds() -> None:
+    assert format_seconds(0.00042) == "420 µs"
+    assert format_seconds(0.0123) == "12.3 ms"
+    assert format_seconds(2.5) == "2.50 s"

@@ -320,7 +320,14 @@ def prepare_data(
     _remove_stale_temps(base, name)
     tmp = base / f".{name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
+        try:
+            manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
+        except OSError as exc:  # read-only shared folder, full disk, quota...
+            raise DataError(
+                f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
+                f"folder with free space; if an instructor prepared a shared folder, ask for "
+                f"`python -m course_lib prepare --size {size}` there."
+            ) from exc
         # The manifest is written last: a folder with a manifest is a finished one.
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         if force and final.exists():

@@ -11,7 +11,9 @@ from typing import Any, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 
@@ -81,12 +83,13 @@ def class_histogram(
 
 
 def show_padded_batch(padded: torch.Tensor, lengths: torch.Tensor, title: str = "A padded batch") -> Figure:
-    """Draw a ``[batch, time]`` padded batch: real tokens coloured, padding grey."""
+    """Draw a ``[batch, time]`` padded batch: real tokens blue, padding grey."""
     b, t = padded.shape
     real = torch.arange(t)[None, :] < lengths[:, None]
     fig, ax = plt.subplots(figsize=(min(12, 1 + t * 0.35), 0.6 + b * 0.3))
-    ax.imshow(real.numpy(), cmap="Blues", vmin=-0.3, vmax=1.2, aspect="auto")
-    ax.set_xlabel("position in sequence")
+    ax.imshow(real.numpy(), cmap=ListedColormap(["#d9d9d9", "#2b6cb0"]), vmin=0, vmax=1, aspect="auto")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("position in sequence (blue: real tokens, grey: padding)")
     ax.set_ylabel("sample in batch")
     ax.set_yticks(range(b))
     share = 1 - float(real.float().mean())

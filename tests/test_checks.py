@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset, random_split
+from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
 from torchvision.transforms import v2
 
 from course_lib.checks import Hint, Status, exercise, nb01, nb02, nb03, require
@@ -89,12 +89,26 @@ class SquaresWrongValue(Squares):
         return i, 2 * i
 
 
+class SquaresList(Squares):
+    def __getitem__(self, i):
+        return [i, i * i]
+
+
+class SquaresStubGetitem(Squares):
+    def __getitem__(self, i):
+        raise NotImplementedError
+
+
 def test_01_squares() -> None:
     assert status(nb01.squares_dataset, Squares)[0] is Status.SOLVED
     assert status(nb01.squares_dataset, ...)[0] is Status.NOT_ATTEMPTED
     assert "must raise IndexError" in status(nb01.squares_dataset, SquaresNoIndexError)[1]
     assert "follow the n given" in status(nb01.squares_dataset, SquaresFixedLength)[1]
     assert "should be (3, 9)" in status(nb01.squares_dataset, SquaresWrongValue)[1]
+    assert "the tuple (3, 9), got [3, 9]" in status(nb01.squares_dataset, SquaresList)[1]
+    assert "not an instance" in status(nb01.squares_dataset, Squares(5))[1]
+    stub = status(nb01.squares_dataset, SquaresStubGetitem)
+    assert stub[0] is Status.NOT_ATTEMPTED and "NotImplementedError in `__getitem__`" in stub[1]
 
 
 def test_01_split(tiny_set: Path) -> None:
@@ -140,6 +154,23 @@ def test_02_pipelines() -> None:
     assert "scale=True" in status(nb02.train_and_val, train_tf, unscaled)[1]
     assert "expected (3, 48, 48)" in status(nb02.train_and_val, train_tf, v2.Compose(to_float))[1]
     assert "add v2.ToImage()" in status(nb02.train_and_val, train_tf, v2.CenterCrop(48))[1]
+    normalized = v2.Compose([val_tf, v2.Normalize([0.5] * 3, [0.5] * 3)])
+    assert "leave out Normalize" in status(nb02.train_and_val, train_tf, normalized)[1]
+    crop_only = v2.Compose([v2.RandomCrop(48, pad_if_needed=True), *to_float]), v2.Compose([v2.CenterCrop(48), *to_float])
+    assert status(nb02.train_and_val, *crop_only)[0] is Status.WRONG  # a 40x30 image is padded, not resized
+    short_side = v2.Compose([v2.Resize(48, antialias=True), *to_float])
+    assert "sets the *shorter* side" in status(nb02.train_and_val, train_tf, short_side)[1]
+
+
+def test_checks_leave_the_learners_random_state_alone() -> None:
+    to_float = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    train_tf = v2.Compose([v2.RandomResizedCrop(48, antialias=True), *to_float])
+    val_tf = v2.Compose([v2.Resize((48, 48), antialias=True), *to_float])
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    nb02.train_and_val.evaluate(train_tf, val_tf)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_02_is_round() -> None:
@@ -147,6 +178,9 @@ def test_02_is_round() -> None:
     assert status(nb02.is_round, lambda y: int(classes[y] in ("circle", "ring", "crescent")), classes)[0] is Status.SOLVED
     assert "did you forget `return`" in status(nb02.is_round, lambda y: None, classes)[1]
     assert "(ring) should be 1" in status(nb02.is_round, lambda y: int(classes[y] == "circle" or y == 2), classes)[1]
+    assert "the number 0 or 1, got 'other'" in status(nb02.is_round, lambda y: "other", classes)[1]
+    assert "the number 0 or 1, got tensor" in status(nb02.is_round, lambda y: torch.tensor([1.0, 0.0]), classes)[1]
+    assert status(nb02.is_round, lambda y: torch.tensor(int(classes[y] in ("circle", "ring", "crescent"))), classes)[0] is Status.SOLVED
 
 
 # ----------------------------------------------------------------- notebook 03
@@ -156,7 +190,9 @@ def test_03_count() -> None:
     assert status(nb03.count_batches, (16, 15))[0] is Status.SOLVED
     assert status(nb03.count_batches, (..., ...))[0] is Status.NOT_ATTEMPTED
     assert "partial batch" in status(nb03.count_batches, (15, 15))[1]
-    assert "a pair" in status(nb03.count_batches, 16)[1]
+    assert "a tuple of two numbers" in status(nb03.count_batches, 16)[1]
+    assert status(nb03.count_batches, [16, 15])[0] is Status.SOLVED
+    assert "whole numbers (int), got '16' and '15'" in status(nb03.count_batches, ("16", "15"))[1]
 
 
 def good_mask_collate(samples):
@@ -201,6 +237,33 @@ def test_03_loader() -> None:
 
     assert status(nb03.reproducible_loader, good)[0] is Status.SOLVED
     assert "turn shuffle on" in status(nb03.reproducible_loader, ordered)[1]
-    assert "generator=torch.Generator()" in status(nb03.reproducible_loader, global_rng)[1]
+    assert "global generator" in status(nb03.reproducible_loader, global_rng)[1]
+
+    def seeds_global(seed):
+        torch.manual_seed(seed)
+        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True)
+
+    def seeds_global_as_argument(seed):
+        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True, generator=torch.manual_seed(seed))
+
+    class OwnIterable:  # not a DataLoader: the generator attribute is absent, the orders decide
+        def __init__(self, seed):
+            self.seed = seed
+
+        def __iter__(self):
+            return iter(global_rng(self.seed))
+
+    def pairs(seed):
+        x = torch.arange(100)
+        return DataLoader(TensorDataset(x, x), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+    def no_batch_size(seed):
+        return DataLoader(InMemoryDataset(torch.arange(100)), shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+    assert "global generator" in status(nb03.reproducible_loader, seeds_global)[1]
+    assert "global generator" in status(nb03.reproducible_loader, seeds_global_as_argument)[1]
+    assert "different orders" in status(nb03.reproducible_loader, OwnIterable)[1]
+    assert status(nb03.reproducible_loader, pairs)[0] is Status.SOLVED
+    assert "100 batches of sizes [1]: set batch_size=10" in status(nb03.reproducible_loader, no_batch_size)[1]
     assert "seed the generator once" in status(nb03.reproducible_loader, Reseeding)[1]
     assert status(nb03.reproducible_loader, ...)[0] is Status.NOT_ATTEMPTED

@@ -76,7 +76,7 @@ def test_failure_mid_write_leaves_nothing_that_looks_complete(tmp_path: Path, mo
         return real_draw(*args, **kwargs)
 
     monkeypatch.setattr(data, "draw_shape", draw_then_fail)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(data.DataError, match=r"cannot write the shapes-tiny-seed0 set.*disk full \(simulated\)"):
         data.prepare_data("tiny", root=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []  # no final folder, no temp folder left behind
     monkeypatch.setattr(data, "draw_shape", real_draw)
@@ -183,6 +183,21 @@ def test_data_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert data.data_dir(tmp_path / "arg") == tmp_path / "arg"
     folder = data.prepare_data("tiny", progress=False)
     assert folder.parent == tmp_path / "env"
+
+
+def test_read_only_shared_folder_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A participant's notebook asks for a size the instructor did not prepare in a read-only folder."""
+    real_mkdir = Path.mkdir
+
+    def read_only(self: Path, *args: object, **kwargs: object) -> None:
+        if ".tmp-" in str(self):
+            raise PermissionError(13, "Permission denied")
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(data.DataError, match=r"Permission denied.*python -m course_lib prepare --size tiny"):
+        data.prepare_data("tiny", root=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())
 
 
 def test_bad_arguments_are_explained(tmp_path: Path) -> None:

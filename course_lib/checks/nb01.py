@@ -16,12 +16,13 @@ from ._core import Hint, NotAttempted, attempted, exercise, require
 def squares_dataset(squares_cls: Any) -> None:
     """``Squares(n)[i] == (i, i**2)``, ``len == n``, ``IndexError`` out of range."""
     attempted(squares_cls)
+    require(isinstance(squares_cls, type), "pass the class itself, `Squares`, not an instance such as `Squares(5)`.")
     ds = squares_cls(5)
     require(hasattr(ds, "__len__") and hasattr(ds, "__getitem__"), "Squares needs both __len__ and __getitem__.")
     n = len(ds)
     require(n == 5, f"len(Squares(5)) should be 5, got {n}: __len__ must return the n given to __init__.")
     item = ds[3]
-    require(isinstance(item, tuple) and len(item) == 2, f"Squares(5)[3] should be the pair (3, 9), got {item!r}.")
+    require(isinstance(item, tuple) and len(item) == 2, f"Squares(5)[3] should be the tuple (3, 9), got {item!r}: return i, i ** 2.")
     require(
         int(item[0]) == 3 and int(item[1]) == 9,
         f"Squares(5)[3] should be (3, 9), got {item!r}: return (index, index ** 2).",
@@ -64,7 +65,7 @@ def seeded_split(train_part: Any, holdout: Any, dataset: Any) -> None:
     )
 
 
-@exercise("01.3", "class counts read from .targets, without decoding a single image.")
+@exercise("01.3", "the counts match. Read from .targets, they need no image decoding at all.")
 def class_counts(counts: Any, dataset: Any) -> None:
     """``counts`` maps each class name to its number of samples in ``dataset``."""
     attempted(counts)

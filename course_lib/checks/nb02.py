@@ -27,9 +27,9 @@ def to_unit_range(transform: Any) -> None:
     require(abs(mid) < 1e-5, f"0.5 should map to 0, got {mid:.3g}: the map must be linear (only Add and Mult).")
 
 
-def _sample_image() -> Image.Image:
+def _sample_image(width: int, height: int) -> Image.Image:
     g = torch.Generator().manual_seed(0)
-    arr = (torch.rand(72, 90, 3, generator=g) * 255).to(torch.uint8).numpy()
+    arr = (torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy()
     return Image.fromarray(arr)
 
 
@@ -37,17 +37,31 @@ def _sample_image() -> Image.Image:
 def train_and_val(train_tf: Any, val_tf: Any) -> None:
     """Both pipelines turn a PIL image into a float32 ``[3, 48, 48]`` tensor in [0, 1]."""
     attempted(train_tf, val_tf)
-    img = _sample_image()  # not square, not 48 px: the pipelines must resize/crop
-    for name, tf in (("train_tf", train_tf), ("val_tf", val_tf)):
-        out = tf(img)
-        require(isinstance(out, torch.Tensor), f"{name} should end with a tensor, got {type(out).__name__}: add v2.ToImage().")
-        require(tuple(out.shape) == (3, 48, 48), f"{name} gives shape {tuple(out.shape)}, expected (3, 48, 48).")
-        require(out.dtype == torch.float32, f"{name} gives {out.dtype}: add v2.ToDtype(torch.float32, scale=True).")
-        require(
-            float(out.min()) >= 0 and float(out.max()) <= 1,
-            f"{name} values span {float(out.min()):.3g}..{float(out.max()):.3g}; use scale=True in ToDtype to get [0, 1].",
-        )
-    torch.manual_seed(0)
+    # Not square, not 48 px, and one smaller than 48 px: the pipelines must resize, not only crop.
+    for img in (_sample_image(90, 72), _sample_image(40, 30)):
+        for name, tf in (("train_tf", train_tf), ("val_tf", val_tf)):
+            out = tf(img)
+            size = f"a {img.width}x{img.height} image"
+            require(isinstance(out, torch.Tensor), f"{name} should end with a tensor, got {type(out).__name__}: add v2.ToImage().")
+            shape = tuple(out.shape)
+            if shape != (3, 48, 48):
+                if len(shape) == 3 and 48 in shape[1:]:
+                    raise Hint(
+                        f"{name} turns {size} into shape {shape}: Resize(48) with one number sets the *shorter* side; "
+                        "follow it with CenterCrop(48), or use Resize((48, 48))."
+                    )
+                raise Hint(f"{name} turns {size} into shape {shape}, expected (3, 48, 48): resize or crop to 48 pixels.")
+            require(out.dtype == torch.float32, f"{name} gives {out.dtype}: add v2.ToDtype(torch.float32, scale=True).")
+            lo, hi = float(out.min()), float(out.max())
+            if hi > 1.5:
+                raise Hint(f"{name} values reach {hi:.3g}: use ToDtype(torch.float32, scale=True) to scale 0..255 to 0..1.")
+            require(lo >= 0 and hi <= 1, f"{name} values span {lo:.3g}..{hi:.3g}; here both must stay in [0, 1] (leave out Normalize).")
+            blank = (out == 0).all(dim=0)
+            require(
+                not (bool(blank.all(dim=0).any()) or bool(blank.all(dim=1).any())),
+                f"{name} pads {size} with black borders: a crop alone cannot enlarge an image, resize it first.",
+            )
+    img = _sample_image(90, 72)
     outs = [train_tf(img) for _ in range(8)]
     require(any(not torch.equal(outs[0], o) for o in outs[1:]), "train_tf gave the same output 8 times: add a random augmentation.")
     require(torch.equal(val_tf(img), val_tf(img)), "val_tf should be deterministic: no Random* transforms in validation.")
@@ -61,9 +75,11 @@ def is_round(fn: Callable[[int], Any], classes: list[str]) -> None:
     expected = {i: int(c in ("circle", "ring", "crescent")) for i, c in enumerate(classes)}
     for label, want in expected.items():
         got = fn(label)
-        if isinstance(got, torch.Tensor):
-            got = got.item()
         if got is None:
             raise Hint(f"is_round({label}) returned None: did you forget `return`?")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got not in (0, 1):
+            raise Hint(f"is_round({label}) should return the number 0 or 1, got {got!r}.")
         if int(got) != want:
             raise Hint(f"is_round({label}) ({classes[label]}) should be {want}, got {got!r}.")

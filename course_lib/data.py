@@ -21,6 +21,7 @@ or scratch file system and prepare the data once on a login node.
 
 from __future__ import annotations
 
+import colorsys
 import hashlib
 import json
 import math
@@ -119,10 +120,7 @@ def _arrow(r: float) -> list[tuple[float, float]]:
 
 
 def _hsv_to_rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
-    i = int(h * 6) % 6
-    f = h * 6 - int(h * 6)
-    p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
-    r, g, b = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)][i]
+    r, g, b = colorsys.hsv_to_rgb(h, s, v)
     return int(r * 255), int(g * 255), int(b * 255)
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import enum
 import functools
 import traceback
-
-import torch
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import torch
 
 
 class Hint(Exception):

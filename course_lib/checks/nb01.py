@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Subset, random_split
 
-from ._core import Hint, NotAttempted, attempted, exercise, require
+from ._core import Hint, attempted, exercise, require
 
 
 @exercise("01.1", "Squares follows the Dataset protocol: length, items, and IndexError past the end.")
@@ -81,4 +81,4 @@ def class_counts(counts: Any, dataset: Any) -> None:
         raise Hint(f"the count for {wrong[0]!r} is {counts[wrong[0]]}, but the dataset has {truth[wrong[0]]}.")
 
 
-__all__ = ["squares_dataset", "seeded_split", "class_counts", "NotAttempted"]
+__all__ = ["squares_dataset", "seeded_split", "class_counts"]

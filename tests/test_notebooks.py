@@ -120,3 +120,11 @@ def test_sanitize_patterns_only_mask_varying_text() -> None:
         assert not any(r.search(text) for r in regexes), text
     for text in ("12.5×", "420 µs", "0x7f3a2b1c0d", "3.2 ms"):
         assert any(r.search(text) for r in regexes), text
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))
+def test_ratios_are_printed_without_padding(path: Path) -> None:
+    """`{r:5.1f}×` pads '9.8×' and '12.8×' differently; the sanitizer masks digits, not spaces."""
+    for cell in read(path).cells:
+        if cell.cell_type == "code":
+            assert not re.search(r":\d+(\.\d+)?f\}\s*×", cell.source), cell.source

@@ -28,3 +28,42 @@ def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
     else:
         names = " or ".join(k.__name__ for k in kinds)
         raise PitfallDidNotHappen(f"expected {names}, but the code ran without error")
+
+
+class CapturedStderr:
+    """What child processes wrote to standard error inside :func:`capture_stderr_fd`."""
+
+    text: str = ""
+
+    def last_line(self) -> str:
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+@contextlib.contextmanager
+def capture_stderr_fd() -> Iterator[CapturedStderr]:
+    """Collect what is written to file descriptor 2 (also by child processes) in the block.
+
+    A worker process that crashes while starting writes its traceback to the operating
+    system's standard error, not to Python's ``sys.stderr``: in Jupyter it lands in the
+    terminal that started the server, or, with a recent ipykernel, in the cell output with
+    machine-specific paths. This puts it in a temporary file instead, so a notebook can show
+    the line that matters.
+    """
+    import os
+    import sys
+    import tempfile
+
+    captured = CapturedStderr()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode(errors="replace")

@@ -3,7 +3,8 @@
 A transform is just a callable: ``Compose`` (torchvision's, v1 or v2) calls each one on the
 output of the previous. ``Add`` and ``Mult`` are classes, not lambdas, so they pickle into
 DataLoader workers under every start method, and they have a readable ``repr`` so a printed
-pipeline says what it does.
+pipeline says what it does. ``decode_augment`` is the realistic CPU-bound image pipeline that
+notebook 04 and ``python -m course_lib.bench`` load JPEG files with.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 from PIL import Image
+from torch import nn
 
 T = TypeVar("T", torch.Tensor, np.ndarray, int, float, complex)
 
@@ -78,3 +80,20 @@ class OneHot:
 
     def __repr__(self) -> str:
         return f"OneHot({self.num_classes})"
+
+
+def decode_augment(size: int = 128) -> nn.Module:
+    """A typical training augmentation of decoded images: random crop, flip, colour jitter, to uint8 tensor.
+
+    All four steps work on the PIL image, single-threaded on the CPU, as in real JPEG training
+    pipelines: loading is then bound by the CPU, which is what DataLoader workers speed up.
+    Returns a torchvision ``v2.Compose``; samples come out as ``uint8`` tensors ``(3, size, size)``.
+    """
+    from torchvision.transforms import v2  # imported here: the rest of the module needs no torchvision
+
+    return v2.Compose([
+        v2.RandomResizedCrop(size),
+        v2.RandomHorizontalFlip(),
+        v2.ColorJitter(0.4, 0.4, 0.4),
+        v2.PILToTensor(),
+    ])

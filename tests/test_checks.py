@@ -267,3 +267,75 @@ def test_03_loader() -> None:
     assert "100 batches of sizes [1]: set batch_size=10" in status(nb03.reproducible_loader, no_batch_size)[1]
     assert "seed the generator once" in status(nb03.reproducible_loader, Reseeding)[1]
     assert status(nb03.reproducible_loader, ...)[0] is Status.NOT_ATTEMPTED
+
+
+# ----------------------------------------------------------------- notebook 04
+
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+from torch.utils.data import get_worker_info  # noqa: E402
+
+from course_lib.checks import nb04  # noqa: E402
+from course_lib.instrument import BatchRecord, EpochRecord  # noqa: E402
+
+
+def test_04_workers_needed() -> None:
+    assert status(nb04.workers_needed, lambda load, step: math.ceil(load / step))[0] is Status.SOLVED
+    assert status(nb04.workers_needed, ...)[0] is Status.NOT_ATTEMPTED
+    wrong, hint = status(nb04.workers_needed, lambda load, step: max(1, round(load / step)))
+    assert wrong is Status.WRONG and "round up" in hint
+    assert "int" in status(nb04.workers_needed, lambda load, step: load / step)[1]
+    assert "even when" in status(nb04.workers_needed, lambda load, step: int(load // step))[1]
+
+
+def _epoch(stall: float, step: float = 0.02, complete: bool = True) -> EpochRecord:
+    """A made-up epoch of 10 batches in which the loop waits ``stall`` of the time after the first."""
+    wait = step * stall / (1 - stall)
+    batches, t = [], 0.0
+    for i in range(10):
+        w = 0.01 if i == 0 else wait
+        batches.append(BatchRecord(i, 0, t, t + w, t, t + w, t + w + step, 32, 100))
+        t += w + step
+    return EpochRecord(num_workers=1, t0=0.0, batches=batches, end=t if complete else None)
+
+
+def test_04_just_enough_workers() -> None:
+    results = {0: _epoch(0.5), 1: _epoch(0.2), 2: _epoch(0.05), 3: _epoch(0.04)}
+    assert status(nb04.just_enough_workers, 2, results)[0] is Status.SOLVED
+    assert status(nb04.just_enough_workers, ..., ...)[0] is Status.NOT_ATTEMPTED
+    assert "try more" in status(nb04.just_enough_workers, 1, results)[1]
+    assert "smallest" in status(nb04.just_enough_workers, 3, results)[1]
+    assert "every smaller" in status(nb04.just_enough_workers, 2, {2: _epoch(0.05)})[1]
+    assert "did not measure" in status(nb04.just_enough_workers, 5, results)[1]
+    assert "training step" in status(nb04.just_enough_workers, 2, {**results, 0: _epoch(0.5, step=0.0)})[1]
+    assert "whole epochs" in status(nb04.just_enough_workers, 2, {**results, 1: _epoch(0.2, complete=False)})[1]
+    assert "dict" in status(nb04.just_enough_workers, 2, [0.5, 0.2])[1]
+
+
+def _reseed(worker_id: int) -> None:
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+
+
+def _by_worker_id(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng(worker_id)
+
+
+def _fresh_entropy(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def _stub(worker_id: int) -> None:
+    raise NotImplementedError
+
+
+@pytest.mark.timeout(120)
+def test_04_seed_workers() -> None:
+    assert status(nb04.seed_workers, _reseed)[0] is Status.SOLVED
+    assert "same shifts" in status(nb04.seed_workers, lambda worker_id: None)[1]
+    assert "fresh entropy" in status(nb04.seed_workers, _fresh_entropy)[1]
+    assert "worker id" in status(nb04.seed_workers, _by_worker_id)[1]
+    stub = status(nb04.seed_workers, _stub)
+    assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
+    assert "function itself" in status(nb04.seed_workers, 3)[1]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -94,7 +95,12 @@ def exercise(code: str, solved_message: str) -> Callable[[Callable[..., Any]], C
                 return CheckResult(code, Status.NOT_ATTEMPTED, str(exc))
             except NotImplementedError as exc:
                 frames = traceback.extract_tb(exc.__traceback__)
-                where = f" in `{frames[-1].name}`" if frames and frames[-1].name != "<module>" else ""
+                name = frames[-1].name if frames else "<module>"
+                # raised in a DataLoader worker: torch re-raises it with the worker's traceback as text
+                in_worker = re.findall(r", in (\w+)\n", str(exc))
+                if "Original Traceback" in str(exc) and in_worker:
+                    name = in_worker[-1]
+                where = f" in `{name}`" if name != "<module>" else ""
                 return CheckResult(
                     code, Status.NOT_ATTEMPTED, f"your code still raises NotImplementedError{where}: replace that line with your code."
                 )

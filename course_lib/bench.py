@@ -1,0 +1,190 @@
+"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader``.
+
+    python -m course_lib.bench loader                                   # the generated 'medium' set
+    python -m course_lib.bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
+
+``loader`` measures, for each worker count, the throughput of a plain ``DataLoader`` and of
+:class:`~course_lib.instrument.InstrumentedLoader` on the same decode-bound work (JPEG files
+through :func:`~course_lib.transforms.decode_augment`), and how throughput scales with workers.
+Plain and instrumented passes alternate within each round, across worker counts, so drift of
+the machine (other jobs, CPU clocks) hits both alike. Throughputs are medians over ``--rounds``;
+the overhead ratio is the median of the per-round ratios, each taken between two back-to-back
+passes, which cancels slow drift better than comparing two best cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from . import data
+from .datasets import DataNotFoundError, ImageFileDataset
+from .instrument import InstrumentedLoader
+from .transforms import decode_augment
+
+GOAL_OVERHEAD = 0.97  # instrumented / plain throughput, for every worker count
+GOAL_SCALING = 1.6  # 2 workers / 0 workers throughput (plain loader), on 2 or more cores
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def throughput(make_loader: Callable[[], Iterable[Any]]) -> float:
+    """Samples per second of one full pass over a fresh loader of ``(images, targets)`` batches.
+
+    The clock runs from ``iter()`` (which starts the workers) to the last batch, as in training.
+    """
+    loader = make_loader()
+    samples = 0
+    start = time.perf_counter()
+    for images, _ in loader:
+        samples += len(images)
+    return samples / (time.perf_counter() - start)
+
+
+def load_dataset(args: argparse.Namespace) -> tuple[Dataset, str]:
+    """The data set the arguments name, and a one-line description of it."""
+    transform = decode_augment(128)
+    if args.data is None:
+        folder = data.prepare_data(args.size, args.seed, args.root, progress=sys.stderr.isatty())
+        ds, name = ImageFileDataset(folder, args.split, transform), f"{folder.name}/{args.split}"
+    else:
+        if not os.path.isdir(args.data):
+            raise DataNotFoundError(
+                f"--data {args.data}: no such folder. Pass an ImageFolder-style folder "
+                "(<split>/<class>/<file>, or <class>/<file> with --split none), or leave --data out to use the generated set."
+            )
+        split = None if args.split == "none" else args.split
+        ds, name = ImageFileDataset(args.data, split, transform), f"{args.data} (split {args.split})"
+    if args.limit is not None and args.limit < len(ds):
+        return Subset(ds, range(args.limit)), f"{name}, first {args.limit} of {len(ds)}"
+    return ds, name
+
+
+def run_loader_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Measure plain vs instrumented throughput per worker count; return every figure, and the goals.
+
+    ``log`` receives the header lines before the (long) measurement starts.
+    """
+    ds, name = load_dataset(args)
+    workers = list(dict.fromkeys(args.workers))  # each worker count once, in the order given
+    images, _ = next(iter(DataLoader(ds, batch_size=args.batch_size)))
+    facts = {
+        "cpus": cpu_count(), "torch": torch.__version__, "data": name, "samples": len(ds),
+        "bytes_per_batch": images.numel() * images.element_size(),
+    }
+    log(f"machine: {facts['cpus']} CPUs available, torch {facts['torch']}")
+    log(f"data:    {name}: {facts['samples']} samples, batch size {args.batch_size}, "
+        f"{facts['bytes_per_batch'] / 1e6:.2f} MB per batch of images")
+    log(f"loop:    consumes batches, no training step; workers {' '.join(map(str, workers))}; "
+        f"median of {args.rounds} round{'s' * (args.rounds != 1)}, plain and instrumented back to back")
+
+    def make(kind: type, workers: int) -> Callable[[], Iterable[Any]]:
+        def build() -> Iterable[Any]:
+            torch.manual_seed(args.seed)  # the main process's augmentations (num_workers=0)
+            gen = torch.Generator().manual_seed(args.seed)  # the workers' seeds
+            return kind(ds, batch_size=args.batch_size, shuffle=False, num_workers=workers, generator=gen)
+        return build
+
+    rounds: dict[int, dict[str, list[float]]] = {w: {"plain": [], "instrumented": []} for w in workers}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*suggested max number of worker", category=UserWarning)
+        for r in range(args.rounds):
+            for i, w in enumerate(workers):
+                kinds = [("plain", DataLoader), ("instrumented", InstrumentedLoader)]
+                for label, kind in kinds if (r + i) % 2 == 0 else kinds[::-1]:  # alternate who goes first
+                    rounds[w][label].append(throughput(make(kind, w)))
+
+    per_workers = {}
+    for w, got in rounds.items():
+        plain, instrumented = statistics.median(got["plain"]), statistics.median(got["instrumented"])
+        paired = statistics.median(i / p for p, i in zip(got["plain"], got["instrumented"]))
+        per_workers[w] = {"plain": plain, "instrumented": instrumented, "ratio": paired, "rounds": got}
+    scaling = {w: r["plain"] / per_workers[0]["plain"] for w, r in per_workers.items() if w != 0 and 0 in per_workers}
+    goals = {f"instrumented/plain >= {GOAL_OVERHEAD} for every worker count": all(
+        r["ratio"] >= GOAL_OVERHEAD for r in per_workers.values())}
+    if 2 in scaling:
+        goals[f"2 workers >= {GOAL_SCALING}× the throughput of 0"] = scaling[2] >= GOAL_SCALING
+    return {"facts": facts, "workers": per_workers, "scaling": scaling, "goals": goals}
+
+
+def report(result: dict[str, Any]) -> list[str]:
+    """The measured figures and the goals, as lines to print."""
+    lines = ["", "throughput (samples/s):"]
+    for w, r in result["workers"].items():
+        lines.append(f"  {_workers(w)}: plain {r['plain']:.0f}, instrumented {r['instrumented']:.0f}, "
+                     f"instrumented/plain {r['ratio']:.3f}")
+    if result["scaling"]:
+        lines.append("worker scaling (plain loader):")
+        lines += [f"  {_workers(w)}: {s:.2f}× the throughput of 0" for w, s in result["scaling"].items()]
+    lines.append("goals:")
+    lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
+    return lines
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int no smaller than ``low``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description="Benchmarks of the course's helpers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("loader", help="plain vs instrumented DataLoader throughput, and scaling with workers")
+    p.add_argument("--data", help="an ImageFolder-style folder to read instead of the generated set (e.g. ImageNet)")
+    p.add_argument("--split", default="train",
+                   help="split folder inside --data; 'none': the class folders are directly inside (default: %(default)s)")
+    p.add_argument("--size", default="medium", choices=sorted(data.SIZES),
+                   help="generated set, without --data (default: %(default)s)")
+    p.add_argument("--root",
+                   help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)")
+    p.add_argument("--limit", type=_at_least(1), help="use only the first N samples (a big real set stays quick)")
+    p.add_argument("--batch-size", type=_at_least(1), default=32, help="(default: %(default)s)")
+    p.add_argument("--workers", type=_at_least(0), nargs="+", default=[0, 1, 2], help="worker counts (default: 0 1 2)")
+    p.add_argument("--rounds", type=_at_least(1), default=5, help="passes per setting; medians count (default: %(default)s)")
+    p.add_argument("--seed", type=_at_least(0), default=0,
+                   help="seed of the generated set and of the augmentations (default: %(default)s)")
+    p.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    start = time.perf_counter()
+    try:
+        result = run_loader_bench(args, log=lambda line: print(line, flush=True))
+    except (DataNotFoundError, data.DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print("\n".join(report(result)))
+    print(f"wall time: {time.perf_counter() - start:.0f} s")
+    return 1 if args.check and not all(result["goals"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

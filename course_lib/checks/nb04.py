@@ -1,0 +1,96 @@
+"""Checks for notebook 04 (DataLoader performance)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..instrument import EpochRecord
+from ..workers import NoisyDataset
+from ._core import Hint, attempted, exercise, require
+
+
+@exercise("04.1", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
+def workers_needed(fn: Callable[[float, float], Any]) -> None:
+    """``fn(load_s, step_s)``: the fewest workers that keep up when one worker needs ``load_s`` per batch."""
+    attempted(fn)
+    cases = [((0.010, 0.050), 1), ((0.033, 0.025), 2), ((0.100, 0.020), 5), ((0.040, 0.020), 2), ((0.150, 0.040), 4), ((0.060, 0.020), 3)]
+    for (load, step), want in cases:
+        got = fn(load, step)
+        require(
+            isinstance(got, int) and not isinstance(got, bool),
+            f"return a whole number of workers (an int), got {got!r} for load_s={load}, step_s={step}: math.ceil gives an int.",
+        )
+        if got != want:
+            hint = (
+                "one worker is needed even when it is faster than the step"
+                if want == 1 and got == 0
+                else "round up: n workers deliver n batches per load_s, the loop takes one per step_s"
+            )
+            raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
+
+
+@exercise("04.2", "the smallest num_workers that keeps the loop waiting under 10 % (after the first batch), measured on this machine.")
+def just_enough_workers(answer: Any, results: Any) -> None:
+    """``answer`` agrees with ``results``, a dict ``num_workers -> EpochRecord`` measured with a training step."""
+    attempted(answer, results)
+    require(
+        isinstance(results, dict) and results and all(isinstance(r, EpochRecord) for r in results.values()),
+        "results should be the dict that sweep(...) returns (num_workers -> the epoch it measured).",
+    )
+    require(all(isinstance(k, int) for k in results), "the keys of results should be numbers of workers, e.g. sweep(train, 'num_workers', [0, 1, 2, 3], ...).")
+    require(all(r.complete for r in results.values()), "measure whole epochs (no max_batches) so the stall is comparable.")
+    require(
+        all(r.mean_step >= 0.005 for r in results.values()),
+        "measure with the training step (step_s=STEP_S): without a step the loop always waits, whatever the workers.",
+    )
+    require(isinstance(answer, int) and not isinstance(answer, bool), f"answer should be a number of workers (int), got {answer!r}.")
+    require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
+    stall = results[answer].steady_stall_fraction
+    require(stall < 0.10, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first batch: try more.")
+    smaller = [w for w in results if w < answer]
+    require(
+        sorted(smaller) == list(range(answer)),
+        f"measure every smaller setting too (0 .. {answer - 1}) to be sure {answer} is the smallest.",
+    )
+    enough = [w for w in smaller if results[w].steady_stall_fraction < 0.10]
+    require(not enough, f"num_workers={min(enough) if enough else answer} already stays under 10 %: pick the smallest.")
+
+
+def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int], list[int]]:
+    """Shifts made by worker 0 and worker 1 (in-order loading alternates between them)."""
+    ctx = "fork" if "fork" in mp.get_all_start_methods() else None  # a function defined in a cell needs fork
+    loader = DataLoader(
+        NoisyDataset(n=12, seed=0),
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=worker_init_fn,
+        generator=torch.Generator().manual_seed(seed),
+        multiprocessing_context=ctx,
+    )
+    shifts = [int(shift) for _, shift in loader]
+    return shifts[0::2], shifts[1::2]
+
+
+@exercise("04.3", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
+def seed_workers(worker_init_fn: Any) -> None:
+    """``worker_init_fn(worker_id)`` gives each worker's copy of a NoisyDataset its own ``rng``."""
+    attempted(worker_init_fn)
+    require(callable(worker_init_fn), "pass the function itself (seed_worker), not the result of calling it.")
+    w0, w1 = _shifts(worker_init_fn, seed=1)
+    require(w0 != w1, "worker 0 and worker 1 still draw the same shifts: replace the dataset's rng in each worker.")
+    again = _shifts(worker_init_fn, seed=1)
+    require(
+        again == (w0, w1),
+        "two runs with the same loader seed give different shifts: seed the new generator from "
+        "get_worker_info().seed, not from fresh entropy.",
+    )
+    other = _shifts(worker_init_fn, seed=2)
+    require(
+        other != (w0, w1),
+        "a different loader seed gives the same shifts: use get_worker_info().seed (it changes with the "
+        "loader's generator), not only the worker id.",
+    )

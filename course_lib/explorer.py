@@ -1,0 +1,63 @@
+"""An ipywidgets explorer of DataLoader settings (notebook 04).
+
+Sliders for the number of workers, the batch size, the prefetch factor and the length of the
+simulated training step; a button measures one epoch with :mod:`course_lib.instrument` and draws
+its timeline. Measuring takes a second or two, so it runs on the button, not on every slider move.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from torch.utils.data import Dataset
+
+from .instrument import InstrumentedLoader, measure, plot_timeline
+
+
+class LoaderExplorer:
+    """Holds the widgets and the measurements; ``display(explorer.widget)`` shows it."""
+
+    def __init__(self, dataset: Dataset, step_ms: float = 20.0, max_workers: int = 4, max_batches: int | None = 24) -> None:
+        self.dataset = dataset
+        self.max_batches = max_batches
+        style = {"description_width": "150px"}
+        layout = widgets.Layout(width="420px")
+        self.workers = widgets.IntSlider(value=0, min=0, max=max_workers, description="num_workers", style=style, layout=layout)
+        self.batch_size = widgets.IntSlider(value=32, min=8, max=128, step=8, description="batch_size", style=style, layout=layout)
+        self.prefetch = widgets.IntSlider(value=2, min=1, max=8, description="prefetch_factor", style=style, layout=layout)
+        self.step_ms = widgets.FloatSlider(value=step_ms, min=0.0, max=100.0, step=5.0, description="training step (ms)", style=style, layout=layout)
+        self.button = widgets.Button(description="Measure one epoch", button_style="primary", icon="play")
+        self.output = widgets.Output()
+        self.button.on_click(lambda _: self.run())
+        self.workers.observe(lambda change: setattr(self.prefetch, "disabled", change["new"] == 0), names="value")
+        self.prefetch.disabled = True
+        self.history: list[InstrumentedLoader] = []
+        self.widget = widgets.VBox([self.workers, self.batch_size, self.prefetch, self.step_ms, self.button, self.output])
+
+    def settings(self) -> dict[str, Any]:
+        """The DataLoader arguments the sliders describe now."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size.value, "num_workers": self.workers.value}
+        if self.workers.value > 0:
+            kwargs["prefetch_factor"] = self.prefetch.value
+        return kwargs
+
+    def run(self) -> InstrumentedLoader:
+        """Measure one epoch (at most ``max_batches`` batches) with the current settings and redraw."""
+        self.button.disabled = True
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: allowed here
+                loader = measure(self.dataset, step_s=self.step_ms.value / 1000, max_batches=self.max_batches, **self.settings())
+        finally:
+            self.button.disabled = False
+        self.history.append(loader)
+        self.output.clear_output(wait=True)
+        with self.output:
+            fig = plot_timeline(loader.last)
+            plt.show(fig)
+            print(loader.last.summary())
+        return loader
+

@@ -1,0 +1,97 @@
+"""course_lib.workers: each demonstration shows the behaviour the notebook claims."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_lib import workers
+from course_lib.pitfalls import capture_stderr_fd
+
+pytestmark = pytest.mark.timeout(120)
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, /proc and fd limits as on Linux")
+
+
+def test_global_generators_differ_per_worker_and_repeat_with_the_seed() -> None:
+    def run(seed: int) -> list[dict]:
+        return list(DataLoader(workers.RandomnessProbe(4), batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(seed)))
+
+    a, b = run(0), run(0)
+    assert a == b and a != run(1)
+    for key in ("random", "numpy", "torch"):
+        assert a[0][key] != a[1][key]  # worker 0 and worker 1
+
+
+def test_a_generator_made_in_init_repeats_in_every_worker() -> None:
+    shifts = [s for _, s in DataLoader(workers.NoisyDataset(8), batch_size=None, num_workers=2)]
+    assert shifts[0::2] == shifts[1::2]
+    assert [s for _, s in DataLoader(workers.NoisyDataset(8), batch_size=None)] != shifts
+
+
+@pytest.mark.parametrize("persistent, shared, expected", [(False, False, [0, 1, 2]), (True, False, [0, 0, 0]), (True, True, [0, 1, 2])])
+def test_epoch_state_in_persistent_workers(persistent: bool, shared: bool, expected: list[int]) -> None:
+    ds = (workers.SharedEpochTagged if shared else workers.EpochTagged)(n=4)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=persistent)
+    seen = []
+    for epoch in range(3):
+        ds.epoch = epoch
+        seen.append({int(e) for _, es in loader for e in es})
+    assert seen == [{e} for e in expected]
+    assert ds.epoch == 2
+
+
+def test_decoders_agree_with_the_image() -> None:
+    jpeg, ppm = workers.jpeg_payloads(n=1, side=32)[0], workers.ppm_payloads(n=1, side=32)[0]
+    a, b = workers.decode_jpeg(jpeg), workers.decode_ppm(ppm)
+    assert a.shape == b.shape == (32, 32, 3) and b.dtype == np.uint8
+    assert np.abs(a.astype(int) - b.astype(int)).mean() < 8  # the same picture, JPEG-compressed
+    assert len(workers.jpeg_payloads(n=5, distinct=2)) == 5
+    with pytest.raises(ValueError, match="P3"):
+        workers.decode_ppm(b"P6 1 1 255 abc")
+
+
+def test_parallel_speedups_reports_both_kinds() -> None:
+    s = workers.parallel_speedups(workers.decode_ppm, workers.ppm_payloads(n=8, side=16))
+    assert set(s) == {"threads", "processes"} and all(v > 0 for v in s.values())
+
+
+@linux_only
+def test_reading_a_list_copies_it_into_a_forked_worker() -> None:
+    items = [float(i) for i in range(300_000)]
+    assert workers.private_memory_growth(items) > 5  # MB: ~32 bytes per float object and pointer
+    assert workers.private_memory_growth(np.asarray(items)) < 1
+
+
+@linux_only
+def test_open_file_limit_and_its_fix() -> None:
+    assert "Too many open files" in workers.open_files_demo("file_descriptor", limit=128)
+    assert workers.open_files_demo("file_system", limit=128) == "kept all 400 tensors from the workers"
+
+
+def test_limits_and_shm_arithmetic() -> None:
+    info = workers.limits()
+    assert info["cpus"] >= 1 and info["sharing_strategy"] in torch.multiprocessing.get_all_sharing_strategies()
+    assert workers.shm_needed_mb(1.5, num_workers=4, prefetch_factor=2) == 12.0
+
+
+def test_slow_storage() -> None:
+    ds = workers.SlowStorage(n=16, slow_every=8, slow_s=0.0)
+    assert len(ds) == 16 and int(ds.slow.sum()) == 2 and torch.equal(ds[3], torch.full((8,), 3))
+    with pytest.raises(IndexError):
+        ds[16]
+    with pytest.raises(ValueError):
+        workers.SlowStorage(slow_every=0)
+
+
+@linux_only
+def test_capture_stderr_fd_sees_a_crashing_spawned_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a class the parent finds in __main__ and a fresh worker cannot: like one defined in a notebook cell
+    Local = type("Local", (workers.EpochTagged,), {"__module__": "__main__"})
+    monkeypatch.setattr(sys.modules["__main__"], "Local", Local, raising=False)
+    with capture_stderr_fd() as err, pytest.raises(RuntimeError, match="exited unexpectedly"):
+        list(DataLoader(Local(n=2), num_workers=1, multiprocessing_context="spawn"))
+    assert "Can't get attribute 'Local'" in err.last_line()

@@ -20,6 +20,7 @@ main process strips them off before the loop sees the batch. torch's own profile
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -49,15 +50,25 @@ class _WorkerState:
     """Per-process notes: when this process started its current batch, and when it started."""
 
     batch_start: float | None = None
+    batch_samples: int | None = None  # set when one index is a whole list (batch_size=None + a BatchSampler)
     process_start: float | None = None
 
 
 _state = _WorkerState()
 
 
-def _note_batch_start() -> None:
+def _note_batch_start() -> bool:
+    """Note the start of a batch unless one is under way; return whether this call started it."""
     if _state.batch_start is None:
         _state.batch_start = clock()
+        return True
+    return False
+
+
+def _forget_batch() -> None:
+    """The batch never reached collation (an error, or the end of an iterable): drop its start."""
+    _state.batch_start = None
+    _state.batch_samples = None
 
 
 def _with_index(exc: BaseException, index: Any) -> BaseException:
@@ -82,9 +93,12 @@ class _TimedMapDataset(Dataset):
 
     def __getitem__(self, index: Any) -> Any:
         _note_batch_start()
+        if isinstance(index, (list, tuple)) or (isinstance(index, torch.Tensor) and index.dim() == 1):
+            _state.batch_samples = len(index)  # a whole batch of indices in one call
         try:
             return self._inner[index]
         except Exception as exc:
+            _forget_batch()
             raise _with_index(exc, index)
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
@@ -94,12 +108,14 @@ class _TimedMapDataset(Dataset):
             try:
                 return getitems(indices)
             except Exception as exc:
+                _forget_batch()
                 raise _with_index(exc, list(indices))
         out = []
         for i in indices:
             try:
                 out.append(self._inner[i])
             except Exception as exc:
+                _forget_batch()
                 raise _with_index(exc, i)
         return out
 
@@ -121,11 +137,16 @@ class _TimedIterableDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         it = iter(self._inner)
         while True:
-            _note_batch_start()
+            started = _note_batch_start()
             try:
                 item = next(it)
             except StopIteration:
+                if started:  # no item of a new batch came: there is no batch to time
+                    _forget_batch()
                 return
+            except Exception:
+                _forget_batch()
+                raise
             yield item
 
     def __len__(self) -> int:
@@ -153,7 +174,7 @@ class _Stamped:
 
 
 def _nbytes(obj: Any) -> int:
-    """Bytes of tensors and arrays in a (nested) batch."""
+    """Bytes of tensors and arrays in a (nested) batch; other types count 0."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
@@ -181,7 +202,8 @@ class _TimedCollate:
         end = clock()
         _state.batch_start = None
         info = get_worker_info()
-        samples = len(data) if self.batched else 1
+        samples = len(data) if self.batched else (_state.batch_samples or 1)
+        _state.batch_samples = None
         return _Stamped(batch, MAIN if info is None else info.id, start, end, samples, _nbytes(batch), _state.process_start)
 
 
@@ -238,6 +260,7 @@ class EpochRecord:
     worker_started: dict[int, float] = field(default_factory=dict)  # worker -> start, seconds since t0
     end: float | None = None  # seconds since t0; None while running or if the loop broke off
     settings: dict[str, Any] = field(default_factory=dict)
+    shutdown_s: float = 0.0  # the last next(), which ends the epoch (and stops non-persistent workers)
 
     @property
     def complete(self) -> bool:
@@ -269,7 +292,8 @@ class EpochRecord:
 
     @property
     def waited(self) -> float:
-        return sum(b.wait for b in self.batches)
+        """Seconds the loop spent in ``next(loader)``, including the final call that ends the epoch."""
+        return sum(b.wait for b in self.batches) + self.shutdown_s
 
     @property
     def stall_fraction(self) -> float:
@@ -285,7 +309,7 @@ class EpochRecord:
     def steady_stall_fraction(self) -> float:
         """The stall fraction after the first batch arrived: what start-up costs are left out of."""
         rest = self.wall - self.first_batch_s
-        return sum(b.wait for b in self.batches[1:]) / rest if rest > 0 else float("nan")
+        return (sum(b.wait for b in self.batches[1:]) + self.shutdown_s) / rest if rest > 0 else float("nan")
 
     @property
     def worker_busy(self) -> dict[int, float]:
@@ -323,11 +347,17 @@ class InstrumentedLoader:
     """A real ``DataLoader`` that records, per batch, who made it and who waited for it.
 
     Build it exactly like a ``DataLoader``; iterate it the same way. Each pass appends an
-    :class:`EpochRecord` to :attr:`history`; :attr:`last` is the latest. Other attributes
-    (``batch_size``, ``num_workers``, ``sampler``, ...) are the inner loader's.
+    :class:`EpochRecord` to :attr:`history`; :attr:`last` is the latest. ``dataset``,
+    ``collate_fn`` and ``worker_init_fn`` are yours; other attributes (``batch_size``,
+    ``num_workers``, ``sampler``, ...) are the inner loader's. A batch is recorded when the loop
+    asks for the next one (that is when its step ends). It is not a ``DataLoader`` subclass, and
+    inside workers ``get_worker_info().dataset`` is a thin proxy that forwards to your dataset.
     """
 
-    def __init__(self, dataset: Dataset | IterableDataset, **kwargs: Any) -> None:
+    def __init__(self, dataset: Dataset | IterableDataset, *args: Any, **kwargs: Any) -> None:
+        if args:  # DataLoader's positional order: batch_size, shuffle, sampler, ...
+            bound = inspect.signature(DataLoader.__init__).bind(None, dataset, *args, **kwargs)
+            kwargs = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
         batch_size = kwargs.get("batch_size", 1)
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
         collate_fn = kwargs.pop("collate_fn", None)
@@ -335,11 +365,13 @@ class InstrumentedLoader:
             collate_fn = default_collate if batched else default_convert
         proxy = _TimedIterableDataset(dataset) if isinstance(dataset, IterableDataset) else _TimedMapDataset(dataset)
         self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.worker_init_fn = kwargs.pop("worker_init_fn", None)
         self.history: list[EpochRecord] = []
         self.loader = DataLoader(
             proxy,
             collate_fn=_TimedCollate(collate_fn, batched),
-            worker_init_fn=_TimedWorkerInit(kwargs.pop("worker_init_fn", None)),
+            worker_init_fn=_TimedWorkerInit(self.worker_init_fn),
             **kwargs,
         )
         self._settings = {
@@ -409,7 +441,9 @@ class _RecordingIterator:
         try:
             item = next(self._it)
         except StopIteration:
-            self._epoch.end = clock() - self._epoch.t0
+            now = clock()
+            self._epoch.end = now - self._epoch.t0
+            self._epoch.shutdown_s = now - requested
             raise
         received = clock()
         t0 = self._epoch.t0

@@ -285,11 +285,13 @@ def test_04_workers_needed() -> None:
     assert status(nb04.workers_needed, ...)[0] is Status.NOT_ATTEMPTED
     wrong, hint = status(nb04.workers_needed, lambda load, step: max(1, round(load / step)))
     assert wrong is Status.WRONG and "round up" in hint
+    assert "more than needed" in status(nb04.workers_needed, lambda load, step: math.ceil(load / step) + 1)[1]
+    assert status(nb04.workers_needed, lambda load, step: int(-(-load // step)))[0] is Status.SOLVED
     assert "int" in status(nb04.workers_needed, lambda load, step: load / step)[1]
     assert "even when" in status(nb04.workers_needed, lambda load, step: int(load // step))[1]
 
 
-def _epoch(stall: float, step: float = 0.02, complete: bool = True) -> EpochRecord:
+def _epoch(stall: float, step: float = 0.04, complete: bool = True) -> EpochRecord:
     """A made-up epoch of 10 batches in which the loop waits ``stall`` of the time after the first."""
     wait = step * stall / (1 - stall)
     batches, t = [], 0.0
@@ -311,6 +313,8 @@ def test_04_just_enough_workers() -> None:
     assert "training step" in status(nb04.just_enough_workers, 2, {**results, 0: _epoch(0.5, step=0.0)})[1]
     assert "whole epochs" in status(nb04.just_enough_workers, 2, {**results, 1: _epoch(0.2, complete=False)})[1]
     assert "dict" in status(nb04.just_enough_workers, 2, [0.5, 0.2])[1]
+    assert "exercise's step" in status(nb04.just_enough_workers, 2, {w: _epoch(s, step=0.02) for w, s in [(0, 0.5), (1, 0.2), (2, 0.05)]})[1]
+    assert status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
 
 
 def _reseed(worker_id: int) -> None:
@@ -330,6 +334,10 @@ def _stub(worker_id: int) -> None:
     raise NotImplementedError
 
 
+def _crashes(worker_id: int) -> None:
+    1 / 0
+
+
 @pytest.mark.timeout(120)
 def test_04_seed_workers() -> None:
     assert status(nb04.seed_workers, _reseed)[0] is Status.SOLVED
@@ -339,3 +347,5 @@ def test_04_seed_workers() -> None:
     stub = status(nb04.seed_workers, _stub)
     assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
     assert "function itself" in status(nb04.seed_workers, 3)[1]
+    crashed = status(nb04.seed_workers, _crashes)[1]
+    assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"

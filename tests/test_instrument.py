@@ -193,3 +193,40 @@ def test_pictures(images) -> None:
     assert plot_sweep(results, "num_workers").axes
     with pytest.raises(ValueError, match="nothing to draw"):
         plot_timeline([])
+
+
+def test_whole_batches_of_indices_count_their_samples() -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+    ds = TensorDataset(torch.arange(64.0))  # indexing with a list returns the whole batch at once
+    loader = InstrumentedLoader(ds, batch_size=None, sampler=BatchSampler(SequentialSampler(ds), 16, False))
+    assert [len(b[0]) for b in loader] == [16] * 4 and loader.last.samples == 64
+
+
+def test_positional_arguments_and_originals_are_kept() -> None:
+    ds = InMemoryDataset(torch.arange(10))
+    loader = InstrumentedLoader(ds, 4, False)
+    assert loader.batch_size == 4 and len(loader) == 3
+    assert loader.collate_fn is torch.utils.data.default_collate and loader.worker_init_fn is None
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_no_stale_start_after_a_skipped_error_or_the_end_of_a_stream(num_workers: int) -> None:
+    import time
+
+    class SlowFirst(_Counting):
+        def __iter__(self):
+            for v in super().__iter__():
+                yield v
+
+    loader = InstrumentedLoader(SlowFirst(12), batch_size=3, num_workers=num_workers, persistent_workers=num_workers > 0)
+    list(loader)
+    time.sleep(0.3)  # a gap between epochs must not count as loading time of the next epoch's first batch
+    list(loader)
+    assert max(b.load for b in loader.last.batches) < 0.25
+    assert all(share <= 1.0 + 1e-6 for share in loader.last.worker_busy.values())
+
+
+def test_the_end_of_an_epoch_counts_as_waiting(images) -> None:
+    epoch = measure(images, batch_size=16, num_workers=1).last
+    assert epoch.shutdown_s > 0 and epoch.waited > sum(b.wait for b in epoch.batches)

@@ -73,6 +73,10 @@ def attempted(*answers: Any) -> None:
 
 def _where(exc: BaseException) -> str:
     """The learner-facing part of an exception: type and message, plus the line in their code."""
+    message = str(exc)
+    if "Original Traceback" in message:  # raised in a DataLoader worker: keep the worker's last line
+        last = [line for line in message.strip().splitlines() if line.strip()][-1]
+        return f"in a DataLoader worker: {last}"
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if "ipykernel" in f.filename or f.filename.startswith("<")]
     line = f" (in your code: `{user[-1].line}`)" if user and user[-1].line else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -12,12 +13,14 @@ from ..instrument import EpochRecord
 from ..workers import NoisyDataset
 from ._core import Hint, attempted, exercise, require
 
+STEP = 0.040  # the training step of exercise 04.2, in seconds
+
 
 @exercise("04.1", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
 def workers_needed(fn: Callable[[float, float], Any]) -> None:
     """``fn(load_s, step_s)``: the fewest workers that keep up when one worker needs ``load_s`` per batch."""
     attempted(fn)
-    cases = [((0.010, 0.050), 1), ((0.033, 0.025), 2), ((0.100, 0.020), 5), ((0.040, 0.020), 2), ((0.150, 0.040), 4), ((0.060, 0.020), 3)]
+    cases = [((0.010, 0.050), 1), ((0.033, 0.025), 2), ((0.090, 0.020), 5), ((0.040, 0.020), 2), ((0.150, 0.040), 4), ((0.060, 0.020), 3)]
     for (load, step), want in cases:
         got = fn(load, step)
         require(
@@ -25,11 +28,12 @@ def workers_needed(fn: Callable[[float, float], Any]) -> None:
             f"return a whole number of workers (an int), got {got!r} for load_s={load}, step_s={step}: math.ceil gives an int.",
         )
         if got != want:
-            hint = (
-                "one worker is needed even when it is faster than the step"
-                if want == 1 and got == 0
-                else "round up: n workers deliver n batches per load_s, the loop takes one per step_s"
-            )
+            if want == 1 and got == 0:
+                hint = "one worker is needed even when it is faster than the step"
+            elif got > want:
+                hint = f"{want} already keep up ({want} workers deliver a batch every load_s / {want} seconds): that is more than needed"
+            else:
+                hint = "round up: n workers deliver n batches per load_s, the loop takes one per step_s"
             raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
 
 
@@ -41,13 +45,21 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         isinstance(results, dict) and results and all(isinstance(r, EpochRecord) for r in results.values()),
         "results should be the dict that sweep(...) returns (num_workers -> the epoch it measured).",
     )
-    require(all(isinstance(k, int) for k in results), "the keys of results should be numbers of workers, e.g. sweep(train, 'num_workers', [0, 1, 2, 3], ...).")
+    require(all(isinstance(k, numbers.Integral) for k in results), "the keys of results should be numbers of workers, e.g. sweep(train, 'num_workers', [0, 1, 2, 3], ...).")
     require(all(r.complete for r in results.values()), "measure whole epochs (no max_batches) so the stall is comparable.")
     require(
         all(r.mean_step >= 0.005 for r in results.values()),
-        "measure with the training step (step_s=STEP_S): without a step the loop always waits, whatever the workers.",
+        "measure with the training step (step_s=STEP): without a step the loop always waits, whatever the workers.",
     )
-    require(isinstance(answer, int) and not isinstance(answer, bool), f"answer should be a number of workers (int), got {answer!r}.")
+    require(
+        all(abs(r.mean_step - STEP) < 0.01 for r in results.values()),
+        f"measure with the exercise's step, step_s=STEP ({STEP * 1000:.0f} ms): the answer depends on the step.",
+    )
+    require(len({r.samples for r in results.values()}) == 1, "measure every setting on the same data set (the samples differ).")
+    require(
+        isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
+        f"answer should be a number of workers (int), got {answer!r}.",
+    )
     require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
     stall = results[answer].steady_stall_fraction
     require(stall < 0.10, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first batch: try more.")
@@ -57,7 +69,10 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         f"measure every smaller setting too (0 .. {answer - 1}) to be sure {answer} is the smallest.",
     )
     enough = [w for w in smaller if results[w].steady_stall_fraction < 0.10]
-    require(not enough, f"num_workers={min(enough) if enough else answer} already stays under 10 %: pick the smallest.")
+    require(
+        not enough,
+        f"num_workers={min(enough) if enough else answer} already stays under 10 % (steady_stall_fraction): pick the smallest.",
+    )
 
 
 def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int], list[int]]:
@@ -91,6 +106,6 @@ def seed_workers(worker_init_fn: Any) -> None:
     other = _shifts(worker_init_fn, seed=2)
     require(
         other != (w0, w1),
-        "a different loader seed gives the same shifts: use get_worker_info().seed (it changes with the "
-        "loader's generator), not only the worker id.",
+        "a different loader seed gives the same shifts: seed from get_worker_info().seed, which follows "
+        "the loader's generator (the worker id alone, or a constant, does not).",
     )

@@ -29,14 +29,10 @@ from . import data
 from .datasets import DataNotFoundError, ImageFileDataset
 from .instrument import InstrumentedLoader
 from .transforms import decode_augment
+from .workers import cpu_count
 
 GOAL_OVERHEAD = 0.97  # instrumented / plain throughput, for every worker count
 GOAL_SCALING = 1.6  # 2 workers / 0 workers throughput (plain loader), on 2 or more cores
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _workers(n: int) -> str:

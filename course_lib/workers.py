@@ -297,10 +297,15 @@ def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout
     return lines[-1]
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def limits() -> dict[str, Any]:
     """The operating-system limits that decide how many workers and how large batches can be."""
     out: dict[str, Any] = {
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": cpu_count(),
         "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
         "start_method": mp.get_start_method(allow_none=False),
     }

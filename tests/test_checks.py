@@ -349,3 +349,182 @@ def test_04_seed_workers() -> None:
     assert "function itself" in status(nb04.seed_workers, 3)[1]
     crashed = status(nb04.seed_workers, _crashes)[1]
     assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"
+
+
+# ----------------------------------------------------------------- notebook 05
+
+from torch.utils.data import SequentialSampler, SubsetRandomSampler  # noqa: E402
+
+from course_lib.checks import nb05  # noqa: E402
+from course_lib.samplers import imbalanced_subset  # noqa: E402
+
+IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]
+
+
+def test_05_balanced_weights() -> None:
+    counts = np.bincount(IMBALANCED)
+    assert status(nb05.balanced_weights, 1.0 / counts[IMBALANCED], IMBALANCED)[0] is Status.SOLVED
+    assert status(nb05.balanced_weights, torch.tensor(1.0 / counts[IMBALANCED]).float(), IMBALANCED)[0] is Status.SOLVED
+    assert status(nb05.balanced_weights, list(3.0 / counts[IMBALANCED]), IMBALANCED)[0] is Status.SOLVED  # scale is free
+    assert status(nb05.balanced_weights, ..., IMBALANCED)[0] is Status.NOT_ATTEMPTED
+    per_class = status(nb05.balanced_weights, 1.0 / counts, IMBALANCED)
+    assert per_class[0] is Status.WRONG and "one per *class*" in per_class[1] and "only indices 0..9" in per_class[1]
+    assert "same weight" in status(nb05.balanced_weights, np.ones(len(IMBALANCED)), IMBALANCED)[1]
+    assert "1 / count, not count" in status(nb05.balanced_weights, counts[IMBALANCED].astype(float), IMBALANCED)[1]
+    assert "one weight per sample of the imbalanced set: 291 numbers, got 800" in status(nb05.balanced_weights, np.ones(800), IMBALANCED)[1]
+    with np.errstate(divide="ignore"):
+        infinite = 1.0 / (counts[IMBALANCED] - counts[0])  # class 0 divides by zero
+    assert "inf or nan" in status(nb05.balanced_weights, infinite, IMBALANCED)[1]
+    assert "not enough to make up" in status(nb05.balanced_weights, 1.0 / np.sqrt(counts[IMBALANCED]), IMBALANCED)[1]
+    odd = np.where(IMBALANCED % 2 == 0, 1.0, 3.0) / counts[IMBALANCED]  # odd classes three times too heavy
+    assert "1 / (number of samples of its class)" in status(nb05.balanced_weights, odd, IMBALANCED)[1]
+    assert "not all 0" in status(nb05.balanced_weights, np.zeros(len(IMBALANCED)), IMBALANCED)[1]
+    assert "1-D" in status(nb05.balanced_weights, np.ones((291, 2)), IMBALANCED)[1]
+    assert "list, array or tensor of numbers" in status(nb05.balanced_weights, "heavy", IMBALANCED)[1]
+
+
+def _split(n, val_fraction, seed):
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=g).tolist()
+    n_val = round(n * val_fraction)
+    return SubsetRandomSampler(order[n_val:], generator=g), sorted(order[:n_val])
+
+
+def test_05_train_val_samplers() -> None:
+    assert status(nb05.train_val_samplers, _split)[0] is Status.SOLVED
+    assert status(nb05.train_val_samplers, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(n, val_fraction, seed):
+        raise NotImplementedError
+
+    assert status(nb05.train_val_samplers, stub)[0] is Status.NOT_ATTEMPTED
+
+    def tail_block(n, f, seed):
+        n_val = round(n * f)
+        return SubsetRandomSampler(range(n - n_val), generator=torch.Generator().manual_seed(seed)), list(range(n - n_val, n))
+
+    def overlapping(n, f, seed):
+        train, val = _split(n, f, seed)
+        return SubsetRandomSampler(list(train.indices[1:]) + [val[0]], generator=train.generator), val
+
+    def sequential_train(n, f, seed):
+        train, val = _split(n, f, seed)
+        return sorted(train.indices), val
+
+    def shuffled_val(n, f, seed):
+        train, val = _split(n, f, seed)
+        return train, SubsetRandomSampler(val, generator=torch.Generator().manual_seed(seed + 1))
+
+    def global_rng(n, f, seed):
+        train, val = _split(n, f, seed)
+        return SubsetRandomSampler(train.indices), val
+
+    def seeds_global(n, f, seed):
+        torch.manual_seed(seed)
+        order = torch.randperm(n).tolist()
+        n_val = round(n * f)
+        return SubsetRandomSampler(order[n_val:], generator=torch.default_generator), sorted(order[:n_val])
+
+    def reseeded_each_epoch(n, f, seed):
+        train, val = _split(n, f, seed)
+
+        class Reseeding:
+            def __len__(self):
+                return len(train)
+
+            def __iter__(self):
+                return iter(SubsetRandomSampler(train.indices, generator=torch.Generator().manual_seed(seed)))
+
+        return Reseeding(), val
+
+    def fixed_seed(n, f, seed):
+        return _split(n, f, 0)
+
+    def wrong_size(n, f, seed):
+        g = torch.Generator().manual_seed(seed)
+        order = torch.randperm(n, generator=g).tolist()
+        return SubsetRandomSampler(order[n // 4 :], generator=g), sorted(order[: n // 4])
+
+    assert "one block (80..99)" in status(nb05.train_val_samplers, tail_block)[1]
+    assert "in both parts" in status(nb05.train_val_samplers, overlapping)[1]
+    assert "increasing order: use SubsetRandomSampler" in status(nb05.train_val_samplers, sequential_train)[1]
+    assert "validation order changes" in status(nb05.train_val_samplers, shuffled_val)[1]
+    assert "global generator" in status(nb05.train_val_samplers, global_rng)[1]
+    assert "global generator" in status(nb05.train_val_samplers, seeds_global)[1]
+    assert "same in two epochs" in status(nb05.train_val_samplers, reseeded_each_epoch)[1]
+    assert "seeds 0 and 1 give the same split" in status(nb05.train_val_samplers, fixed_seed)[1]
+    assert "round(100 * 0.2) = 20 indices, got 25" in status(nb05.train_val_samplers, wrong_size)[1]
+    assert "two things" in status(nb05.train_val_samplers, lambda n, f, seed: _split(n, f, seed)[0])[1]
+    assert "len() and yield indices" in status(nb05.train_val_samplers, lambda n, f, seed: (_split(n, f, seed)[0], 5))[1]
+
+
+def _by_length(lengths, batch_size, generator):
+    order = torch.argsort(torch.as_tensor(lengths), stable=True)
+    batches = [b.tolist() for b in order.split(batch_size)]
+    return [batches[k] for k in torch.randperm(len(batches), generator=generator)]
+
+
+def test_05_length_batches() -> None:
+    from course_lib.samplers import BucketBatchSampler
+
+    assert status(nb05.length_batches, _by_length)[0] is Status.SOLVED
+    assert status(nb05.length_batches, lambda l, b, g: list(BucketBatchSampler(l, b, bucket_size=b * 1000, generator=g)))[0] is Status.SOLVED
+    assert status(nb05.length_batches, ...)[0] is Status.NOT_ATTEMPTED
+
+    def random_batches(lengths, batch_size, generator):
+        return torch.randperm(len(lengths), generator=generator).split(batch_size)
+
+    def sorted_only(lengths, batch_size, generator):
+        return torch.argsort(torch.as_tensor(lengths), stable=True).split(batch_size)
+
+    def descending(lengths, batch_size, generator):
+        return list(reversed(sorted_only(lengths, batch_size, generator)))
+
+    def global_shuffle(lengths, batch_size, generator):
+        return _by_length(lengths, batch_size, None)
+
+    def ignores_seed(lengths, batch_size, generator):
+        return _by_length(lengths, batch_size, torch.Generator().manual_seed(0))
+
+    def loses_one(lengths, batch_size, generator):
+        return [b[1:] if k == 0 else b for k, b in enumerate(_by_length(lengths, batch_size, generator))]
+
+    def repeats_one(lengths, batch_size, generator):
+        batches = _by_length(lengths, batch_size, generator)
+        return batches + [batches[0][:1]]
+
+    def short_from_buckets(lengths, batch_size, generator):  # chunks of each of 3 slices: several short batches
+        order = torch.argsort(torch.as_tensor(lengths), stable=True)
+        return [b.tolist() for part in order.chunk(3) for b in part.split(batch_size)][::-1][1::2] + \
+            [b.tolist() for part in order.chunk(3) for b in part.split(batch_size)][::-1][0::2]
+
+    def too_big(lengths, batch_size, generator):
+        return _by_length(lengths, batch_size * 2, generator)
+
+    def flat(lengths, batch_size, generator):
+        return [i for b in _by_length(lengths, batch_size, generator) for i in b]
+
+    def returns_lengths(lengths, batch_size, generator):
+        return [[lengths[i] for i in b] for b in _by_length(lengths, batch_size, generator)]
+
+    assert "random batches" in status(nb05.length_batches, random_batches)[1] and "sort the indices" in status(nb05.length_batches, random_batches)[1]
+    assert "short to long" in status(nb05.length_batches, sorted_only)[1]
+    assert "short to long" in status(nb05.length_batches, descending)[1]
+    assert "global generator" in status(nb05.length_batches, global_shuffle)[1]
+    assert "seeded 0 and 1 give the same" in status(nb05.length_batches, ignores_seed)[1]
+    assert "is in no batch" in status(nb05.length_batches, loses_one)[1]
+    assert "is in 2 batches" in status(nb05.length_batches, repeats_one)[1]
+    assert "batches are smaller than batch_size" in status(nb05.length_batches, short_from_buckets)[1]
+    assert "at most batch_size=16" in status(nb05.length_batches, too_big)[1]
+    assert "each batch should be a list of indices" in status(nb05.length_batches, flat)[1]
+    assert status(nb05.length_batches, returns_lengths)[0] is Status.WRONG
+
+
+def test_05_checks_leave_the_learners_random_state_alone() -> None:
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    nb05.train_val_samplers.evaluate(_split)
+    nb05.length_batches.evaluate(_by_length)
+    nb05.balanced_weights.evaluate(np.ones(len(IMBALANCED)), IMBALANCED)
+    assert torch.equal(torch.rand(3), expected)

@@ -1,0 +1,355 @@
+"""Samplers (notebook 05): which indices a DataLoader asks for, and in which order.
+
+The samplers themselves are PyTorch's (``SequentialSampler``, ``RandomSampler``,
+``SubsetRandomSampler``, ``WeightedRandomSampler``, ``BatchSampler``). This module adds what a
+lesson needs around them: the orders a sampler yields over several epochs and a picture of
+them, class counts and per-sample balancing weights for ``WeightedRandomSampler``, an imbalanced
+view of a labelled set built from its labels alone, and one batch sampler that PyTorch does not
+have, :class:`BucketBatchSampler`, which puts sequences of similar length in the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import Counter
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch.utils.data import Sampler
+
+__all__ = [
+    "BucketBatchSampler",
+    "Coverage",
+    "balancing_weights",
+    "class_counts",
+    "coverage",
+    "imbalanced_subset",
+    "index_orders",
+    "one_epoch",
+    "padding_fraction",
+    "plot_index_orders",
+    "shared_batchmates",
+]
+
+
+# ----------------------------------------------------------------- inputs
+
+
+def _positive_int(value: Any, name: str) -> int:
+    """``value`` as an int >= 1, or a ValueError naming the argument."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {n}")
+    return n
+
+
+def _int_array(values: Any, name: str) -> np.ndarray:
+    """A 1-D int64 array from a list, NumPy array or tensor of whole numbers."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one entry per sample), got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)  # 3.0 is a fine label; 3.5 is not
+        else:
+            raise ValueError(f"{name} must hold whole numbers (class labels or lengths), got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _labels(targets: Any, num_classes: int | None) -> tuple[np.ndarray, int]:
+    """Validated class labels and the number of classes."""
+    labels = _int_array(targets, "targets")
+    if labels.size == 0:
+        raise ValueError("targets is empty: pass one class label per sample (e.g. dataset.targets)")
+    if labels.min() < 0:
+        raise ValueError(f"class labels must be >= 0, found {labels.min()}")
+    k = int(labels.max()) + 1 if num_classes is None else _positive_int(num_classes, "num_classes")
+    if labels.max() >= k:
+        raise ValueError(f"found class label {labels.max()} but num_classes={k}: labels must be 0..{k - 1}")
+    return labels, k
+
+
+def one_epoch(sampler: Iterable[Any]) -> list[int]:
+    """The indices ``sampler`` yields in one pass, as a flat list (a batch sampler's batches are joined)."""
+    flat: list[int] = []
+    for item in sampler:
+        if isinstance(item, (list, tuple, range, np.ndarray)) or (isinstance(item, torch.Tensor) and item.dim() > 0):
+            flat.extend(int(i) for i in item)
+        else:
+            flat.append(int(item))
+    return flat
+
+
+# ----------------------------------------------------------------- index orders
+
+
+def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
+    """The indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
+
+    Each epoch iterates the sampler afresh, as a DataLoader does; ``set_epoch(e)`` is called
+    first when the sampler has it (``DistributedSampler``, notebook 06), as a training loop
+    should. A batch sampler's batches are joined into one row.
+    """
+    epochs = _positive_int(epochs, "epochs")
+    rows = []
+    for e in range(epochs):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(e)
+        rows.append(one_epoch(sampler))
+    sizes = [len(r) for r in rows]
+    if sizes[0] == 0:
+        raise ValueError("the sampler yielded no indices: is it built over an empty dataset?")
+    if len(set(sizes)) > 1:
+        raise ValueError(
+            f"the sampler yielded {sizes[0]} indices in the first epoch and {sizes[1:]} after. If it is an "
+            "iterator (iter(sampler), a generator), it runs only once: pass the sampler itself."
+        )
+    return np.array(rows, dtype=np.int64)
+
+
+def plot_index_orders(
+    orders: Any,
+    ax: Axes | None = None,
+    title: str = "Indices in the order a sampler yields them",
+    colour_by: Any = None,
+    class_names: Sequence[str] | None = None,
+    colour_label: str | None = None,
+) -> Figure:
+    """Draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
+
+    Cells are coloured by the sample index, or by ``colour_by[index]``: class labels
+    (``targets``, up to 20 classes, drawn in distinct colours, named by ``class_names``) or any
+    other whole number per sample, such as sequence lengths. Draws into ``ax`` when given;
+    returns the figure.
+    """
+    grid = np.asarray(orders)
+    if grid.ndim != 2 or grid.size == 0:
+        raise ValueError(f"orders must be a non-empty 2-D array (epochs × positions), e.g. index_orders(sampler, 5); got shape {grid.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.9 + 0.25 * grid.shape[0]))
+    fig = ax.figure
+    if colour_by is None:
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+        fig.colorbar(im, ax=ax, label=colour_label or "sample index", pad=0.01)
+    else:
+        values = _int_array(colour_by, "colour_by")
+        if grid.min() < 0 or grid.max() >= len(values):
+            raise ValueError(f"index {grid.max()} has no entry in colour_by (length {len(values)}): pass one value per sample")
+        k = int(values.max()) + 1
+        if class_names is not None or k <= 20:  # class labels: one distinct colour each
+            cmap = plt.get_cmap("tab10" if k <= 10 else "tab20", k)
+            im = ax.imshow(values[grid], aspect="auto", cmap=cmap, vmin=-0.5, vmax=k - 0.5, interpolation="nearest")
+            bar = fig.colorbar(im, ax=ax, label=colour_label or "class", pad=0.01, ticks=range(k))
+            if class_names is not None:
+                bar.ax.set_yticklabels(list(class_names)[:k], fontsize=7)
+        else:
+            im = ax.imshow(values[grid], aspect="auto", cmap="viridis", interpolation="nearest")
+            fig.colorbar(im, ax=ax, label=colour_label or "value", pad=0.01)
+    rows = grid.shape[0]
+    ax.set_yticks(range(rows), [str(e + 1) for e in range(rows)])
+    ax.set_xlabel("position in the epoch")
+    ax.set_ylabel("epoch")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------- classes and weights
+
+
+def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None = None) -> np.ndarray:
+    """How many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
+
+    ``targets[i]`` is the class of sample ``i``; the result has ``num_classes`` entries
+    (default: the largest label + 1).
+    """
+    labels, k = _labels(targets, num_classes)
+    drawn = np.array(one_epoch(indices), dtype=np.int64)
+    if drawn.size and (drawn.min() < 0 or drawn.max() >= len(labels)):
+        bad = drawn.min() if drawn.min() < 0 else drawn.max()
+        raise ValueError(
+            f"index {bad} is out of range for {len(labels)} targets: are the indices and the targets from the same dataset?"
+        )
+    return np.bincount(labels[drawn], minlength=k)
+
+
+def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Tensor:
+    """One weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
+
+    Every class then carries the same total weight, so ``WeightedRandomSampler(weights,
+    num_samples=len(weights), replacement=True)`` draws each class equally often on average.
+    (Passing one weight per *class* instead is a classic mistake: the sampler reads each weight
+    as a sample, and draws only indices ``0 .. num_classes - 1``.)
+    """
+    labels, k = _labels(targets, num_classes)
+    counts = np.bincount(labels, minlength=k)
+    return torch.from_numpy(1.0 / counts[labels])
+
+
+def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.ndarray:
+    """Indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
+
+    Only the labels are needed (``dataset.targets``), so no image is decoded. The indices come
+    back sorted, so ``Subset(dataset, indices)`` keeps the dataset's class-by-class order.
+    """
+    labels, k = _labels(targets, None)
+    want = _int_array(list(counts), "counts")
+    if len(want) != k:
+        raise ValueError(f"counts needs one number per class: the targets have {k} classes, counts has {len(want)}")
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for c, n in enumerate(want):
+        members = np.flatnonzero(labels == c)
+        if not 0 <= n <= len(members):
+            raise ValueError(f"class {c} has {len(members)} samples; counts[{c}]={n} must be between 0 and {len(members)}")
+        chosen.append(rng.choice(members, size=int(n), replace=False))
+    return np.sort(np.concatenate(chosen))
+
+
+class Coverage(NamedTuple):
+    """What one epoch of a sampler drew from a dataset of ``n`` samples."""
+
+    drawn: int  # indices yielded
+    distinct: int  # different samples among them
+    repeats: int  # draws of a sample already drawn this epoch (drawn - distinct)
+    unseen: int  # samples never drawn (n - distinct)
+
+
+def coverage(indices: Iterable[Any], n: int) -> Coverage:
+    """Count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples."""
+    n = _positive_int(n, "n")
+    drawn = one_epoch(indices)
+    distinct = len(set(drawn))
+    if drawn and (min(drawn) < 0 or max(drawn) >= n):
+        raise ValueError(f"indices must lie in 0..{n - 1}; got {min(drawn)}..{max(drawn)}")
+    return Coverage(len(drawn), distinct, len(drawn) - distinct, n - distinct)
+
+
+# ----------------------------------------------------------------- batching by length
+
+
+def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
+    """The share of padded batch tensors that is padding, over all ``batches``.
+
+    A batch of ``b`` sequences padded to its longest, ``L``, is a ``b × L`` tensor holding
+    ``sum(lengths)`` real tokens; the rest is padding. ``batches`` may be a batch sampler.
+    """
+    lens = _int_array(lengths, "lengths")
+    cells = real = 0
+    for batch in batches:
+        idx = np.asarray(one_epoch([batch]), dtype=np.int64)
+        if idx.size == 0:
+            continue
+        if idx.min() < 0 or idx.max() >= len(lens):
+            raise ValueError(f"batch holds index {idx.max() if idx.max() >= len(lens) else idx.min()}, but lengths has {len(lens)} entries")
+        b = lens[idx]
+        cells += len(b) * int(b.max())
+        real += int(b.sum())
+    if cells == 0:
+        raise ValueError("no batches (or only empty ones, or sequences of length 0): nothing to measure")
+    return 1 - real / cells
+
+
+def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequence[int]]) -> float:
+    """The share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
+
+    About ``(batch_size - 1) / (n - 1)`` for random batches; close to 1 when batches barely change
+    from epoch to epoch (sorting the whole data set by length, for example).
+    """
+    where: dict[int, int] = {}
+    for k, batch in enumerate(epoch_b):
+        for i in one_epoch([batch]):
+            where[i] = k
+    pairs = kept = 0
+    for batch in epoch_a:
+        idx = one_epoch([batch])
+        pairs += len(idx) * (len(idx) - 1) // 2
+        groups = Counter(where.get(i, -1 - n) for n, i in enumerate(idx))  # an index missing from b pairs with no one
+        kept += sum(c * (c - 1) // 2 for c in groups.values())
+    if pairs == 0:
+        raise ValueError("epoch_a has no batch of two or more samples: no pairs to compare")
+    return kept / pairs
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of indices whose sequences have similar lengths, in a new random order every epoch.
+
+    Each epoch: shuffle all indices, cut them into buckets of ``bucket_size`` samples, sort each
+    bucket by length, cut it into batches of ``batch_size``, and shuffle the order of all
+    batches. Sorting makes batches need little padding; sorting only *within* random buckets
+    keeps batches different from epoch to epoch; shuffling the batches keeps short and long
+    ones mixed over the epoch. A larger bucket means less padding and less randomness;
+    ``bucket_size=batch_size`` is plain random batching. ``bucket_size`` must be a multiple of
+    ``batch_size`` (default: 100 batches), so that only the last batch of an epoch can be short.
+
+    Use it as ``DataLoader(dataset, batch_sampler=BucketBatchSampler(lengths, 32), collate_fn=pad_collate)``.
+    The order comes from ``generator`` (advanced every epoch); without one, each epoch draws a
+    seed from PyTorch's global generator, as ``RandomSampler`` does.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | torch.Tensor,
+        batch_size: int,
+        bucket_size: int | None = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        lens = _int_array(lengths, "lengths")
+        if lens.size == 0:
+            raise ValueError("lengths is empty: pass the length of every sample, e.g. [len(x) for x, _ in dataset]")
+        if lens.min() < 0:
+            raise ValueError(f"lengths must be >= 0, found {lens.min()}")
+        self.batch_size = _positive_int(batch_size, "batch_size")
+        bucket = 100 * self.batch_size if bucket_size is None else _positive_int(bucket_size, "bucket_size")
+        if bucket % self.batch_size:
+            lower = max(self.batch_size, bucket // self.batch_size * self.batch_size)
+            raise ValueError(
+                f"bucket_size={bucket} is not a multiple of batch_size={self.batch_size}, so buckets would leave "
+                f"partial batches: use {lower} or {lower + self.batch_size}"
+            )
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}: torch.Generator().manual_seed(0)")
+        self.lengths = torch.from_numpy(lens)
+        self.bucket_size = bucket
+        self.drop_last = drop_last
+        self.generator = generator
+
+    def __iter__(self) -> Iterator[list[int]]:
+        g = self.generator
+        if g is None:  # like RandomSampler: a fresh seed from the global generator each epoch
+            g = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        order = torch.randperm(len(self.lengths), generator=g)
+        batches: list[torch.Tensor] = []
+        for bucket in order.split(self.bucket_size):
+            # a stable sort keeps equal lengths in their shuffled order
+            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True)]
+            batches.extend(by_length.split(self.batch_size))
+        # every bucket but the last holds whole batches, so only the very last batch can be short
+        if self.drop_last and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        for k in torch.randperm(len(batches), generator=g).tolist():
+            yield batches[k].tolist()
+
+    def __len__(self) -> int:
+        n = len(self.lengths)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n={len(self.lengths)}, batch_size={self.batch_size}, "
+            f"bucket_size={self.bucket_size}, drop_last={self.drop_last})"
+        )

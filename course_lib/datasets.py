@@ -217,3 +217,24 @@ class RandomSequences(Dataset):
         length = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))
         tokens = torch.randint(1, self.vocab, (length,), generator=g)
         return tokens, int(length > (self.min_len + self.max_len) / 2)
+
+
+class WithIndex(Dataset):
+    """Wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
+
+    Used to see which indices a rank or a worker actually loaded (notebook 06): the index rides
+    through the DataLoader with the sample, so nothing has to be guessed from the sampler.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        sample = self.dataset[index]
+        return (index, *sample) if isinstance(sample, tuple) else (index, sample)
+
+    def __repr__(self) -> str:
+        return f"WithIndex({self.dataset!r})"

@@ -22,7 +22,7 @@ def requirement_lines() -> dict[str, str]:
 def test_requirements_include_the_library_dependencies_with_the_same_ranges() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = requirement_lines()
-    for dep in project["dependencies"]:
+    for dep in project["dependencies"] + project["optional-dependencies"]["test"]:
         name = re.match(r"[A-Za-z0-9_.\-]+", dep).group(0).lower()
         assert reqs.get(name) == dep, f"{dep} in pyproject.toml vs {reqs.get(name)} in requirements.txt"
 

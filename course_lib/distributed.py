@@ -1,0 +1,476 @@
+"""Distributed helpers for notebook 06 and the Slurm scripts in ``hpc/``.
+
+Three jobs, each small enough to read whole:
+
+* :func:`dist_env` answers "who am I?" (rank, local rank, world size, rendezvous address), from
+  torchrun's variables or, failing that, from Slurm's, like IDRIS's ``idr_torch`` does on Jean
+  Zay. A half-set environment is an error that names what is missing, never a silent rank 0 of 1.
+* :func:`init_process_group` starts ``torch.distributed`` from that answer.
+* :func:`launch` runs a course script under ``torchrun`` from a notebook: a subprocess with a
+  timeout, the rendezvous on 127.0.0.1, and each rank's output collected and shown in rank order.
+  A failed rank raises :class:`LaunchError` with that rank's own error; a hung job is killed at
+  the timeout instead of hanging the notebook.
+
+Plus :func:`sampler_shares`, which runs torch's real ``DistributedSampler`` for every rank in one
+process, so a notebook can look at what each rank would get without starting any process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+#: torchrun sets all of these for every process it starts.
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: What a Slurm task needs; the node list comes from one of two names (see :data:`SLURM_NODELIST_VARS`).
+SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+SLURM_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+#: The rendezvous port when Slurm starts the tasks and MASTER_PORT is not set (torch's default).
+DEFAULT_PORT = 29500
+
+
+class DistEnvError(RuntimeError):
+    """The environment says "distributed", but not completely; the message says what is missing."""
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed or timed out; ``result`` holds every rank's output."""
+
+    def __init__(self, message: str, result: "LaunchResult") -> None:
+        super().__init__(message)
+        self.result = result
+
+
+# --------------------------------------------------------------------------- who am I?
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in a job: what ``torch.distributed`` needs to start."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun", "slurm" or "single"
+
+    @property
+    def is_main(self) -> bool:
+        """True on the one process (rank 0) that should print, save and plot."""
+        return self.rank == 0
+
+    def __str__(self) -> str:
+        return (
+            f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}), "
+            f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}"
+        )
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
+
+    Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames``
+    does. Only what is needed to find the first host and count nodes; nested brackets are rare
+    and rejected.
+    """
+    hosts: list[str] = []
+    # split on commas that are not inside brackets
+    parts = re.findall(r"(?:[^,\[\]]|\[[^\]\[]*\])+", nodelist.strip())
+    if ",".join(parts) != nodelist.strip():  # unbalanced brackets or empty items
+        raise ValueError(f"cannot parse Slurm node list {nodelist!r}")
+    for part in parts:
+        pieces = re.split(r"\[([^\]]*)\]", part)
+        expanded = [""]
+        for i, piece in enumerate(pieces):
+            if i % 2 == 0:  # plain text between bracket groups
+                if "[" in piece or "]" in piece:
+                    raise ValueError(f"cannot parse Slurm node list {nodelist!r}")
+                expanded = [e + piece for e in expanded]
+                continue
+            choices: list[str] = []
+            for item in piece.split(","):
+                m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+                if not m:
+                    raise ValueError(f"cannot parse {item!r} in Slurm node list {nodelist!r}")
+                lo, hi = m.group(1), m.group(2) or m.group(1)
+                if int(hi) < int(lo):
+                    raise ValueError(f"range {item!r} runs backwards in Slurm node list {nodelist!r}")
+                width = len(lo)
+                choices += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+            expanded = [e + c for e in expanded for c in choices]
+        hosts += expanded
+    if not hosts or any(not h for h in hosts):
+        raise ValueError(f"empty host name in Slurm node list {nodelist!r}")
+    return hosts
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise DistEnvError(f"{name}={env[name]!r} is not an integer") from None
+
+
+def _check_ranks(rank: int, local_rank: int, world_size: int, names: tuple[str, str, str]) -> None:
+    if world_size < 1:
+        raise DistEnvError(f"{names[2]} must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise DistEnvError(f"{names[0]}={rank} is outside 0..{world_size - 1} ({names[2]}={world_size})")
+    if not 0 <= local_rank <= rank:
+        raise DistEnvError(f"{names[1]}={local_rank} cannot be above {names[0]}={rank} or negative")
+
+
+def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Read rank, local rank, world size and the rendezvous address from the environment.
+
+    torchrun's variables win when any of them is set (under ``srun torchrun`` both are present,
+    and torchrun's describe the process it started). Otherwise Slurm's: ``SLURM_PROCID``,
+    ``SLURM_LOCALID``, ``SLURM_NTASKS``, and the first host of ``SLURM_JOB_NODELIST`` (or
+    ``SLURM_NODELIST``) as the rendezvous address, with ``MASTER_ADDR``/``MASTER_PORT`` taking
+    precedence when set. With neither, a single process: rank 0 of 1 on 127.0.0.1.
+    """
+    env = os.environ if environ is None else environ
+    if any(name in env for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        missing = [name for name in TORCHRUN_VARS if name not in env]
+        if missing:
+            raise DistEnvError(
+                f"torchrun-style environment is half set: {', '.join(missing)} missing "
+                f"(found {', '.join(n for n in TORCHRUN_VARS if n in env)}). Start the script with "
+                "torchrun, which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process."
+            )
+        rank, local, world = (_int_var(env, n) for n in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+        _check_ranks(rank, local, world, ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+        return DistEnv(rank, local, world, env["MASTER_ADDR"], _int_var(env, "MASTER_PORT"), "torchrun")
+    if any(name in env for name in SLURM_VARS):
+        missing = [name for name in SLURM_VARS if name not in env]
+        if not any(name in env for name in SLURM_NODELIST_VARS) and "MASTER_ADDR" not in env:
+            missing.append(" or ".join(SLURM_NODELIST_VARS))
+        if missing:
+            raise DistEnvError(
+                f"Slurm environment is half set: {', '.join(missing)} missing. Start one task per "
+                "process with srun inside an sbatch/salloc allocation (srun sets them all), or run "
+                "the script under torchrun instead."
+            )
+        rank, local, world = (_int_var(env, n) for n in SLURM_VARS)
+        _check_ranks(rank, local, world, SLURM_VARS)
+        if "MASTER_ADDR" in env:
+            addr = env["MASTER_ADDR"]
+        else:
+            nodelist = next(env[n] for n in SLURM_NODELIST_VARS if n in env)
+            try:
+                addr = expand_nodelist(nodelist)[0]
+            except ValueError as exc:
+                raise DistEnvError(f"{exc}; set MASTER_ADDR to the first node's host name instead") from None
+        port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT
+        return DistEnv(rank, local, world, addr, port, "slurm")
+    return DistEnv(0, 0, 1, "127.0.0.1", DEFAULT_PORT, "single")
+
+
+def init_process_group(backend: str = "gloo", timeout_s: float = 60.0, env: DistEnv | None = None) -> DistEnv:
+    """Start ``torch.distributed`` for this process from :func:`dist_env` and return it.
+
+    ``timeout_s`` bounds how long a collective may wait for the other ranks: a rank that runs
+    out of data then fails with an error instead of waiting for the default 30 minutes.
+    """
+    import torch.distributed as dist
+
+    env = env or dist_env()
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    dist.init_process_group(
+        backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- what does each rank get?
+
+
+def sampler_shares(
+    dataset_len: int,
+    world_size: int,
+    epoch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    seed: int = 0,
+    set_epoch: bool = True,
+) -> np.ndarray:
+    """The indices torch's ``DistributedSampler`` gives each rank: a (world_size, per-rank) array.
+
+    It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
+    is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    if dataset_len < 1:
+        raise ValueError(f"dataset_len must be at least 1, got {dataset_len}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if drop_last and dataset_len < world_size:
+        raise ValueError(
+            f"with drop_last=True, {dataset_len} samples over {world_size} ranks leaves every rank empty; "
+            "use fewer ranks or drop_last=False"
+        )
+    rows = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(
+            range(dataset_len), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        rows.append(list(sampler))
+    return np.array(rows, dtype=np.int64)
+
+
+def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
+    """Count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
+    counts = np.bincount(shares.ravel(), minlength=dataset_len)
+    return {
+        "samples": dataset_len,
+        "drawn": int(shares.size),
+        "seen once": int((counts == 1).sum()),
+        "seen twice or more": int((counts > 1).sum()),
+        "never seen": int((counts == 0).sum()),
+    }
+
+
+def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None = None):
+    """Draw which rank gets which index: one row per rank, one column per sample of the data set.
+
+    A cell is coloured by the rank that loads that sample; a sample a rank loads twice (padding)
+    is drawn dark with a black outline, and a sample nobody loads stays white. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    shares = np.asarray(shares)
+    world = shares.shape[0]
+    grid = np.zeros((world, dataset_len), dtype=int)
+    for rank, row in enumerate(shares):
+        np.add.at(grid[rank], row, 1)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(min(10, 2 + dataset_len * 0.3), 0.5 + 0.45 * world), dpi=80)
+    fig = ax.figure
+    colours = plt.get_cmap("tab10")
+    image = np.ones((world, dataset_len, 3))
+    for rank in range(world):
+        image[rank, grid[rank] >= 1] = colours(rank % 10)[:3]
+        image[rank, grid[rank] >= 2] = np.array(colours(rank % 10)[:3]) * 0.45
+    ax.imshow(image, aspect="auto", interpolation="nearest")
+    totals = grid.sum(axis=0)
+    for i in np.flatnonzero(totals > 1):  # samples loaded more than once over all ranks
+        ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, world, fill=False, lw=1.5, ec="black"))
+    ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
+    step = max(1, dataset_len // 25)
+    ax.set_xticks(range(0, dataset_len, step))
+    ax.set_xlabel("sample index in the data set (outlined: loaded more than once; white column: never)")
+    ax.set_xlim(-0.5, dataset_len - 0.5)
+    ax.set_title(title or f"{dataset_len} samples over {world} ranks")
+    return fig
+
+
+# --------------------------------------------------------------------------- launching torchrun
+
+
+@dataclass
+class LaunchResult:
+    """What a :func:`launch` produced: each rank's lines, the launcher's own lines, how it ended."""
+
+    nproc: int
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    ranks: dict[int, list[str]] = field(default_factory=dict)
+    launcher: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def error_line(self, rank: int) -> str | None:
+        """The last ``SomeError: message`` line a rank printed, if any."""
+        # a Python exception line, or what a C++ exception printed before the process aborted
+        pattern = re.compile(r"^([\w.]*(Error|Exception|Interrupt)\b.*?:|\s*what\(\):)")
+        for line in reversed(self.ranks.get(rank, [])):
+            if pattern.match(line):
+                return line
+        return None
+
+    def first_error(self) -> str | None:
+        """The failed rank's error line, without the C++ source location gloo/NCCL put in front."""
+        rank = self.failed_rank()
+        line = self.error_line(rank) if rank is not None else None
+        return re.sub(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line) if line else None
+
+    def failed_rank(self) -> int | None:
+        """The root-cause rank torchrun names, else the first rank with an error line."""
+        text = "\n".join(self.launcher)
+        m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
+        if m:
+            return int(m.group(1))
+        return next((r for r in sorted(self.ranks) if self.error_line(r)), None)
+
+    def show(self, last: int | None = None, errors_only: bool = False) -> None:
+        """Print each rank's output in rank order (only the ``last`` lines of each, if given)."""
+        for rank in range(self.nproc):
+            lines = self.ranks.get(rank, [])
+            if errors_only:
+                err = self.error_line(rank)
+                lines = [err] if err else []
+            elif last is not None:
+                lines = lines[-last:]
+            print(f"── rank {rank} ──")
+            for line in lines:
+                print(f"  {line}")
+
+    def summary(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s: the job was stopped; the ranks were still running"
+        if self.ok:
+            return f"{self.nproc} ranks finished"
+        return f"rank {self.failed_rank()} failed first: {self.first_error() or 'no error line (see its output above)'}"
+
+
+_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$")
+
+
+def _split_by_rank(text: str, nproc: int) -> tuple[dict[int, list[str]], list[str]]:
+    ranks: dict[int, list[str]] = {r: [] for r in range(nproc)}
+    launcher: list[str] = []
+    for line in text.splitlines():
+        m = _PREFIX.match(line)
+        if m:
+            rank, rest = int(m.group(1)), m.group(2)
+            # torch prefixes its own traceback lines with "[rankN]:" too; drop the second copy
+            rest = re.sub(rf"^\[rank{rank}\]:\s?", "", rest)
+            ranks.setdefault(rank, []).append(rest)
+        elif line.strip() and not re.match(r"^[WI]\d{4} .*(\*{5}|OMP_NUM_THREADS)", line):
+            launcher.append(line)
+    return ranks, launcher
+
+
+def torchrun_command(target: Sequence[str], nproc: int, module: bool = True) -> list[str]:
+    """The torchrun command line :func:`launch` runs: ``--standalone``, pinned to 127.0.0.1.
+
+    ``--standalone`` means a one-node rendezvous on a free port of ``localhost``; the explicit
+    form below is the same, with the address written as 127.0.0.1 so that nothing listens on
+    other interfaces.
+    """
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes=1", f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
+        "--local-addr=127.0.0.1", "--max-restarts=0",
+        "--tee=3", "--log-line-prefix-template=[rank${rank}]:",
+    ]
+    return cmd + (["-m"] if module else []) + list(target)
+
+
+def launch(
+    target: str,
+    *args: str,
+    nproc: int = 2,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    show: bool = True,
+) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and collect the output.
+
+    ``target`` is a module name (``"course_lib.train"``) or a path to a ``.py`` script. Each
+    rank's lines are shown in rank order when the job ends (``show``). The whole job is killed
+    after ``timeout`` seconds, so a rank stuck in a collective cannot hang the notebook. With
+    ``check``, a failed or timed-out job raises :class:`LaunchError` naming the failed rank and
+    its error; ``check=False`` returns the result for inspection instead.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    module = not target.endswith(".py")
+    if not module and not Path(target).is_file():
+        raise FileNotFoundError(f"no script {target!r}; give a path to a .py file or a module name")
+    child_env = dict(os.environ)
+    for name in TORCHRUN_VARS + SLURM_VARS + SLURM_NODELIST_VARS:
+        child_env.pop(name, None)  # this notebook's own job must not leak into the child job
+    child_env.update(
+        PYTHONUNBUFFERED="1",  # a killed rank still shows what it printed
+        GLOO_SOCKET_IFNAME=child_env.get("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else ""),
+        OMP_NUM_THREADS=child_env.get("OMP_NUM_THREADS", "1"),
+        **(env or {}),
+    )
+    if not child_env["GLOO_SOCKET_IFNAME"]:
+        del child_env["GLOO_SOCKET_IFNAME"]
+    cmd = torchrun_command([target, *args], nproc, module=module)
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env, start_new_session=True
+    )
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, _ = proc.communicate()
+    result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
+    result.ranks, result.launcher = _split_by_rank(out, nproc)
+    if show:
+        result.show()
+    if check and not result.ok:
+        raise LaunchError(result.summary(), result)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop torchrun and every rank and worker it started (they share its process group)."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# --------------------------------------------------------------------------- reading the ranks' reports
+
+
+def read_reports(folder: str | os.PathLike[str]) -> list[dict]:
+    """The JSON reports written by ``course_lib.train --report FOLDER``, one per rank, in rank order."""
+    paths = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+    if not paths:
+        raise FileNotFoundError(f"no rank*.json reports in {folder}; run course_lib.train with --report {folder}")
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def coverage(shares: Sequence[Sequence[int]], dataset_len: int) -> dict[str, object]:
+    """Check that the ranks' index lists are disjoint and cover ``range(dataset_len)`` once.
+
+    Returns counts (``repeated`` and ``missing`` are sorted index lists), with ``exact`` True only
+    when every index was seen exactly once.
+    """
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in shares]) if len(shares) else np.array([], np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= dataset_len):
+        raise ValueError(f"indices outside 0..{dataset_len - 1}; is dataset_len right?")
+    counts = np.bincount(flat, minlength=dataset_len)
+    repeated = np.flatnonzero(counts > 1).tolist()
+    missing = np.flatnonzero(counts == 0).tolist()
+    return {"seen": int(flat.size), "distinct": int((counts > 0).sum()), "repeated": repeated,
+            "missing": missing, "exact": not repeated and not missing}

@@ -1,0 +1,242 @@
+"""course_lib.distributed: who-am-I from torchrun/Slurm, DistributedSampler shares, torchrun launches."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.distributed import (
+    DistEnvError,
+    LaunchError,
+    coverage,
+    dist_env,
+    expand_nodelist,
+    launch,
+    padding_report,
+    plot_shares,
+    read_reports,
+    sampler_shares,
+)
+
+# --------------------------------------------------------------------------- every index once per epoch
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    world=st.integers(1, 9),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    epoch=st.integers(0, 50),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sampler_shares_cover_every_index_once_or_the_padded_multiset(n, world, drop_last, shuffle, epoch, seed) -> None:
+    if drop_last and n < world:
+        with pytest.raises(ValueError, match="every rank empty"):
+            sampler_shares(n, world, epoch=epoch, drop_last=drop_last)
+        return
+    shares = sampler_shares(n, world, epoch=epoch, shuffle=shuffle, drop_last=drop_last, seed=seed)
+    per_rank = n // world if drop_last else math.ceil(n / world)
+    assert shares.shape == (world, per_rank)
+    counts = np.bincount(shares.ravel(), minlength=n)
+    if n % world == 0:  # divides evenly: exactly once, with or without drop_last
+        assert (counts == 1).all()
+    elif drop_last:  # n % world samples are left out, none is repeated
+        assert counts.max() == 1 and (counts == 0).sum() == n % world
+    else:  # padding: everything at least once, exactly world - n % world extra loads, each of a distinct sample
+        pad = world * per_rank - n
+        assert counts.min() >= 1 and counts.sum() == n + pad
+        assert (counts == 2).sum() == pad or n < pad  # tiny sets wrap around more than once
+    if not drop_last or n % world == 0:
+        assert coverage(list(shares), n)["missing"] == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 200), world=st.integers(2, 8), epochs=st.integers(2, 4))
+def test_same_order_every_epoch_only_without_set_epoch(n, world, epochs) -> None:
+    forgot = [sampler_shares(n, world, epoch=e, set_epoch=False) for e in range(epochs)]
+    assert all((f == forgot[0]).all() for f in forgot)
+    if math.factorial(min(n, 20)) > 10**6:  # enough permutations that two epochs never collide by chance
+        fixed = [sampler_shares(n, world, epoch=e) for e in range(epochs)]
+        assert len({f.tobytes() for f in fixed}) == epochs
+
+
+def test_sampler_shares_reject_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="dataset_len"):
+        sampler_shares(0, 2)
+    with pytest.raises(ValueError, match="world_size"):
+        sampler_shares(10, 0)
+
+
+def test_padding_report_and_coverage() -> None:
+    shares = sampler_shares(10, 4, shuffle=False)
+    assert padding_report(shares, 10) == {"samples": 10, "drawn": 12, "seen once": 8, "seen twice or more": 2, "never seen": 0}
+    cov = coverage(list(shares), 10)
+    assert cov["repeated"] == [0, 1] and not cov["exact"]
+    assert coverage([[0, 2], [1, 3]], 4)["exact"]
+    assert coverage([[0], [0]], 3)["missing"] == [1, 2]
+    with pytest.raises(ValueError, match="outside"):
+        coverage([[0, 5]], 3)
+
+
+def test_plot_shares_draws_a_row_per_rank() -> None:
+    fig = plot_shares(sampler_shares(23, 4), 23)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert len(ax.patches) == 1  # one padded sample outlined
+
+
+# --------------------------------------------------------------------------- who am I?
+
+TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
+SLURM = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+
+
+def test_dist_env_from_torchrun_slurm_or_nothing() -> None:
+    env = dist_env(TORCHRUN)
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (3, 1, 4, "n1", 1234, "torchrun")
+    env = dist_env(SLURM)
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (3, 1, 4, "gpu07", 29500, "slurm")
+    assert dist_env({k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"} | {"SLURM_NODELIST": "cn[2-3]"}).master_addr == "cn2"
+    assert dist_env({**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "4000"}).master_addr == "head"
+    assert dist_env({**SLURM, "MASTER_PORT": "4000"}).master_port == 4000
+    both = dist_env({**SLURM, **TORCHRUN, "SLURM_PROCID": "0"})  # srun torchrun: torchrun's numbers win
+    assert both.source == "torchrun" and both.rank == 3
+    single = dist_env({})
+    assert (single.rank, single.world_size, single.source, single.is_main) == (0, 1, "single", True)
+    assert "rank 3 of 4" in str(dist_env(TORCHRUN))
+
+
+@pytest.mark.parametrize("missing", ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"])
+def test_half_set_torchrun_environment_names_what_is_missing(missing: str) -> None:
+    env = {k: v for k, v in TORCHRUN.items() if k != missing}
+    with pytest.raises(DistEnvError, match=missing):
+        dist_env(env)
+
+
+@pytest.mark.parametrize("missing", ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_NODELIST"])
+def test_half_set_slurm_environment_names_what_is_missing(missing: str) -> None:
+    env = {k: v for k, v in SLURM.items() if k != missing}
+    with pytest.raises(DistEnvError, match=missing):
+        dist_env(env)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({**TORCHRUN, "RANK": "4"}, "outside 0..3"),
+        ({**TORCHRUN, "WORLD_SIZE": "0"}, "at least 1"),
+        ({**TORCHRUN, "RANK": "x"}, "not an integer"),
+        ({**TORCHRUN, "LOCAL_RANK": "-1"}, "LOCAL_RANK"),
+        ({**SLURM, "SLURM_NTASKS": "2"}, "outside 0..1"),
+        ({**SLURM, "SLURM_JOB_NODELIST": "gpu[9-3]"}, "backwards"),
+        ({**SLURM, "SLURM_JOB_NODELIST": ""}, "MASTER_ADDR"),
+    ],
+)
+def test_inconsistent_environments_are_errors(env: dict, message: str) -> None:
+    with pytest.raises(DistEnvError, match=message):
+        dist_env(env)
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("gpu[01-03]", ["gpu01", "gpu02", "gpu03"]),
+        ("gpu[08-10,12],login1", ["gpu08", "gpu09", "gpu10", "gpu12", "login1"]),
+        ("r1i[0-1]n[3,5]", ["r1i0n3", "r1i0n5", "r1i1n3", "r1i1n5"]),
+        ("jean-zay-iam[01-02]", ["jean-zay-iam01", "jean-zay-iam02"]),
+        ("127.0.0.1", ["127.0.0.1"]),
+    ],
+)
+def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
+    assert expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["", "gpu[1-", "gpu[a-b]", "gpu[]", "a,,b"])
+def test_expand_nodelist_rejects_garbage(bad: str) -> None:
+    with pytest.raises(ValueError):
+        expand_nodelist(bad)
+
+
+@given(prefix=st.from_regex(r"[a-z][a-z0-9-]{0,6}", fullmatch=True), lo=st.integers(0, 50), span=st.integers(0, 20),
+       width=st.integers(1, 4))
+def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width: int) -> None:
+    hi = lo + span
+    hosts = expand_nodelist(f"{prefix}[{str(lo).zfill(width)}-{str(hi).zfill(width)}]")
+    assert hosts == [f"{prefix}{str(i).zfill(width)}" for i in range(lo, hi + 1)]
+
+
+# --------------------------------------------------------------------------- launching torchrun
+
+SCRIPT_OK = """
+import os, torch, torch.distributed as dist
+from course_lib.distributed import init_process_group
+env = init_process_group("gloo", timeout_s=20)
+t = torch.tensor([env.rank + 1.0]); dist.all_reduce(t)
+print(f"rank {env.rank} of {env.world_size}: sum {t.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+
+SCRIPT_FAILS = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    raise KeyError("rank 1 lost its key")
+time.sleep(30)
+"""
+
+SCRIPT_HANGS = """
+import time
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90)
+    assert result.ok and result.summary() == "2 ranks finished"
+    assert result.ranks == {0: ["rank 0 of 2: sum 3"], 1: ["rank 1 of 2: sum 3"]}
+    out = capsys.readouterr().out
+    assert out.index("── rank 0 ──") < out.index("rank 0 of 2") < out.index("── rank 1 ──") < out.index("rank 1 of 2")
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="rank 1 failed first: KeyError: 'rank 1 lost its key'") as info:
+        launch(write(tmp_path, "fails.py", SCRIPT_FAILS), nproc=2, timeout=90, show=False)
+    assert info.value.result.returncode != 0 and not info.value.result.timed_out
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    result = launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=8, check=False, show=False)
+    assert result.timed_out and not result.ok and result.seconds < 30
+    assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
+    assert "timed out" in result.summary()
+    with pytest.raises(LaunchError, match="timed out"):
+        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=1, timeout=5, show=False)
+
+
+def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nproc"):
+        launch("course_lib.train", nproc=0)
+    with pytest.raises(FileNotFoundError, match="no script"):
+        launch(str(tmp_path / "missing.py"))
+
+
+def test_read_reports_says_what_to_run(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="--report"):
+        read_reports(tmp_path)

@@ -6,6 +6,12 @@ Modules are named for what they teach:
 * :mod:`course_lib.datasets` holds the map-style datasets of notebook 01;
 * :mod:`course_lib.transforms` the custom transforms of notebook 02;
 * :mod:`course_lib.loaders` batching helpers for notebook 03;
+* :mod:`course_lib.instrument`, :mod:`course_lib.workers`, :mod:`course_lib.explorer` the
+  DataLoader performance lessons of notebook 04 (:mod:`course_lib.bench` measures them);
+* :mod:`course_lib.samplers` index orders, balancing weights and bucketing for notebook 05;
+* :mod:`course_lib.distributed` rank and world size from torchrun or Slurm, torchrun launches
+  and ``DistributedSampler`` shares for notebook 06; :mod:`course_lib.train` the DDP training
+  script (``torchrun -m course_lib.train``) used there and by the Slurm scripts in ``hpc/``;
 * :mod:`course_lib.viz` the pictures (sample grids, histograms, batch layouts);
 * :mod:`course_lib.checks` the self-checking exercises;
 * :mod:`course_lib.pitfalls` reproduces errors live; :mod:`course_lib.timing` measures ratios.

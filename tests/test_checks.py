@@ -528,3 +528,51 @@ def test_05_checks_leave_the_learners_random_state_alone() -> None:
     nb05.length_batches.evaluate(_by_length)
     nb05.balanced_weights.evaluate(np.ones(len(IMBALANCED)), IMBALANCED)
     assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------- notebook 06
+
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+from course_lib.checks import nb06  # noqa: E402
+
+
+def test_06_samples_per_rank() -> None:
+    assert status(nb06.samples_per_rank, lambda n, w, d: n // w if d else math.ceil(n / w))[0] is Status.SOLVED
+    assert status(nb06.samples_per_rank, lambda n, w, d: n // w if d else -(-n // w))[0] is Status.SOLVED
+    assert status(nb06.samples_per_rank, ...)[0] is Status.NOT_ATTEMPTED
+    assert "round down" in status(nb06.samples_per_rank, lambda n, w, d: math.ceil(n / w))[1]
+    assert "round up" in status(nb06.samples_per_rank, lambda n, w, d: n // w)[1]
+    assert "whole number" in status(nb06.samples_per_rank, lambda n, w, d: n / w)[1]
+    assert "whole data set" in status(nb06.samples_per_rank, lambda n, w, d: n)[1]
+    assert "whole number" in status(nb06.samples_per_rank, lambda n, w, d: "3")[1]
+
+
+def _epoch_sampler(dataset, world, rank, epoch, seed=0, shuffle=True, set_epoch=True):
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
+    if set_epoch:
+        sampler.set_epoch(epoch)
+    return sampler
+
+
+def test_06_epoch_sampler() -> None:
+    assert status(nb06.epoch_sampler, _epoch_sampler)[0] is Status.SOLVED
+    assert status(nb06.epoch_sampler, ...)[0] is Status.NOT_ATTEMPTED
+    assert "set_epoch" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, set_epoch=False))[1]
+    assert "same seed" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, seed=r))[1]
+    assert "turn shuffle on" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, shuffle=False))[1]
+    assert "rank=rank" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, 0, e))[1]
+    assert "sampler" in status(nb06.epoch_sampler, lambda d, w, r, e: 3)[1]
+
+
+def test_06_eval_indices() -> None:
+    assert status(nb06.eval_indices, lambda n, w, r: range(r, n, w))[0] is Status.SOLVED
+    assert status(nb06.eval_indices, lambda n, w, r: list(np.array_split(np.arange(n), w)[r]))[0] is Status.SOLVED
+    assert status(nb06.eval_indices, ...)[0] is Status.NOT_ATTEMPTED
+    padded = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False))  # noqa: E731
+    assert "padding" in status(nb06.eval_indices, padded)[1]
+    dropped = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False, drop_last=True)) if n >= w else []  # noqa: E731
+    assert "never evaluated" in status(nb06.eval_indices, dropped)[1]
+    lopsided = lambda n, w, r: list(range(n)) if r == 0 else []  # noqa: E731
+    assert "balance" in status(nb06.eval_indices, lopsided)[1]
+    assert "outside" in status(nb06.eval_indices, lambda n, w, r: [n + r])[1]

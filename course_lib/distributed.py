@@ -376,7 +376,7 @@ def torchrun_command(target: Sequence[str], nproc: int, module: bool = True) -> 
         "--nnodes=1", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--local-addr=127.0.0.1", "--max-restarts=0",
-        "--tee=3", "--log-line-prefix-template=[rank${rank}]:",
+        "--tee=3",  # each rank's lines get the prefix set in launch() (env var: older torchrun has no flag)
     ]
     return cmd + (["-m"] if module else []) + list(target)
 
@@ -410,6 +410,7 @@ def launch(
         PYTHONUNBUFFERED="1",  # a killed rank still shows what it printed
         GLOO_SOCKET_IFNAME=child_env.get("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else ""),
         OMP_NUM_THREADS=child_env.get("OMP_NUM_THREADS", "1"),
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]:",  # what _split_by_rank parses
         **(env or {}),
     )
     if not child_env["GLOO_SOCKET_IFNAME"]:

@@ -123,12 +123,11 @@ def build_loader(args: argparse.Namespace, env: distributed.DistEnv) -> tuple[Da
 def train(args: argparse.Namespace) -> dict:
     env = distributed.dist_env()
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if use_cuda and env.local_rank >= torch.cuda.device_count():
-        raise distributed.DistEnvError(
-            f"local rank {env.local_rank} has no GPU of its own ({torch.cuda.device_count()} visible); "
-            "start one process per GPU (--nproc-per-node / --ntasks-per-node) or pass --device cpu")
-    device = torch.device(f"cuda:{env.local_rank}" if use_cuda else "cpu")
-    if env.source == "single":  # no launcher: a one-process group, no port needed
+    if use_cuda and torch.cuda.device_count() == 0:
+        raise distributed.DistEnvError("--device cuda, but this process sees no GPU; use --device cpu or auto")
+    # usually one GPU per local rank; with --gpus-per-task=1 each task sees only its own, as cuda:0
+    device = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    if env.world_size == 1:  # one process (also a Slurm or Jupyter session with 1 task): no port needed
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     else:
         distributed.init_process_group("nccl" if use_cuda else "gloo", timeout_s=args.timeout, env=env)

@@ -1,0 +1,293 @@
+"""The Slurm job scripts in hpc/: well-formed, and run end to end here against a fake Slurm.
+
+A real cluster is not needed: a fake ``srun`` (one node: it starts the step's tasks as local
+processes with Slurm's per-task variables) and a fake ``scontrol show hostnames`` go first on
+PATH, the variables sbatch would set are set by hand, and ``bash hpc/X.sbatch`` runs the script
+as sbatch would, on 2 CPU "GPUs" and the tiny data set. Every rendezvous is on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib.distributed import coverage, read_reports
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "hpc").glob("*.sbatch"))
+JOB_ID = "4242"
+LIMIT = 40  # images of the tiny set's 80 used for training: 20 per rank
+TRAIN_ARGS = f"--limit {LIMIT} --epochs 1 --batch-size 8 --timeout 30 --device cpu"
+
+FAKE_SRUN = r'''"""Fake srun for one node: start the step's tasks as local processes, wait for them all."""
+import os, subprocess, sys, time
+
+args, opts = sys.argv[1:], {}
+while args and args[0].startswith("-"):
+    arg = args.pop(0)
+    if arg == "--":
+        break
+    if arg == "--label":
+        opts[arg] = "1"
+    elif arg.startswith("--") and "=" in arg:
+        name, value = arg.split("=", 1)
+        opts[name] = value
+    else:
+        sys.exit(f"fake srun: option {arg!r} is not emulated (write --name=value)")
+if not args:
+    sys.exit("fake srun: no command")
+env = os.environ
+nnodes = int(env.get("SLURM_NNODES", "1"))
+if nnodes != 1:
+    sys.exit("fake srun: emulates one node only")
+if "--ntasks" in opts:
+    ntasks = int(opts["--ntasks"])
+elif "--ntasks-per-node" in opts:
+    ntasks = int(opts["--ntasks-per-node"]) * nnodes
+else:
+    ntasks = int(env["SLURM_NTASKS"])
+with open(env["FAKE_SLURM_LOG"], "a") as log:
+    log.write(f"srun ntasks={ntasks} {' '.join(sys.argv[1:])}\n")
+procs = []
+for task in range(ntasks):
+    task_env = dict(
+        env, SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NTASKS=str(ntasks),
+        SLURM_STEP_NUM_TASKS=str(ntasks), SLURM_NNODES=str(nnodes), SLURM_JOB_ID=env["SLURM_JOB_ID"],
+        SLURM_JOB_NODELIST=env["SLURM_JOB_NODELIST"],
+        SLURM_CPUS_PER_TASK=opts.get("--cpus-per-task", env.get("SLURM_CPUS_PER_TASK", "1")),
+    )
+    procs.append(subprocess.Popen(args, env=task_env))
+kill_on_bad_exit = opts.get("--kill-on-bad-exit") == "1"
+while any(p.poll() is None for p in procs):
+    if kill_on_bad_exit and any(p.returncode not in (None, 0) for p in procs):
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+    time.sleep(0.05)
+sys.exit(0 if all(p.returncode == 0 for p in procs) else 1)
+'''
+
+FAKE_SCONTROL = r'''"""Fake scontrol: only `scontrol show hostnames [LIST]`, for plain comma-separated lists."""
+import os, sys
+
+if sys.argv[1:3] != ["show", "hostnames"]:
+    sys.exit(f"fake scontrol: {' '.join(sys.argv[1:])} is not emulated")
+nodelist = sys.argv[3] if len(sys.argv) > 3 else os.environ["SLURM_JOB_NODELIST"]
+if "[" in nodelist:
+    sys.exit("fake scontrol: bracketed node lists are not emulated")
+print("\n".join(nodelist.split(",")))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without anything that would make the child think it is in a job."""
+    drop = re.compile(r"^(SLURM_|SRUN_|SBATCH_|TORCHELASTIC_|COURSE_)|^(RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|"
+                      r"LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|TRAIN_ARGS|"
+                      r"RUNS_DIR|VIRTUAL_ENV)$")
+    env = {k: v for k, v in os.environ.items() if not drop.match(k)}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    if sys.platform.startswith("linux"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo on the loopback interface: nothing leaves the machine
+    return env
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """subprocess.run with a timeout that also stops grandchildren (torchrun, ranks, workers)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} still running after {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path) -> Path:
+    """A folder for PATH with fake srun and scontrol, and python/torchrun for this interpreter."""
+    bin_dir, src_dir = tmp_path / "fake-slurm-bin", tmp_path / "fake-slurm-src"
+    bin_dir.mkdir()
+    src_dir.mkdir()
+    (src_dir / "srun.py").write_text(FAKE_SRUN)
+    (src_dir / "scontrol.py").write_text(FAKE_SCONTROL)
+    wrappers = {  # sh wrappers rather than "#!<python>" lines, which break on long or odd paths
+        "srun": f'exec "{sys.executable}" "{src_dir / "srun.py"}" "$@"',
+        "scontrol": f'exec "{sys.executable}" "{src_dir / "scontrol.py"}" "$@"',
+        # found when no venv is activated: the interpreter running these tests, under both names
+        "python": f'exec "{sys.executable}" "$@"',
+        "torchrun": f'exec "{sys.executable}" -m torch.distributed.run "$@"',
+    }
+    for name, line in wrappers.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{line}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def job_env(tmp_path: Path, fake_bin: Path, data_root: Path, script: str, ntasks_per_node: int, cpus: int) -> dict[str, str]:
+    """What sbatch would give the batch script for a one-node job, plus the scripts' settings."""
+    env = clean_env()
+    env.update(
+        PATH=f"{fake_bin}{os.pathsep}{env.get('PATH', '')}",
+        FAKE_SLURM_LOG=str(tmp_path / "srun.log"),
+        SLURM_JOB_ID=JOB_ID, SLURM_JOB_NAME=script, SLURM_NNODES="1", SLURM_JOB_NODELIST="127.0.0.1",
+        SLURM_NTASKS=str(ntasks_per_node), SLURM_NTASKS_PER_NODE=str(ntasks_per_node),
+        SLURM_CPUS_PER_TASK=str(cpus), SLURM_SUBMIT_DIR=str(ROOT), SLURM_TMPDIR=str(tmp_path / "node-local"),
+        COURSE_DATA_DIR=str(data_root), DATA_SIZE="tiny", GPUS_PER_NODE="2",
+        TRAIN_ARGS=TRAIN_ARGS, RUNS_DIR=str(tmp_path / "runs"),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    )
+    (tmp_path / "node-local").mkdir()
+    (tmp_path / "srun.log").touch()
+    return env
+
+
+def check_reports(folder: Path, source: str) -> None:
+    reports = read_reports(folder)
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert {r["world_size"] for r in reports} == {2}
+    assert {r["source"] for r in reports} == {source}
+    assert {r["dataset_len"] for r in reports} == {LIMIT}
+    shares = [r["epochs"][-1]["indices"] for r in reports]
+    assert len(shares[0]) == len(shares[1]) == LIMIT // 2
+    cov = coverage(shares, LIMIT)
+    assert cov["exact"], cov  # disjoint, and together every index once
+    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+
+
+# --------------------------------------------------------------------------- the scripts as text
+
+
+def test_scripts_exist() -> None:
+    assert [p.name for p in SCRIPTS] == ["train_1node.sbatch", "train_multinode.sbatch", "train_tasks.sbatch"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_is_well_formed(script: Path) -> None:
+    text = script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    assert text.startswith("#!/bin/bash\n")
+    lines = text.splitlines()
+    sbatch = [line for line in lines if line.startswith("#SBATCH")]
+    assert "#SBATCH --account=CHANGE_ME" in sbatch and "#SBATCH --partition=CHANGE_ME" in sbatch
+    assert "CHANGE THESE TWO LINES" in text
+    for option in ("--nodes=", "--ntasks-per-node=", "--time=", "--cpus-per-task=", "--gres=gpu:", "--output=",
+                   "--hint=nomultithread"):
+        assert any(line.split()[1].startswith(option) for line in sbatch), option
+    # sbatch stops reading #SBATCH lines at the first command: all must come before it
+    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    assert all(i < first_command for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    for needed in ("set -euo pipefail", "course_lib.train", "COURSE_DATA_DIR", "COURSE_VENV", "SLURM_CPUS_PER_TASK",
+                   "/dev/shm", "SLURM_TMPDIR", "--report", "read_reports"):
+        assert needed in text, needed
+
+
+# --------------------------------------------------------------------------- the scripts, run
+
+
+@pytest.mark.parametrize(
+    "script, ntasks_per_node, cpus, venv, stage",
+    [
+        ("train_1node", 1, 4, "this", "1"),          # torchrun --standalone, 2 ranks of 4 // 2 - 1 = 1 worker
+        ("train_multinode", 1, 4, "missing", "1"),   # torchrun with a c10d rendezvous at 127.0.0.1:MASTER_PORT
+        ("train_tasks", 2, 2, "empty", "0"),         # srun starts 2 tasks, ranks from SLURM_*; 2 - 1 = 1 worker
+    ],
+)
+def test_script_runs_with_fake_slurm(script, ntasks_per_node, cpus, venv, stage, tmp_path, fake_slurm, tiny_root):
+    env = job_env(tmp_path, fake_slurm, tiny_root, script, ntasks_per_node, cpus)
+    env["STAGE_DATA"] = stage
+    if venv == "this":  # the environment running the tests, if it is a venv; else the fallback path
+        env["COURSE_VENV"] = sys.prefix if (Path(sys.prefix) / "bin" / "activate").is_file() else ""
+    else:
+        env["COURSE_VENV"] = str(tmp_path / "no-such-venv") if venv == "missing" else ""
+    result = run_bounded(["bash", str(ROOT / "hpc" / f"{script}.sbatch")], env, timeout=120)
+    output = f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert result.returncode == 0, output
+
+    run_dir = tmp_path / "runs" / f"{script}-{JOB_ID}"
+    check_reports(run_dir, source="slurm" if script == "train_tasks" else "torchrun")
+    assert "1 DataLoader workers per rank" in result.stdout, output
+    assert "check: 2 rank reports" in result.stdout and "weights identical on every rank: yes" in result.stdout, output
+    if env["COURSE_VENV"] != sys.prefix:
+        assert "no virtual environment at COURSE_VENV=" in result.stdout, output
+    srun_calls = (tmp_path / "srun.log").read_text().splitlines()
+    train_call = next(call for call in srun_calls if "course_lib.train" in call)
+    assert f"--cpus-per-task={cpus}" in train_call  # passed on explicitly, whatever the Slurm version
+    assert f"ntasks={ntasks_per_node}" in train_call
+    if stage == "1":
+        assert "data copied to" in result.stdout, output
+        assert not (tmp_path / "node-local" / f"course-data-{JOB_ID}").exists()  # removed at the end of the job
+    if script != "train_tasks":  # torchrun's --tee=3 with the template the script sets
+        assert "[rank0]:epoch 0: 20 samples" in result.stdout and "[rank1]:epoch 0" in result.stdout, output
+    if script == "train_multinode":
+        assert f"rendezvous: 127.0.0.1:{env['MASTER_PORT']}" in result.stdout, output
+
+
+def test_script_stops_early_without_data(tmp_path, fake_slurm) -> None:
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    env = job_env(tmp_path, fake_slurm, empty, "train_1node", 1, 4)
+    env["COURSE_VENV"] = ""
+    result = run_bounded(["bash", str(ROOT / "hpc" / "train_1node.sbatch")], env, timeout=60)
+    assert result.returncode != 0
+    assert "course_lib prepare --size tiny" in result.stderr, result.stderr
+    assert (tmp_path / "srun.log").read_text() == ""  # no job step was started
+
+
+def test_script_fails_when_training_fails(tmp_path, fake_slurm, tiny_root) -> None:
+    env = job_env(tmp_path, fake_slurm, tiny_root, "train_tasks", 2, 2)
+    env.update(COURSE_VENV="", TRAIN_ARGS="--epochs 0")  # every rank stops at once with a usage error
+    result = run_bounded(["bash", str(ROOT / "hpc" / "train_tasks.sbatch")], env, timeout=60)
+    assert result.returncode != 0
+    assert "--epochs must be at least 1" in result.stderr, result.stderr
+    assert "check:" not in result.stdout and "== done" not in result.stdout  # set -e stopped the job there
+
+
+def test_script_refuses_plain_bash(tmp_path) -> None:
+    result = run_bounded(["bash", str(ROOT / "hpc" / "train_1node.sbatch")], clean_env(), timeout=30)
+    assert result.returncode != 0 and "submit this script with sbatch" in result.stderr
+
+
+# --------------------------------------------------------------------------- ranks from Slurm, no script
+
+
+def test_train_ranks_from_slurm_variables(tmp_path, tiny_root) -> None:
+    """Two `python -m course_lib.train` processes started as srun would start two tasks (no torchrun):
+    rank, world size and the rendezvous host come from SLURM_* alone (the first host of the node list)."""
+    env = clean_env()
+    env.update(SLURM_NTASKS="2", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_ID=JOB_ID, SLURM_NNODES="1",
+               MASTER_PORT=str(free_port()))
+    cmd = [sys.executable, "-m", "course_lib.train", "--data", str(tiny_root), "--size", "tiny", "--workers", "1",
+           "--report", str(tmp_path / "reports"), *TRAIN_ARGS.split()]
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for r in range(2)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=90)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail("a rank did not finish in 90 s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+    check_reports(tmp_path / "reports", source="slurm")

@@ -1,7 +1,14 @@
-"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader``.
+"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader|highrate``.
 
     python -m course_lib.bench loader                                   # the generated 'medium' set
     python -m course_lib.bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
+    python -m course_lib.bench highrate --data /scratch/$USER/raw.f32 --size-mb 2048 --workers 4
+
+``highrate`` answers "can a DataLoader feed a raw float32 stream at GB/s?": it reads the same
+bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
+read into a reused buffer (the limit), into fresh buffers, through a plain ``DataLoader`` with 0
+and N workers, and through :class:`~course_lib.highrate.RingLoader` (reused shared-memory
+slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`).
 
 ``loader`` measures, for each worker count, the throughput of a plain ``DataLoader`` and of
 :class:`~course_lib.instrument.InstrumentedLoader` on the same decode-bound work (JPEG files
@@ -132,6 +139,41 @@ def report(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+GOAL_PLAIN_GBPS = 1.0  # plain DataLoader with workers, into the training loop
+GOAL_RING_SHARE = 0.5  # RingLoader / raw read into a reused buffer
+
+
+def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Write (or reuse) the raw file, then :func:`course_lib.highrate.compare` every reader."""
+    from . import highrate
+
+    sample_bytes = int(args.sample_mb * 2**20) // 4 * 4
+    n = max(args.batch_size, int(args.size_mb * 2**20) // sample_bytes)
+    raw = highrate.write_raw_tensors(args.data, n, sample_bytes=sample_bytes)
+    log(f"{n} samples of {sample_bytes / 2**20:.2f} MiB = {raw.nbytes / 2**30:.2f} GiB; batch {args.batch_size} "
+        f"({args.batch_size * sample_bytes / 2**20:.0f} MiB); {args.workers} workers; {args.rounds} rounds; "
+        f"{cpu_count()} CPUs; torch {torch.__version__}")
+    results = highrate.compare(raw, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
+    med = highrate.medians(results)
+    limit = med["raw read, reused buffer"]
+    plain = med[f"DataLoader, {args.workers} workers"]
+    ring = med[f"RingLoader, {args.workers} workers"]
+    goals = {
+        f"plain DataLoader with {args.workers} workers >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
+        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the raw read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
+    }
+    return {"results": results, "medians": med, "limit": limit, "goals": goals}
+
+
+def highrate_report(result: dict[str, Any]) -> list[str]:
+    lines = ["", "GB/s (median of rounds), and share of the raw read into a reused buffer:"]
+    for name, value in result["medians"].items():
+        lines.append(f"  {name:<28} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit")
+    lines.append("goals:")
+    lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
+    return lines
+
+
 def _at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an int no smaller than ``low``."""
 
@@ -163,21 +205,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_at_least(0), default=0,
                    help="seed of the generated set and of the augmentations (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
+
+    h = sub.add_parser("highrate", help="a raw float32 stream: plain DataLoader vs reused shared-memory buffers, in GB/s")
+    h.add_argument("--data", required=True, help="path of the raw file to read; written first if missing (put it on the "
+                   "file system you want to test)")
+    h.add_argument("--size-mb", type=float, default=1024, help="size of the file to write (default: %(default)s MiB); "
+                   "keep it below free RAM so that every method reads from the page cache")
+    h.add_argument("--sample-mb", type=float, default=1.0, help="size of one sample (default: %(default)s MiB)")
+    h.add_argument("--batch-size", type=_at_least(1), default=64, help="samples per batch (default: %(default)s)")
+    h.add_argument("--workers", type=_at_least(1), default=2, help="worker processes (default: %(default)s)")
+    h.add_argument("--rounds", type=_at_least(1), default=3, help="passes per method; medians count (default: %(default)s)")
+    h.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .highrate import RawDataError
+
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
+    run, show = (run_loader_bench, report) if args.command == "loader" else (run_highrate_bench, highrate_report)
     try:
-        result = run_loader_bench(args, log=lambda line: print(line, flush=True))
-    except (DataNotFoundError, data.DataError) as exc:
+        result = run(args, log=lambda line: print(line, flush=True))
+    except (DataNotFoundError, data.DataError, RawDataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    print("\n".join(report(result)))
+    print("\n".join(show(result)))
     print(f"wall time: {time.perf_counter() - start:.0f} s")
     return 1 if args.check and not all(result["goals"].values()) else 0
 

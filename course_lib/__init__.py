@@ -12,6 +12,10 @@ Modules are named for what they teach:
 * :mod:`course_lib.distributed` rank and world size from torchrun or Slurm, torchrun launches
   and ``DistributedSampler`` shares for notebook 06; :mod:`course_lib.train` the DDP training
   script (``torchrun -m course_lib.train``) used there and by the Slurm scripts in ``hpc/``;
+* :mod:`course_lib.iterable` and :mod:`course_lib.growing` the iterable datasets and the growing
+  cache of notebook 07; :mod:`course_lib.shards` writes, lists and checks WebDataset shards for
+  notebook 08 and :mod:`course_lib.shard_reader` reads them on every rank;
+  :mod:`course_lib.highrate` raw tensor streams at GB/s and the reused-buffer ``RingLoader``;
 * :mod:`course_lib.viz` the pictures (sample grids, histograms, batch layouts);
 * :mod:`course_lib.checks` the self-checking exercises;
 * :mod:`course_lib.pitfalls` reproduces errors live; :mod:`course_lib.timing` measures ratios.

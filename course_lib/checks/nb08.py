@@ -1,0 +1,184 @@
+"""Checks for notebook 08 (streaming shards).
+
+The loader check runs the learner's loader on real shards and looks at what comes out, then at
+the stages of its pipeline, to say which one is missing or misplaced. The counting checks compare
+with webdataset's own splitters and with what ``with_epoch`` does in webdataset 1.0.2.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import data as _data
+from ..shards import ShardSet, reader_shares
+from ._core import Hint, attempted, exercise, require
+
+
+def _stage_names(pipeline: Any) -> list[str]:
+    """Readable names of a webdataset pipeline's stages, e.g. ['DataLoader', 'unbatched', 'shuffle']."""
+    names = []
+    for stage in getattr(pipeline, "pipeline", []):
+        f = getattr(stage, "f", None)  # webdataset's curried filters keep the function in .f
+        if f is not None:
+            names.append(f.__name__.lstrip("_"))
+        elif hasattr(stage, "__name__"):
+            names.append(stage.__name__)
+        else:
+            names.append(type(stage).__name__)
+    return names
+
+
+def _as_list(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return list(x)
+
+
+@exercise("08.1", "batches made in the workers, then unbatched, shuffled across workers and rebatched on the loader.")
+def make_loader(fn: Callable[[str, int], Any], shardset: ShardSet, batch_size: int = 16) -> None:
+    """``fn(urls, batch_size)`` returns a ``wds.WebLoader`` yielding ``(images, labels)`` batches."""
+    from torch.utils.data import DataLoader
+
+    attempted(fn)
+    loader = fn(shardset.urls, batch_size)
+    attempted(loader)
+    require(loader is not None, "make_loader returned None: end the function with `return loader`.")
+    first = getattr(loader, "pipeline", [None])[0] if hasattr(loader, "pipeline") else None
+    require(isinstance(first, DataLoader),
+            f"make_loader returned a {type(loader).__name__}; return wds.WebLoader(dataset, num_workers=2, batch_size=None) "
+            "followed by .unbatched().shuffle(...).batched(batch_size).")
+    require(first.num_workers >= 1, "the WebLoader has num_workers=0: give it worker processes (num_workers=2).")
+    require(first.num_workers <= 2, f"num_workers={first.num_workers}: this course runs on 2 cores, use 2 workers at most.")
+    require(first.batch_size is None,
+            f"the WebLoader batches again (batch_size={first.batch_size}): the dataset already makes batches in the workers, "
+            "so pass batch_size=None.")
+    inner = _stage_names(first.dataset)
+    require("batched" in inner,
+            "the dataset does not batch in the workers, so every sample crosses to the main process on its own "
+            "(section 5 measured that cost): end the dataset with .batched(...).")
+    outer = _stage_names(loader)[1:]
+    require("unbatched" in outer,
+            "the loader never unbatches: the workers' batches arrive as they are, each from one worker's shards. "
+            "Follow the WebLoader with .unbatched().shuffle(...).batched(batch_size).")
+    require("shuffle" in outer[outer.index("unbatched"):],
+            "nothing shuffles after .unbatched(): every batch still comes from one worker's shards. "
+            "Put .shuffle(n) between .unbatched() and .batched(batch_size).")
+    require("batched" in outer[outer.index("unbatched"):],
+            "after .unbatched() the loader yields single samples: add .batched(batch_size) at the end.")
+    limit = shardset.samples // batch_size + 10
+    gc.collect()  # earlier half-read loaders must not be copied into this loader's forked workers
+    it = iter(loader)
+    try:
+        batches = list(itertools.islice(it, limit))
+    finally:
+        close = getattr(it, "close", None)  # stop the workers of a loader that is not exhausted
+        if close is not None:
+            close()
+        del it
+        gc.collect()
+    require(len(batches) < limit, f"the loader yields more than {limit - 1} batches for {shardset.samples} samples: "
+            "is it resampled, or repeated with with_epoch? Read each shard once here.")
+    labels: list[int] = []
+    sizes = []
+    for batch in batches:
+        require(isinstance(batch, (tuple, list)) and len(batch) == 2,
+                "each batch should be (images, labels): use .to_tuple(\"jpg\", \"cls\") in the dataset.")
+        images, ys = batch
+        require(isinstance(images, torch.Tensor) and images.dim() == 4 and images.shape[1] == 3
+                and images.is_floating_point(),
+                f"the images of a batch should be a float tensor [batch, 3, H, W], got "
+                f"{type(images).__name__}{list(images.shape) if isinstance(images, torch.Tensor) else ''}: "
+                "decode with .decode(\"torchrgb\").")
+        ys = _as_list(ys)
+        require(len(ys) == images.shape[0], "a batch has different numbers of images and labels.")
+        labels += [int(y) for y in ys]
+        sizes.append(images.shape[0])
+    total = sum(sizes)
+    require(total != 2 * shardset.samples, f"{total} samples for {shardset.samples} in the shards: every sample came "
+            "twice. Keep webdataset's split_by_worker (the default workersplitter).")
+    require(total == shardset.samples, f"{total} samples came out, but the shards hold {shardset.samples}.")
+    short = [s for s in sizes[:-1] if s != batch_size]
+    require(not short, f"{len(short)} batches before the last are not full ({short[:4]}): rebatch on the loader.")
+    truth = Counter(_data.CLASSES.index(k.split("-")[0]) for k in shardset.all_keys())
+    require(Counter(labels) == truth, "the labels do not match the shards' .cls members: is the tuple (\"jpg\", \"cls\")?")
+
+
+def _min_shards(world: int, workers: int) -> int:
+    """The fewest shards for which webdataset's own splitters leave no reader empty."""
+    for n in itertools.count(1):
+        shares = reader_shares([f"s-{i:06d}.tar" for i in range(n)], world, workers)
+        if all(w for rank in shares for w in rank):
+            return n
+    raise AssertionError("unreachable")
+
+
+SHARD_CASES = [(1, 0), (1, 1), (1, 4), (2, 0), (2, 2), (3, 4), (4, 1), (8, 6)]
+
+
+@exercise("08.2", "ranks × workers: every DataLoader worker of every rank reads at least one shard.")
+def shards_needed(fn: Callable[[int, int], Any]) -> None:
+    """``fn(world_size, num_workers)`` is the fewest shards that leave no rank's worker without data."""
+    attempted(fn)
+    for world, workers in SHARD_CASES:
+        call = f"shards_needed({world}, {workers})"
+        got = fn(world, workers)
+        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+                f"{call} should return a whole number of shards, got {got!r}.")
+        truth = _min_shards(world, workers)
+        if got == truth:
+            continue
+        if workers == 0 and got == 0:
+            raise Hint(f"{call} = 0: with num_workers=0 the rank's main process reads the shards itself, so each rank "
+                       "still needs one.")
+        if got == world and workers > 1:
+            raise Hint(f"{call} = {got}: one shard per rank, but each rank's {workers} workers split its shards again "
+                       f"(split_by_worker): {workers - 1} of them would read nothing.")
+        if got == max(1, workers) and world > 1:
+            raise Hint(f"{call} = {got}: that covers one rank's workers; split_by_node first gives each of the {world} "
+                       "ranks its own shards.")
+        if got == world + workers:
+            raise Hint(f"{call} = {got}: the splits nest (every rank's shards are split again among its workers), so "
+                       "the numbers multiply.")
+        if got > truth:
+            raise Hint(f"{call} = {got}: more than needed; with {truth} shards every reader already gets one.")
+        raise Hint(f"{call} = {got}, but with {got} shards some worker reads nothing; webdataset needs {truth}.")
+
+
+EPOCH_CASES = [(n, b, w, on) for n in (12, 30) for b in (8, 32) for w in (0, 1, 2, 3) for on in ("loader", "dataset")]
+
+
+@exercise("08.3", "on the loader with_epoch counts the rank's batches; on the dataset it counts each worker's.")
+def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
+    """``fn(batches_per_rank, batch_size, num_workers, on)``: the ``n`` in ``.with_epoch(n)`` that gives
+    ``batches_per_rank`` batches per rank when the dataset ends with ``.batched(batch_size)`` and
+    ``with_epoch`` stands on the ``"loader"`` (a WebLoader) or on the ``"dataset"``."""
+    attempted(fn)
+    for n, b, w, on in EPOCH_CASES:
+        call = f"with_epoch_value({n}, batch_size={b}, num_workers={w}, on={on!r})"
+        got = fn(n, b, w, on)
+        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+                f"{call} should return a whole number, got {got!r}.")
+        truth = n if on == "loader" or w == 0 else n // w
+        if got == truth:
+            continue
+        if got in (n * b, truth * b):
+            raise Hint(f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
+                       "the dataset ends with .batched(...), so that is batches, not samples.")
+        if on == "dataset" and w > 1 and got == n:
+            raise Hint(f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
+                       f"yields that many, so the rank would get {w * n} batches.")
+        if on == "dataset" and w == 0:
+            raise Hint(f"{call} = {got}: with num_workers=0 the main process iterates the dataset once, so per worker "
+                       "is per rank here.")
+        if on == "loader" and got != n:
+            raise Hint(f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
+                       "is the whole rank's epoch, whatever the number of workers.")
+        raise Hint(f"{call} = {got}, but the rank would then not get {n} batches.")

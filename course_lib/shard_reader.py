@@ -1,0 +1,135 @@
+"""Read tar shards on every rank of a job: ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
+
+Each rank joins the process group (gloo), reads the shards through ``wds.WebDataset`` split by
+node (``split_by_node``) and by worker (``split_by_worker``), with a ``WebLoader`` of its own
+worker processes, and records which sample keys it saw, and from which worker. After every batch
+the ranks meet in an ``all_reduce``, as DDP's gradient averaging would make them: a rank that runs
+out of batches early leaves the others waiting (the collectives' ``--timeout`` turns that hang into
+an error).
+
+* default: one pass over the shards, no resampling: over all ranks and workers every sample
+  should be seen exactly once;
+* ``--resampled --epoch-batches N``: shards drawn with replacement, and the loader cut at ``N``
+  batches (``with_epoch`` on the loader), so every rank takes the same number of steps;
+* ``--no-nodesplitter``: leave webdataset's default node splitter in place, which refuses to run
+  on more than one rank (the pitfall notebook 08 reproduces).
+
+With ``--report FOLDER`` each rank writes ``rankN.json`` (keys per worker, batches, shards).
+Notebook 08 starts it with :func:`course_lib.distributed.launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from . import distributed
+
+
+def tag_worker(sample: tuple) -> tuple:
+    """Append the id of the DataLoader worker that read ``sample`` (-1: the main process)."""
+    info = torch.utils.data.get_worker_info()
+    return (*sample, info.id if info is not None else -1)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.shard_reader", description=__doc__.split("\n\n")[0])
+    p.add_argument("--urls", required=True, help="the shards: a brace pattern such as data/shapes-train-{000000..000007}.tar")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--shardshuffle", type=int, default=0, help="shard shuffle buffer (0: shards in order)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resampled", action="store_true", help="draw shards with replacement (needs --epoch-batches)")
+    p.add_argument("--epoch-batches", type=int, default=0, help="cut each rank's epoch at this many batches")
+    p.add_argument("--no-nodesplitter", action="store_true", help="omit nodesplitter= (the pitfall)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may wait for the other ranks")
+    p.add_argument("--report", help="folder for one rankN.json report per rank")
+    args = p.parse_args(argv)
+    if args.workers < 0 or args.batch_size < 1 or args.epoch_batches < 0:
+        p.error("--workers must be >= 0, --batch-size >= 1 and --epoch-batches >= 0")
+    if args.resampled and not args.epoch_batches:
+        p.error("--resampled never ends by itself: give --epoch-batches N")
+    return args
+
+
+def build_loader(args: argparse.Namespace):
+    """This rank's WebLoader: (keys, labels, shard urls, worker ids) batches."""
+    import webdataset as wds
+
+    options = dict(workersplitter=wds.split_by_worker, seed=args.seed)
+    if not args.no_nodesplitter:
+        options["nodesplitter"] = wds.split_by_node
+    if args.resampled:
+        dataset = wds.WebDataset(args.urls, resampled=True, shardshuffle=False, **options)
+    else:
+        dataset = wds.WebDataset(args.urls, shardshuffle=args.shardshuffle or False, **options)
+    # keys and labels only: nothing to decode, this run is about who reads what
+    dataset = dataset.to_tuple("__key__", "cls", "__url__").map(tag_worker).batched(args.batch_size)
+    loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None)
+    if args.epoch_batches:
+        # on the loader, with_epoch counts this rank's batches (on the dataset it would count per worker)
+        loader = loader.with_epoch(args.epoch_batches)
+    return loader
+
+
+def read(args: argparse.Namespace) -> dict:
+    env = distributed.dist_env()
+    if env.world_size == 1:  # one process: no port, no rendezvous
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        distributed.init_process_group("gloo", timeout_s=args.timeout, env=env)
+    try:
+        loader = build_loader(args)
+        keys: list[str] = []
+        by_worker: dict[str, list[str]] = {}
+        shards_by_worker: dict[str, list[str]] = {}
+        batches = 0
+        step = torch.zeros(1)
+        for batch in loader:
+            batch_keys, _labels, urls, workers = batch
+            for key, url, worker in zip(batch_keys, urls, workers):
+                keys.append(key)
+                by_worker.setdefault(str(int(worker)), []).append(key)
+                names = shards_by_worker.setdefault(str(int(worker)), [])
+                if os.path.basename(url) not in names:
+                    names.append(os.path.basename(url))
+            batches += 1
+            dist.all_reduce(step)  # what DDP's backward does every step: wait for every rank
+        totals = torch.tensor([float(batches)])
+        dist.all_reduce(totals)  # the ranks finished together, or this never returns
+        report = {"rank": env.rank, "world_size": env.world_size, "workers": args.workers,
+                  "resampled": args.resampled, "batches": batches, "samples": len(keys), "keys": keys,
+                  "keys_by_worker": by_worker, "shards_by_worker": shards_by_worker}
+        for worker in sorted(by_worker, key=int):
+            shard_list = ", ".join(s.rsplit("-", 1)[-1].split(".")[0] for s in shards_by_worker[worker])
+            drawn = " (drawn at random, with replacement)" if args.resampled else ""
+            print(f"worker {worker}: {len(by_worker[worker])} samples from shards {shard_list}{drawn}")
+        print(f"rank {env.rank}: {batches} batches, {len(keys)} samples")
+        if args.report:
+            folder = Path(args.report)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{env.rank}.json").write_text(json.dumps(report))
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+@record
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")  # set explicitly above
+    read(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,7 +36,7 @@ import numpy as np
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 #: What a Slurm task needs; the node list comes from one of two names (see :data:`SLURM_NODELIST_VARS`).
 SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
-SLURM_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")  # the step's own nodes first
 #: The rendezvous port when Slurm starts the tasks and MASTER_PORT is not set (torch's default).
 DEFAULT_PORT = 29500
 
@@ -179,11 +179,12 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(0, 0, 1, "127.0.0.1", DEFAULT_PORT, "single")
 
 
-def init_process_group(backend: str = "gloo", timeout_s: float = 60.0, env: DistEnv | None = None) -> DistEnv:
+def init_process_group(backend: str = "gloo", timeout_s: float = 600.0, env: DistEnv | None = None) -> DistEnv:
     """Start ``torch.distributed`` for this process from :func:`dist_env` and return it.
 
     ``timeout_s`` bounds how long a collective may wait for the other ranks: a rank that runs
-    out of data then fails with an error instead of waiting for the default 30 minutes.
+    out of data then fails with an error instead of waiting for torch's default (30 minutes
+    for gloo, 10 for NCCL). Keep it generous on a cluster: start-up and checkpoints wait too.
     """
     import torch.distributed as dist
 
@@ -436,18 +437,49 @@ def launch(
     return result
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; elsewhere an empty list)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop torchrun and every rank and worker it started (they share its process group)."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    """Stop torchrun, every rank and every DataLoader worker below it.
+
+    torchrun starts each rank in a session of its own, so signalling torchrun's process group
+    does not reach them; their pids are collected first and each rank's group is killed too.
+    """
+    below = _descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [proc.pid, *below]:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
+            proc.wait(timeout=5.0)
+            if sig == signal.SIGKILL or not any(_alive(p) for p in below):
+                return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="ignore").lower()
 
 
 # --------------------------------------------------------------------------- reading the ranks' reports

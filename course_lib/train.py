@@ -12,8 +12,8 @@ How each rank gets its share (``--sharding``):
   samples (the sampler pads by repeating a few, or drops them with ``--drop-last``);
 * ``by-hand``: ``indices[rank::world_size]``, the tempting do-it-yourself split. When the length
   does not divide, ranks get different numbers of batches, and DDP's collectives wait for a rank
-  that has already finished: the "uneven inputs" hang. ``--join`` (torch's ``Join`` context) or
-  ``--drop-last`` fix it.
+  that has already finished: the "uneven inputs" hang. ``--join`` (torch's ``Join`` context)
+  fixes it; ``--drop-last`` only when both shares give the same number of full batches.
 
 With ``--report FOLDER`` each rank writes ``rankN.json``: the indices it loaded per epoch, its
 batch counts and losses, and a SHA-256 of its model weights (identical on every rank if DDP did
@@ -88,7 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drop-last", action="store_true", help="drop what does not divide evenly")
     p.add_argument("--no-set-epoch", action="store_true", help="forget sampler.set_epoch (the pitfall)")
     p.add_argument("--join", action="store_true", help="wrap the loop in torch's Join context (uneven inputs)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait for other ranks")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a collective may wait for the other ranks (start-up and checkpoints included)")
     p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
     p.add_argument("--report", help="folder for one rankN.json report per rank")
     p.add_argument("--crash-rank", type=int, default=-1, help="raise an error on this rank at its 3rd batch (practice)")
@@ -101,14 +102,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_loader(args: argparse.Namespace, env: distributed.DistEnv) -> tuple[DataLoader, int]:
+def build_loader(args: argparse.Namespace, env: distributed.DistEnv, use_cuda: bool = False) -> tuple[DataLoader, int]:
     """This rank's DataLoader over its share, and the length of the whole data set."""
     dataset = WithIndex(shapes("train", transform=image_transform(args.image_size), size=args.size, root=args.data))
     if args.limit:
         dataset = Subset(dataset, range(min(args.limit, len(dataset))))
     n = len(dataset)
     common = dict(batch_size=args.batch_size, num_workers=args.workers,
-                  persistent_workers=args.workers > 0, pin_memory=torch.cuda.is_available(),
+                  persistent_workers=args.workers > 0, pin_memory=use_cuda,
                   # workers' seeds differ per rank; the order itself comes from the sampler's seed
                   generator=torch.Generator().manual_seed(args.seed + env.rank))
     if args.sharding == "sampler":
@@ -127,12 +128,14 @@ def train(args: argparse.Namespace) -> dict:
         raise distributed.DistEnvError("--device cuda, but this process sees no GPU; use --device cpu or auto")
     # usually one GPU per local rank; with --gpus-per-task=1 each task sees only its own, as cuda:0
     device = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)  # else every rank's pin-memory thread opens a context on GPU 0
     if env.world_size == 1:  # one process (also a Slurm or Jupyter session with 1 task): no port needed
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     else:
         distributed.init_process_group("nccl" if use_cuda else "gloo", timeout_s=args.timeout, env=env)
     try:
-        loader, n = build_loader(args, env)
+        loader, n = build_loader(args, env, use_cuda)
         torch.manual_seed(args.seed)  # the same start on every rank; DDP also broadcasts rank 0's weights
         model = SmallCNN().to(device)
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)

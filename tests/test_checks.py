@@ -563,6 +563,14 @@ def test_06_epoch_sampler() -> None:
     assert "turn shuffle on" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, shuffle=False))[1]
     assert "rank=rank" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, 0, e))[1]
     assert "sampler" in status(nb06.epoch_sampler, lambda d, w, r, e: 3)[1]
+    assert status(nb06.epoch_sampler, _dl)[0] is Status.SOLVED  # drop_last=True is fine for training
+    assert "set_epoch" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e % 2))[1]
+
+
+def _dl(dataset, world, rank, epoch):
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0, drop_last=True)
+    sampler.set_epoch(epoch)
+    return sampler
 
 
 def test_06_eval_indices() -> None:

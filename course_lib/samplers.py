@@ -158,7 +158,10 @@ def plot_index_orders(
             im = ax.imshow(values[grid], aspect="auto", cmap="viridis", interpolation="nearest")
             fig.colorbar(im, ax=ax, label=colour_label or "value", pad=0.01)
     rows = grid.shape[0]
-    ax.set_yticks(range(rows), [str(e + 1) for e in range(rows)])
+    ax.set_yticks(range(rows), [str(e) for e in range(rows)])  # epochs count from 0, as set_epoch does
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
     ax.set_xlabel("position in the epoch")
     ax.set_ylabel("epoch")
     ax.set_title(title, fontsize=10)

@@ -88,7 +88,7 @@ def test_plot_index_orders() -> None:
     orders = index_orders(RandomSampler(range(20), generator=gen()), 3)
     fig = plot_index_orders(orders, title="random")
     assert isinstance(fig, Figure) and fig.axes[0].get_title() == "random"
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1", "2", "3"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "1", "2"]
     targets = np.repeat(np.arange(4), 5)
     fig = plot_index_orders(orders, colour_by=targets, class_names=["a", "b", "c", "d"])
     assert fig.axes[0].images[0].get_array().max() == 3  # coloured by class, not by index

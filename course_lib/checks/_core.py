@@ -62,6 +62,16 @@ def require(condition: bool, hint: str) -> None:
         raise Hint(hint)
 
 
+def whole_number(value: Any, call: str, why: str) -> int:
+    """``value`` as an ``int``, or a :class:`Hint`: ``call`` should return a whole number (``why``)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise Hint(f"{call} should return a whole number, got {value!r}.") from None
+    require(number == value, f"{call} returned {value!r}: {why}")
+    return number
+
+
 def attempted(*answers: Any) -> None:
     """Raise :class:`NotAttempted` if any answer is still the ``...`` placeholder."""
     def is_stub(a: Any) -> bool:

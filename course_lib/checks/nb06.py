@@ -13,18 +13,13 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ..distributed import coverage
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, exercise, require, whole_number
 
 CASES = [(n, w) for n in (1, 7, 10, 23, 100, 101) for w in (1, 2, 3, 4, 8) if n >= w]
 
 
 def _as_int(value: Any, call: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise Hint(f"{call} should return a whole number, got {value!r}.") from None
-    require(number == value, f"{call} returned {value!r}: a rank gets a whole number of samples (math.ceil / floor division).")
-    return number
+    return whole_number(value, call, "a rank gets a whole number of samples (math.ceil / floor division).")
 
 
 @exercise("06.1", "per rank: ceil(n / world) with padding, n // world with drop_last, the same on every rank.")

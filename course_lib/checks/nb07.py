@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils import worker as _worker
 
 from .. import iterable
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, exercise, require, whole_number
 
 
 @contextlib.contextmanager
@@ -110,12 +110,7 @@ def _call(fn: Callable[..., Any], n: int, b: int, w: int, drop_last: bool) -> in
         value = fn(n, b, w, drop_last)
     except ZeroDivisionError:
         raise Hint(f"{call} divided by zero. num_workers=0 means no worker processes: the main process takes all {n} samples.") from None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise Hint(f"{call} should return a whole number, got {value!r}.") from None
-    require(number == value, f"{call} returned {value!r}: a count of batches is a whole number (math.ceil, //).")
-    return number
+    return whole_number(value, call, "a count of batches is a whole number (math.ceil, //).")
 
 
 @exercise("07.2", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")

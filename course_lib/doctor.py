@@ -1,0 +1,381 @@
+"""The workshop doctor: ``python -m course_lib doctor`` checks a participant's environment.
+
+It reads the machine once (:func:`gather`), then runs one small pure check per concern on those
+facts (:func:`run_checks`), so that every failing case can be tested by passing other facts. Each
+check returns a :class:`Result`: ``ok``, ``warn`` (the course runs, but something will bite) or
+``fail`` (something will break), a one-line finding, and a concrete fix. The report prints the
+rows, then the fixes; the exit code is 1 when a check failed, 0 otherwise (warnings do not fail).
+
+    python -m course_lib doctor                 # the course's 2 workers, the default data folder
+    python -m course_lib doctor --workers 8 --root /scratch/$USER/course-data
+    python -m course_lib doctor --json          # machine-readable
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import TESTED_VERSIONS
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+MARKS = {OK: "[ ok ]", WARN: "[warn]", FAIL: "[FAIL]"}
+
+#: The course's planned DataLoader workers per process (notebooks 04-08 use 2).
+COURSE_WORKERS = 2
+#: The lowest versions the course accepts: the ranges of pyproject.toml (tests keep them in step).
+MINIMUM_VERSIONS = {"python": "3.10", "torch": "2.4", "torchvision": "0.19", "webdataset": "1.0"}
+#: webdataset 2 is a different API (the course pins ``<2``).
+BELOW_VERSIONS = {"webdataset": "2"}
+#: The largest batch the course moves between processes: 64 images of 3×128×128 float32 (the
+#: 'medium' and 'workshop' sets), in MB. Each worker keeps ``PREFETCH`` of them in /dev/shm.
+COURSE_BATCH_MB = 64 * 3 * 128 * 128 * 4 / 2**20
+PREFETCH = 2  # DataLoader's default prefetch_factor
+#: A container's default /dev/shm (Docker: 64 MB) fills as soon as batches grow: warn below this.
+SHM_COMFORT_MB = 1024
+#: Below this many open files, workers passing tensors by file descriptor run out ("Too many open files").
+OPEN_FILES_COMFORT = 4096
+OPEN_FILES_MINIMUM = 256
+#: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
+DISK_FAIL_MB = 200
+DISK_WARN_MB = 1024
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check: its status (ok / warn / fail), what was found, and what to do about it."""
+
+    name: str
+    status: str
+    finding: str
+    fix: str = ""
+
+
+@dataclass
+class Facts:
+    """What :func:`gather` read from the machine; every check is a function of these alone."""
+
+    python: str
+    versions: dict[str, str | None]
+    workers: int
+    cpus: int | None = None
+    start_method: str | None = None
+    sharing_strategy: str | None = None
+    open_files_soft: int | None = None
+    open_files_hard: int | None = None
+    shm_total_mb: float | None = None
+    shm_free_mb: float | None = None
+    data_folder: str = ""
+    disk_free_mb: float | None = None
+    data_writable: bool = True
+    data_ready: dict[str, bool] = field(default_factory=dict)
+    data_error: str | None = None
+    gpus: list[str] = field(default_factory=list)
+    mps: bool = False
+    system: str = ""
+    limits_error: str | None = None
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version: ``"2.14.1+cpu"`` → ``(2, 14, 1)``, ``"1.0rc1"`` → ``(1, 0)``."""
+    match = re.match(r"\d+(?:\.\d+)*", text.strip())
+    if not match:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(p) for p in match.group(0).split("."))
+
+
+def _at_most(version: tuple[int, ...], n: int) -> tuple[int, ...]:
+    return tuple(version[:n]) + (0,) * max(0, n - len(version))
+
+
+def check_version(name: str, installed: str | None, tested: str, minimum: str, below: str | None = None) -> Result:
+    """``installed`` against the tested version (same: ok; other: warn) and the accepted range (outside: fail).
+
+    Compared at the tested version's precision: Python ``3.11.7`` is the tested ``3.11``.
+    """
+    install = "pip install -r requirements.txt (from the course folder, in the course's environment)"
+    if installed is None:
+        return Result(name, FAIL, "not installed", install)
+    have = parse_version(installed)
+    if have < _at_most(parse_version(minimum), len(have)) or (below is not None and have >= parse_version(below)):
+        accepted = f">= {minimum}" + (f", < {below}" if below else "")
+        if name == "python":
+            fix = f"use Python {tested} (python{tested} -m venv .venv), then {install}"
+        else:
+            spec = f"{name}>={minimum}" + (f",<{below}" if below else "")
+            fix = f"pip install '{spec}' (the course accepts {accepted})"
+        return Result(name, FAIL, f"{installed}, outside the accepted range {accepted}", fix)
+    want = parse_version(tested)
+    mine = _at_most(have, len(want))
+    if mine == want:
+        return Result(name, OK, f"{installed} (tested: {tested})")
+    relation = "newer" if mine > want else "older"
+    fix = (
+        f"fine to continue; if a notebook's output differs from the stored one, "
+        f"pip install '{name}=={tested}'" if name != "python" else
+        f"fine to continue; the course is tested on Python {tested}"
+    )
+    return Result(name, WARN, f"{installed}, {relation} than the tested {tested}", fix)
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def check_cores(cpus: int | None, workers: int) -> Result:
+    """Each worker wants a core: more workers than cores only take turns (and slow the training step).
+
+    Workers equal to cores is the course's own design (2 workers on 2 cores): the main process
+    mostly waits for batches then, so it is fine; more workers than cores is not.
+    """
+    name = "cores"
+    plural = lambda n, word: f"{n} {word}{'s' if n != 1 else ''}"  # noqa: E731
+    if cpus is None:
+        return Result(name, WARN, "unknown (could not read the CPU count)", "use num_workers of at most the cores you were given")
+    if workers == 0 or cpus >= workers + 1:
+        return Result(name, OK, f"{plural(cpus, 'CPU')} for {plural(workers, 'worker')} + the main process")
+    if cpus == workers:
+        return Result(name, OK, f"{plural(cpus, 'CPU')} for {plural(workers, 'worker')}: the main process shares their cores (fine for the course)")
+    better = cpus if cpus > 1 else 0
+    return Result(
+        name, WARN,
+        f"{plural(cpus, 'CPU')} for {workers} workers: more workers than cores only take turns",
+        f"use num_workers={better} here (at most one per core), or ask for more cores (Slurm: --cpus-per-task={workers + 1})",
+    )
+
+
+def check_shm(total_mb: float | None, free_mb: float | None, needed_mb: float) -> Result:
+    """Batches travel from workers through /dev/shm: too small a one gives "Bus error"."""
+    name = "/dev/shm"
+    fix = "start the container with --shm-size=2g (docker run) or ask the admin for more; or use fewer workers / smaller batches"
+    if total_mb is None or free_mb is None:
+        return Result(name, OK, "none on this system (PyTorch shares memory another way here)")
+    if free_mb < needed_mb:
+        return Result(name, FAIL, f"{free_mb:,.0f} MB free, the course's batches in flight need {needed_mb:,.0f} MB: workers die with \"Bus error\"", fix)
+    if total_mb < SHM_COMFORT_MB:
+        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\"", fix)
+    return Result(name, OK, f"{free_mb:,.0f} MB free of {total_mb:,.0f} MB")
+
+
+def check_open_files(soft: int | None, hard: int | None, strategy: str | None) -> Result:
+    """Workers hand tensors over as file descriptors (``file_descriptor`` strategy): each one open."""
+    name = "open files"
+    if soft is None:
+        return Result(name, OK, "no limit to read on this system")
+    raise_to = OPEN_FILES_COMFORT if hard is None or hard < 0 or hard >= OPEN_FILES_COMFORT else hard
+    fix = (
+        f"ulimit -n {raise_to} in the shell before starting Jupyter"
+        + ("" if raise_to >= OPEN_FILES_COMFORT else f" (the hard limit is {hard}: ask the admin for more)")
+        + ", or in the notebook: torch.multiprocessing.set_sharing_strategy(\"file_system\")"
+    )
+    unlimited = soft < 0  # RLIM_INFINITY
+    if unlimited or soft >= OPEN_FILES_COMFORT or strategy == "file_system":
+        shown = "unlimited" if unlimited else f"{soft:,}"
+        return Result(name, OK, f"limit {shown}, sharing strategy {strategy}")
+    if soft < OPEN_FILES_MINIMUM:
+        return Result(name, FAIL, f"limit {soft}: workers fail with \"Too many open files\"", fix)
+    return Result(name, WARN, f"limit {soft:,} with sharing strategy {strategy}: many workers or large batches hit \"Too many open files\"", fix)
+
+
+def check_start_method(method: str | None) -> Result:
+    """How worker processes start decides what they can find of the notebook's own code."""
+    name = "start method"
+    if method is None:
+        return Result(name, WARN, "unknown", "")
+    if method == "fork":
+        return Result(name, OK, "fork: workers inherit what notebook cells define")
+    return Result(
+        name, WARN,
+        f"{method}: workers import what they run by name, so a Dataset, collate_fn or lambda defined in a "
+        "notebook cell fails in workers (\"Can't get attribute\", shown as \"DataLoader worker exited unexpectedly\")",
+        "define such classes and functions in a .py module and import them (course_lib's already are); notebook 04, section 9",
+    )
+
+
+def check_disk(free_mb: float | None, folder: str) -> Result:
+    """Room for the data sets and the shards written from them."""
+    name = "disk"
+    fix = f"free space there, or set COURSE_DATA_DIR to a folder with at least {DISK_WARN_MB:,} MB free (e.g. scratch)"
+    if free_mb is None:
+        return Result(name, WARN, f"could not read the free space at {folder}", fix)
+    if free_mb < DISK_FAIL_MB:
+        return Result(name, FAIL, f"{free_mb:,.0f} MB free at the data folder: not enough for the course data", fix)
+    if free_mb < DISK_WARN_MB:
+        return Result(name, WARN, f"{free_mb:,.0f} MB free at the data folder: enough for the notebooks' set, not for 'workshop'", fix)
+    return Result(name, OK, f"{free_mb:,.0f} MB free at the data folder")
+
+
+def check_gpu(gpus: list[str], mps: bool) -> Result:
+    """Information only: every notebook runs on the CPU and uses a GPU where there is one."""
+    if gpus:
+        return Result("GPU", OK, f"{len(gpus)} CUDA GPU{'s' if len(gpus) > 1 else ''}: {', '.join(sorted(set(gpus)))}")
+    if mps:
+        return Result("GPU", OK, "Apple GPU (MPS) available; the course runs on the CPU")
+    return Result("GPU", OK, "none: fine, the course runs on the CPU")
+
+
+def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool) -> Result:
+    """Is the notebooks' data prepared (and, if not, can the notebooks make it themselves)?"""
+    name = "course data"
+    command = "python -m course_lib prepare --all" + (f" --root {folder}" if root_given else "")
+    if error is not None:
+        return Result(name, FAIL, f"cannot check: {error}", "pip install -r requirements.txt, then run the doctor again")
+    if not ready.get("images"):
+        if not writable:
+            return Result(
+                name, FAIL, f"not prepared, and {folder} is not writable: notebook 01 cannot make it",
+                f"set COURSE_DATA_DIR to a writable folder, or ask the instructor to run `{command}` there",
+            )
+        return Result(name, WARN, "not prepared yet: notebook 01 makes it on first run (a few seconds)", f"to prepare it now: {command}")
+    missing = [step for step, done in ready.items() if not done]
+    if missing:
+        return Result(name, OK, f"images ready; {', '.join(missing)} not prepared (the notebooks write them when needed)")
+    return Result(name, OK, f"ready ({', '.join(ready)})")
+
+
+# --------------------------------------------------------------------------- reading the machine
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
+    """Read this machine: versions, limits (via :func:`course_lib.workers.limits`), disk, data, GPU."""
+    facts = Facts(
+        python=platform.python_version(),
+        versions={name: _version(name) for name in ("torch", "torchvision", "webdataset")},
+        workers=workers,
+        system=f"{platform.system()} {platform.machine()}",
+    )
+    try:  # torch may be missing or broken: the version checks say so, the other checks go on
+        from . import workers as _workers
+
+        lim = _workers.limits()
+        facts.cpus, facts.start_method, facts.sharing_strategy = lim["cpus"], lim["start_method"], lim["sharing_strategy"]
+        facts.open_files_soft, facts.open_files_hard = lim["open_files_soft"], lim["open_files_hard"]
+        facts.shm_total_mb, facts.shm_free_mb = lim["shm_total_mb"], lim["shm_free_mb"]
+        import torch
+
+        facts.gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        facts.mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
+        facts.limits_error = f"{type(exc).__name__}: {exc}"
+    try:
+        from . import data, preparation
+
+        folder = data.data_dir(root)
+        facts.data_folder = str(folder)
+        facts.data_ready = preparation.status(root)
+    except Exception as exc:  # noqa: BLE001
+        facts.data_error = f"{type(exc).__name__}: {exc}"
+        folder = Path(root or ".")
+        facts.data_folder = str(folder)
+    existing = _existing_ancestor(Path(folder).expanduser())
+    facts.data_writable = os.access(existing, os.W_OK)
+    try:
+        facts.disk_free_mb = shutil.disk_usage(existing).free / 2**20
+    except OSError:
+        facts.disk_free_mb = None
+    return facts
+
+
+def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
+    """Every check on the facts, in the order the report prints them."""
+    results = [check_version("python", facts.python, TESTED_VERSIONS["python"], MINIMUM_VERSIONS["python"])]
+    for name in ("torch", "torchvision", "webdataset"):
+        results.append(check_version(name, facts.versions.get(name), TESTED_VERSIONS[name], MINIMUM_VERSIONS[name], BELOW_VERSIONS.get(name)))
+    if facts.limits_error is not None:
+        fix = "fix the torch installation first (pip install -r requirements.txt), then run the doctor again"
+        for name in ("cores", "/dev/shm", "open files", "start method", "GPU"):
+            results.append(Result(name, WARN, f"not checked: importing torch failed ({facts.limits_error})", fix))
+    else:
+        from .workers import shm_needed_mb
+
+        results += [
+            check_cores(facts.cpus, facts.workers),
+            check_shm(facts.shm_total_mb, facts.shm_free_mb, shm_needed_mb(COURSE_BATCH_MB, max(facts.workers, 1), PREFETCH)),
+            check_open_files(facts.open_files_soft, facts.open_files_hard, facts.sharing_strategy),
+            check_start_method(facts.start_method),
+            check_gpu(facts.gpus, facts.mps),
+        ]
+    results.append(check_disk(facts.disk_free_mb, facts.data_folder))
+    results.append(check_data(facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given))
+    return results
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def exit_code(results: list[Result]) -> int:
+    """1 when any check failed, else 0: warnings do not fail."""
+    return 1 if any(r.status == FAIL for r in results) else 0
+
+
+def report(results: list[Result], facts: Facts | None = None) -> str:
+    """The readable report: aligned rows with their marks, then the fixes, then a verdict."""
+    width = max(len(r.name) for r in results)
+    lines = ["Workshop doctor: is this environment ready for the course \"Feeding PyTorch with data\"?"]
+    if facts is not None:
+        lines.append(f"({facts.system}, Python {facts.python}, {facts.workers} planned workers per process, data folder {facts.data_folder})")
+    lines.append("")
+    lines += [f"  {MARKS[r.status]}  {r.name:<{width}}  {r.finding}" for r in results]
+    todo = [r for r in results if r.status != OK and r.fix]
+    if todo:
+        lines += ["", "What to do:"]
+        lines += [f"  {MARKS[r.status]}  {r.name:<{width}}  {r.fix}" for r in todo]
+    fails = sum(r.status == FAIL for r in results)
+    warns = sum(r.status == WARN for r in results)
+    counts = f"{len(results) - fails - warns} ok, {warns} warning{'s' if warns != 1 else ''}, {fails} failure{'s' if fails != 1 else ''}"
+    verdict = "not ready: fix the failures above" if fails else "ready" + (" (the warnings do not stop the course)" if warns else "")
+    lines += ["", f"{counts}: {verdict}."]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The doctor's options (shared by ``python -m course_lib doctor`` and :func:`main`)."""
+    parser.add_argument("--workers", type=int, default=COURSE_WORKERS, help="planned DataLoader workers per process (default: %(default)s)")
+    parser.add_argument("--root", help="data folder (default: $COURSE_DATA_DIR, else ~/.cache/pytorch-data-course)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the report")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Gather, check, print; return the exit code."""
+    if args.workers < 0:
+        print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
+        return 2
+    facts = gather(args.workers, args.root)
+    results = run_checks(facts, root_given=args.root is not None)
+    if args.json:
+        payload: dict[str, Any] = {"ok": exit_code(results) == 0, "results": [asdict(r) for r in results], "facts": asdict(facts)}
+        print(json.dumps(payload, indent=1))
+    else:
+        print(report(results, facts))
+    return exit_code(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib doctor", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

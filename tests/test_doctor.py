@@ -1,0 +1,258 @@
+"""The workshop doctor: every check's ok and failing cases, the report, exit codes, and real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from course_lib import TESTED_VERSIONS, doctor, preparation
+from course_lib.doctor import FAIL, OK, WARN, Facts, Result
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def test_parse_version_keeps_the_leading_numbers() -> None:
+    assert doctor.parse_version("2.14.1+cpu") == (2, 14, 1)
+    assert doctor.parse_version("1.0rc1") == (1, 0)
+    with pytest.raises(ValueError, match="not a version"):
+        doctor.parse_version("dev")
+
+
+@pytest.mark.parametrize(
+    ("installed", "status", "words"),
+    [
+        ("2.14.1", OK, "tested: 2.14.1"),
+        ("2.14.1+cpu", OK, "tested: 2.14.1"),  # a CPU wheel is the same release
+        ("2.15.0", WARN, "newer than the tested 2.14.1"),
+        ("2.6.0", WARN, "older than the tested 2.14.1"),
+        ("2.3.1", FAIL, "outside the accepted range >= 2.4"),
+        (None, FAIL, "not installed"),
+    ],
+)
+def test_check_version_torch(installed: str | None, status: str, words: str) -> None:
+    r = doctor.check_version("torch", installed, "2.14.1", "2.4")
+    assert r.status == status and words in r.finding
+    if status == FAIL:
+        assert "pip install" in r.fix
+    if status == WARN:
+        assert "torch==2.14.1" in r.fix
+
+
+def test_check_version_python_compares_at_the_tested_precision() -> None:
+    assert doctor.check_version("python", "3.11.7", "3.11", "3.10").status == OK
+    assert doctor.check_version("python", "3.12.1", "3.11", "3.10").status == WARN
+    old = doctor.check_version("python", "3.9.18", "3.11", "3.10")
+    assert old.status == FAIL and "python3.11 -m venv" in old.fix
+
+
+def test_check_version_upper_bound() -> None:
+    r = doctor.check_version("webdataset", "2.0.1", "1.0.2", "1.0", below="2")
+    assert r.status == FAIL and "< 2" in r.finding and "'webdataset>=1.0,<2'" in r.fix
+
+
+def test_minimum_versions_match_pyproject() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    deps = {d.split(">=")[0]: d for d in pyproject["project"]["dependencies"]}
+    for name in ("torch", "torchvision", "webdataset"):
+        assert f">={doctor.MINIMUM_VERSIONS[name]}" in deps[name], (name, deps[name])
+    assert f"<{doctor.BELOW_VERSIONS['webdataset']}" in deps["webdataset"]
+    assert pyproject["project"]["requires-python"] == f">={doctor.MINIMUM_VERSIONS['python']}"
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def test_check_cores() -> None:
+    assert doctor.check_cores(4, 2).status == OK
+    assert doctor.check_cores(1, 0).status == OK
+    same = doctor.check_cores(2, 2)  # the course's own design: 2 workers on 2 cores
+    assert same.status == OK and "shares" in same.finding
+    few = doctor.check_cores(2, 4)
+    assert few.status == WARN and "num_workers=2" in few.fix and "--cpus-per-task=5" in few.fix
+    assert "num_workers=0" in doctor.check_cores(1, 2).fix
+    assert doctor.check_cores(None, 2).status == WARN
+
+
+def test_check_shm() -> None:
+    need = 48.0
+    assert doctor.check_shm(24_000, 23_000, need).status == OK
+    container = doctor.check_shm(64, 64, need)  # Docker's default
+    assert container.status == WARN and "--shm-size=2g" in container.fix and "fewer workers" in container.fix
+    full = doctor.check_shm(64, 16, need)
+    assert full.status == FAIL and "Bus error" in full.finding and "--shm-size=2g" in full.fix
+    assert doctor.check_shm(None, None, need).status == OK  # macOS, Windows
+
+
+def test_check_open_files() -> None:
+    assert doctor.check_open_files(20_000, 20_000, "file_descriptor").status == OK
+    assert doctor.check_open_files(-1, -1, "file_descriptor").status == OK  # unlimited
+    assert doctor.check_open_files(1024, 4096, "file_system").status == OK
+    assert doctor.check_open_files(None, None, None).status == OK  # Windows
+    low = doctor.check_open_files(1024, 1_048_576, "file_descriptor")
+    assert low.status == WARN and "ulimit -n 4096" in low.fix
+    assert 'set_sharing_strategy("file_system")' in low.fix
+    capped = doctor.check_open_files(1024, 2048, "file_descriptor")
+    assert "ulimit -n 2048" in capped.fix and "ask the admin" in capped.fix
+    tiny = doctor.check_open_files(100, 100, "file_descriptor")
+    assert tiny.status == FAIL and "Too many open files" in tiny.finding
+
+
+def test_check_start_method() -> None:
+    assert doctor.check_start_method("fork").status == OK
+    for method in ("spawn", "forkserver"):
+        r = doctor.check_start_method(method)
+        assert r.status == WARN and "notebook cell" in r.finding and ".py module" in r.fix
+    assert doctor.check_start_method(None).status == WARN
+
+
+def test_check_disk() -> None:
+    assert doctor.check_disk(50_000, "/data").status == OK
+    assert doctor.check_disk(500, "/data").status == WARN
+    full = doctor.check_disk(50, "/data")
+    assert full.status == FAIL and "COURSE_DATA_DIR" in full.fix
+    assert doctor.check_disk(None, "/data").status == WARN
+
+
+def test_check_gpu_is_information_only() -> None:
+    assert doctor.check_gpu([], False) == Result("GPU", OK, "none: fine, the course runs on the CPU")
+    two = doctor.check_gpu(["NVIDIA H100", "NVIDIA H100"], False)
+    assert two.status == OK and "2 CUDA GPUs: NVIDIA H100" in two.finding
+    assert "MPS" in doctor.check_gpu([], True).finding
+
+
+def test_check_data() -> None:
+    ready = doctor.check_data({"images": True, "shards": True}, None, False, "/shared", False)
+    assert ready.status == OK  # a read-only folder is fine once prepared
+    assert doctor.check_data({"images": True, "shards": False}, None, True, "/d", False).status == OK
+    todo = doctor.check_data({"images": False, "shards": False}, None, True, "/d", False)
+    assert todo.status == WARN and todo.fix.endswith("python -m course_lib prepare --all")
+    given = doctor.check_data({"images": False}, None, True, "/scratch/course", True)
+    assert "python -m course_lib prepare --all --root /scratch/course" in given.fix
+    stuck = doctor.check_data({"images": False}, None, False, "/shared", False)
+    assert stuck.status == FAIL and "COURSE_DATA_DIR" in stuck.fix
+    broken = doctor.check_data({}, "ModuleNotFoundError: No module named 'numpy'", True, "/d", False)
+    assert broken.status == FAIL and "requirements.txt" in broken.fix
+
+
+# --------------------------------------------------------------------------- all checks, report, exit code
+
+
+def healthy(**changes: object) -> Facts:
+    facts = Facts(
+        python=TESTED_VERSIONS["python"] + ".7",
+        versions={k: TESTED_VERSIONS[k] for k in ("torch", "torchvision", "webdataset")},
+        workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
+        open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
+        data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
+    )
+    for key, value in changes.items():
+        setattr(facts, key, value)
+    return facts
+
+
+def test_healthy_machine_is_all_ok() -> None:
+    results = doctor.run_checks(healthy())
+    assert [r.name for r in results] == [
+        "python", "torch", "torchvision", "webdataset", "cores", "/dev/shm", "open files", "start method", "GPU", "disk", "course data",
+    ]
+    assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
+    assert doctor.exit_code(results) == 0
+    text = doctor.report(results, healthy())
+    assert "What to do" not in text and text.endswith("11 ok, 0 warnings, 0 failures: ready.")
+
+
+def test_a_container_with_small_shm_and_spawn() -> None:
+    facts = healthy(shm_total_mb=64, shm_free_mb=10, start_method="spawn", open_files_soft=1024, cpus=1)
+    results = doctor.run_checks(facts)
+    by_name = {r.name: r for r in results}
+    assert by_name["/dev/shm"].status == FAIL
+    assert by_name["start method"].status == WARN and by_name["open files"].status == WARN
+    assert by_name["cores"].status == WARN
+    assert doctor.exit_code(results) == 1
+    text = doctor.report(results, facts)
+    rows = [line for line in text.splitlines() if line.startswith("  [")]
+    # aligned: every finding starts in the same column
+    starts = {line.index(r.finding) for line, r in zip(rows, results)}
+    assert len(starts) == 1
+    fixes = text.split("What to do:\n", 1)[1]
+    assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
+    assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
+    assert text.endswith("7 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+
+
+def test_warnings_alone_do_not_fail() -> None:
+    results = doctor.run_checks(healthy(versions={"torch": "2.15.0", "torchvision": "0.29.1", "webdataset": "1.0.2"}))
+    assert [r.status for r in results].count(WARN) == 1 and doctor.exit_code(results) == 0
+
+
+def test_without_torch_the_os_checks_are_skipped_not_crashed() -> None:
+    facts = healthy(versions={"torch": None, "torchvision": None, "webdataset": "1.0.2"}, limits_error="ImportError: no torch")
+    results = doctor.run_checks(facts)
+    by_name = {r.name: r for r in results}
+    assert by_name["torch"].status == FAIL
+    assert by_name["/dev/shm"].status == WARN and "not checked" in by_name["/dev/shm"].finding
+    assert doctor.exit_code(results) == 1
+
+
+# --------------------------------------------------------------------------- the real machine
+
+
+def doctor_cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "course_lib", "doctor", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, **kwargs)  # type: ignore[call-overload]
+
+
+def test_gather_reads_this_machine(tmp_path: Path) -> None:
+    facts = doctor.gather(2, str(tmp_path))
+    assert facts.cpus and facts.cpus >= 1 and facts.start_method in ("fork", "spawn", "forkserver")
+    assert facts.versions["torch"] and facts.disk_free_mb and facts.data_folder == str(tmp_path)
+    assert facts.data_ready == {name: False for name in preparation.STEPS}
+
+
+def test_real_run_on_this_machine(tiny_root: Path) -> None:
+    done = doctor_cli("--root", str(tiny_root))
+    assert done.returncode == 0, done.stdout + done.stderr  # nothing fails on the course's own machine
+    for name in ("python", "torch", "/dev/shm", "open files", "start method", "GPU", "disk", "course data"):
+        assert f"  {name} " in done.stdout
+    as_json = json.loads(doctor_cli("--root", str(tiny_root), "--json").stdout)
+    assert as_json["ok"] is True and as_json["facts"]["workers"] == 2
+    assert {r["status"] for r in as_json["results"]} <= {OK, WARN}
+
+
+def test_real_run_with_a_low_open_file_limit_fails() -> None:
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    done = doctor_cli("--json", preexec_fn=low_limit)
+    assert done.returncode == 1, done.stderr
+    result = {r["name"]: r for r in json.loads(done.stdout)["results"]}["open files"]
+    assert result["status"] == FAIL and "ulimit -n" in result["fix"]
+
+
+def test_real_run_without_torch_reports_instead_of_crashing() -> None:
+    code = "import sys; sys.modules['torch'] = None; from course_lib.__main__ import main; sys.exit(main(['doctor']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "not checked: importing torch failed" in done.stdout
+
+
+def test_bad_workers_is_refused() -> None:
+    done = doctor_cli("--workers", "-1")
+    assert done.returncode == 2 and "--workers must be 0 or more" in done.stderr
+
+
+def test_cores_follow_planned_workers() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    done = doctor_cli("--workers", str(cpus + 3), "--json")
+    cores = {r["name"]: r for r in json.loads(done.stdout)["results"]}["cores"]
+    assert cores["status"] == WARN and f"num_workers={cpus if cpus > 1 else 0}" in cores["fix"]

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import doctor
@@ -63,7 +64,8 @@ def _prepare(args: argparse.Namespace) -> int:
     if first.is_dir():
         print(data.describe(first))
         print(f"location: {first}")
-    private = preparation.unreadable_by_others(folder)
+    shared = args.root is not None or bool(os.environ.get(data.ENV_VAR, "").strip())  # not one's own cache
+    private = preparation.unreadable_by_others(folder) if shared else []
     if private:
         print(f"note: other users cannot read {private[0]}; for a shared folder run: chmod -R a+rX {folder}")
     print(f"notebooks find it once you set: export {data.ENV_VAR}={folder}")

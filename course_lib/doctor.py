@@ -79,6 +79,7 @@ class Facts:
     data_writable: bool = True
     data_ready: dict[str, bool] = field(default_factory=dict)
     data_error: str | None = None
+    data_damaged: str | None = None
     gpus: list[str] = field(default_factory=list)
     mps: bool = False
     system: str = ""
@@ -225,12 +226,19 @@ def check_gpu(gpus: list[str], mps: bool) -> Result:
     return Result("GPU", OK, "none: fine, the course runs on the CPU")
 
 
-def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool) -> Result:
-    """Is the notebooks' data prepared (and, if not, can the notebooks make it themselves)?"""
+def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool,
+               damaged: str | None = None) -> Result:
+    """Is the notebooks' data prepared (and, if not, can the notebooks make it themselves)?
+
+    ``damaged`` is the error of a set that is there but incomplete: the notebooks stop on it.
+    """
     name = "course data"
-    command = "python -m course_lib prepare --all" + (f" --root {folder}" if root_given else "")
+    root = f" --root {folder}" if root_given else ""
+    command = f"python -m course_lib prepare --all{root}"
     if error is not None:
         return Result(name, FAIL, f"cannot check: {error}", "pip install -r requirements.txt, then run the doctor again")
+    if damaged is not None:
+        return Result(name, FAIL, f"damaged: {damaged.split('. ')[0]}", f"rebuild it: python -m course_lib prepare --all --force{root}")
     if not ready.get("images"):
         if not writable:
             return Result(
@@ -288,6 +296,12 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         folder = data.data_dir(root)
         facts.data_folder = str(folder)
         facts.data_ready = preparation.status(root)
+        images = folder / data.dataset_name()
+        if not facts.data_ready.get("images") and images.exists():
+            try:
+                data.verify(images)
+            except data.DataError as exc:  # there, but not whole: the notebooks would stop on it
+                facts.data_damaged = str(exc)
     except Exception as exc:  # noqa: BLE001
         facts.data_error = f"{type(exc).__name__}: {exc}"
         folder = Path(root or ".")
@@ -315,13 +329,13 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
 
         results += [
             check_cores(facts.cpus, facts.workers),
-            check_shm(facts.shm_total_mb, facts.shm_free_mb, shm_needed_mb(COURSE_BATCH_MB, max(facts.workers, 1), PREFETCH)),
+            check_shm(facts.shm_total_mb, facts.shm_free_mb, shm_needed_mb(COURSE_BATCH_MB, facts.workers, PREFETCH)),
             check_open_files(facts.open_files_soft, facts.open_files_hard, facts.sharing_strategy),
             check_start_method(facts.start_method),
             check_gpu(facts.gpus, facts.mps),
         ]
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))
-    results.append(check_data(facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given))
+    results.append(check_data(facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given, facts.data_damaged))
     return results
 
 

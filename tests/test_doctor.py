@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import TESTED_VERSIONS, doctor, preparation
+from course_lib import TESTED_VERSIONS, data, doctor, preparation
 from course_lib.doctor import FAIL, OK, WARN, Facts, Result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +140,8 @@ def test_check_data() -> None:
     assert "python -m course_lib prepare --all --root /scratch/course" in given.fix
     stuck = doctor.check_data({"images": False}, None, False, "/shared", False)
     assert stuck.status == FAIL and "COURSE_DATA_DIR" in stuck.fix
+    damaged = doctor.check_data({"images": False}, None, True, "/d", True, "shapes-small-seed0/ is incomplete: 3 missing. Re-create it")
+    assert damaged.status == FAIL and "3 missing" in damaged.finding and "prepare --all --force --root /d" in damaged.fix
     broken = doctor.check_data({}, "ModuleNotFoundError: No module named 'numpy'", True, "/d", False)
     assert broken.status == FAIL and "requirements.txt" in broken.fix
 
@@ -227,6 +229,16 @@ def test_real_run_on_this_machine(tiny_root: Path) -> None:
     as_json = json.loads(doctor_cli("--root", str(tiny_root), "--json").stdout)
     assert as_json["ok"] is True and as_json["facts"]["workers"] == 2
     assert {r["status"] for r in as_json["results"]} <= {OK, WARN}
+
+
+def test_real_run_on_a_damaged_data_set_fails(tmp_path: Path) -> None:
+    folder = data.prepare_data("small", root=tmp_path, progress=False)
+    next((folder / "train").rglob("*.jpg")).unlink()  # a learner deleted a file
+    done = doctor_cli("--root", str(tmp_path), "--json")
+    assert done.returncode == 1, done.stderr
+    result = {r["name"]: r for r in json.loads(done.stdout)["results"]}["course data"]
+    assert result["status"] == FAIL and "1 missing" in result["finding"]
+    assert f"python -m course_lib prepare --all --force --root {tmp_path}" == result["fix"].split(": ", 1)[1]
 
 
 def test_real_run_with_a_low_open_file_limit_fails() -> None:

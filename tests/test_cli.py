@@ -109,3 +109,15 @@ def test_prepare_into_a_file_fails_and_keeps_the_file(tmp_path: Path) -> None:
 def test_help_lists_doctor() -> None:
     done = run("--help")
     assert done.returncode == 0 and "doctor" in done.stdout and "prepare" in done.stdout
+
+
+def test_prepare_notes_a_shared_folder_others_cannot_read(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)  # whatever the umask
+    open_to_all = run("prepare", "--size", "tiny", "--root", str(shared), "--quiet")
+    assert open_to_all.returncode == 0 and "chmod" not in open_to_all.stdout
+    shared.chmod(0o700)
+    private = run("prepare", "--size", "tiny", "--root", str(shared), "--quiet")
+    assert private.returncode == 0
+    assert f"note: other users cannot read {shared}; for a shared folder run: chmod -R a+rX {shared}" in private.stdout

@@ -1,0 +1,571 @@
+"""The capstone (notebook 10): a small CNN trained under DDP over WebDataset shards, with its data
+stall measured on every rank, and the Slurm script that runs the tuned settings on a cluster.
+
+Three entry points, one pipeline:
+
+* :func:`measure` and :func:`sweep` time the pipeline in the notebook's own process, through
+  notebook 04's :class:`~course_lib.instrument.InstrumentedLoader`, with a simulated training step;
+* ``torchrun --nproc-per-node=N -m course_lib.capstone train --shards DIR ...`` trains
+  :class:`course_lib.train.SmallCNN` on every rank over the same pipeline, and each rank writes
+  ``rankN.json``: what it read, and how long it waited for data (the same instrument again);
+* :func:`render_slurm_script` / :func:`write_slurm_script` turn the tuned settings into a batch
+  script in the style of ``hpc/train_1node.sbatch``.
+
+**Equal batches on every rank, by design.** A cluster job's ranks × workers changes from one job
+to the next (4 GPUs × 7 workers = 28 readers), and shards rarely divide evenly among them; a rank
+with fewer batches leaves the others waiting in DDP's all-reduce (notebooks 06 and 08). So every
+epoch here is a fixed number of steps per rank (``--epoch-batches``, by default one pass's worth:
+samples ÷ (ranks × batch size)), and each reader never runs dry:
+
+1. ``split_by_node`` then ``split_by_worker`` give every reader (a worker of a rank) its own shards,
+   disjoint from every other reader's: no sample is read twice in one epoch;
+2. each reader cycles through its own shards endlessly, in a new seeded order every pass
+   (:class:`EndlessShardCycle`): webdataset's ``resampled=True`` without replacement and without
+   giving up the split;
+3. the rank stops after exactly ``epoch_batches`` batches (``with_epoch`` on the loader, done here
+   with a counter so the instrumented loader sees where the epoch ends).
+
+This needs at least ranks × workers shards (better several per reader); fewer is refused before
+the job starts, with :class:`~course_lib.shards.ShardError` saying what to change.
+
+**Simulated costs.** ``decode_ms`` (per sample, in the workers) and ``step_ms`` (per batch, in the
+training loop) are sleeps: a heavier decode than 64×64 JPEGs need, and the time an accelerator
+would compute while the CPU is free. Sleeping leaves the cores to the other processes, so the
+measured stall depends on the settings, not on how busy a 2-core machine is. On a cluster both
+are 0: the real work takes their place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from PIL import Image
+from torchvision.transforms.v2.functional import pil_to_tensor  # imported here: slow the first time
+
+from . import distributed
+from .instrument import EpochRecord, InstrumentedLoader, simulated_step
+from .shards import ShardError, check_enough_shards, find_shards, read_shardset
+
+#: The notebook's workload: what one sample costs to decode, and one training step, in ms.
+DECODE_MS = 9.0
+STEP_MS = 100.0
+BATCH_SIZE = 16
+#: The exercise's target: the loop may wait for data at most this share of the time (after the first batch).
+STALL_TARGET = 0.15
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+class EndlessShardCycle:
+    """Pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
+
+    It comes after ``split_by_node`` and ``split_by_worker``, so it only ever sees this reader's
+    own shards. Each call (one per epoch on a persistent worker) draws new orders from ``seed``,
+    the rank, the worker and the call count: reproducible, and different on every reader.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.calls = 0
+
+    def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
+        import webdataset as wds
+
+        urls = [d["url"] for d in src]
+        rank, world, worker, workers = wds.utils.pytorch_worker_info()
+        if not urls:
+            raise ShardError(
+                f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
+                "write more shards or use fewer workers"
+            )
+        rng = random.Random(f"{self.seed}-{rank}-{worker}-{self.calls}")  # str seeds are stable across runs
+        self.calls += 1
+        while True:
+            order = list(urls)
+            rng.shuffle(order)
+            for url in order:
+                yield {"url": url}
+
+
+class SimulatedDecode:
+    """Pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
+
+    The cost is accrued and paid in sleeps of at least ``chunk_ms``, counting the time actually
+    slept: on a busy machine every wake-up comes late, and a sleep per sample would add up those
+    delays instead of the cost asked for.
+    """
+
+    def __init__(self, ms: float, chunk_ms: float = 10.0) -> None:
+        if ms < 0:
+            raise ValueError(f"decode_ms must be >= 0, got {ms}")
+        self.seconds = ms / 1000
+        self.chunk = chunk_ms / 1000
+        self.debt = 0.0
+
+    def __call__(self, sample: tuple) -> tuple:
+        self.debt += self.seconds
+        if self.debt >= self.chunk:
+            start = time.perf_counter()
+            time.sleep(self.debt)
+            self.debt -= time.perf_counter() - start  # a late wake-up pays ahead for the next samples
+        return sample
+
+
+def decode_sample(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
+    """``(jpg bytes, cls bytes, key)`` -> ``(float image [3, H, W] in [0, 1], label, key)``, decoded
+    with PIL as in the rest of the course."""
+    jpg, cls, key = sample
+    with Image.open(io.BytesIO(jpg)) as image:
+        pixels = pil_to_tensor(image.convert("RGB"))
+    return pixels.float().div_(255), int(cls), key
+
+
+def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS):
+    """The shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
+    import webdataset as wds
+
+    return wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_node,  # this rank's shards (rank from torch.distributed, or RANK/WORLD_SIZE)
+        wds.split_by_worker,  # this worker's share of them
+        EndlessShardCycle(seed),
+        wds.tarfile_to_samples(),
+        wds.to_tuple("jpg", "cls", "__key__"),
+        wds.map(decode_sample),
+        wds.map(SimulatedDecode(decode_ms)),
+    )
+
+
+def make_loader(
+    urls: str | Sequence[str],
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    batch_size: int = BATCH_SIZE,
+    decode_ms: float = DECODE_MS,
+    seed: int = 0,
+    pin_memory: bool = False,
+) -> InstrumentedLoader:
+    """An :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
+    orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
+    if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
+        raise ValueError(f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
+                         f"got {num_workers}, {prefetch_factor} and {batch_size}")
+    kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                                  generator=torch.Generator().manual_seed(seed))
+    if num_workers:
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=True)
+    gc.collect()  # earlier loaders' leftovers must not be copied into this loader's forked workers
+    loader = InstrumentedLoader(build_dataset(urls, seed, decode_ms), **kwargs)
+    loader._settings.update(decode_ms=decode_ms)  # recorded with every epoch, for the checks
+    return loader
+
+
+def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
+    """Take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
+
+    Returns the epoch's record and the batches' worker ids. The iterator is dropped at the end,
+    which closes the last step's timing (the loop never asks for a batch after it).
+    """
+    if batches < 1:
+        raise ValueError(f"batches must be at least 1, got {batches}")
+    it = iter(loader)
+    try:
+        for _ in range(batches):
+            step(next(it))
+    finally:
+        del it
+    record = loader.last
+    return record, [b.worker for b in record.batches]
+
+
+def measure(
+    urls: str | Sequence[str],
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    batches: int = 20,
+    step_ms: float = STEP_MS,
+    decode_ms: float = DECODE_MS,
+    batch_size: int = BATCH_SIZE,
+    seed: int = 0,
+) -> EpochRecord:
+    """Time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
+    loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
+    record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
+    record.settings["step_ms"] = step_ms
+    del loader
+    gc.collect()  # stop the persistent workers now, not when the next loader starts
+    return record
+
+
+def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: Any) -> dict[int, EpochRecord]:
+    """:func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
+    if name not in ("num_workers", "prefetch_factor"):
+        raise ValueError(f"sweep over 'num_workers' or 'prefetch_factor', not {name!r}")
+    return {v: measure(urls, **{**fixed, name: v}) for v in values}
+
+
+# --------------------------------------------------------------------------- the training script
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.capstone", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train on every rank (start it with torchrun)")
+    t.add_argument("--shards", required=True, help="a folder of .tar shards, a brace pattern or a glob")
+    t.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    t.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker prepares ahead")
+    t.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="per rank")
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--epoch-batches", type=int, default=0,
+                   help="steps per epoch on every rank (0: one pass's worth, from the shards' manifest)")
+    t.add_argument("--decode-ms", type=float, default=0.0, help="simulated extra decoding per sample (0 on a cluster)")
+    t.add_argument("--step-ms", type=float, default=0.0, help="simulated accelerator time per step (0 on a cluster)")
+    t.add_argument("--lr", type=float, default=0.05)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
+    t.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
+    t.add_argument("--report", help="folder for one rankN.json report per rank")
+    c = sub.add_parser("check", help="are there enough shards for the job? (run it before starting one)")
+    c.add_argument("--shards", required=True)
+    c.add_argument("--ranks", type=int, required=True, help="the job's world size (nodes × ranks per node)")
+    c.add_argument("--workers", type=int, required=True)
+    w = sub.add_parser("shards", help="write the shapes images as shards (on a login node)")
+    w.add_argument("--out", required=True)
+    w.add_argument("--size", default="small")
+    w.add_argument("--data", help="folder of the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
+    w.add_argument("--maxcount", type=int, default=50, help="samples per shard")
+    args = p.parse_args(argv)
+    if args.command == "train":
+        if args.workers < 0 or args.prefetch_factor < 1 or args.batch_size < 1 or args.epochs < 1 or args.epoch_batches < 0:
+            p.error("need --workers >= 0, --prefetch-factor >= 1, --batch-size >= 1, --epochs >= 1, --epoch-batches >= 0")
+        if args.decode_ms < 0 or args.step_ms < 0:
+            p.error("--decode-ms and --step-ms cannot be negative")
+    if args.command == "check" and (args.ranks < 1 or args.workers < 0):
+        p.error("need --ranks >= 1 and --workers >= 0")
+    return args
+
+
+def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int) -> list[Path]:
+    """The job's shard files, after checking they exist and are enough for ranks × workers readers."""
+    if world_size < 1 or num_workers < 0:
+        raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
+    paths = find_shards(shards)  # ShardError naming what is missing
+    try:
+        check_enough_shards(len(paths), world_size, num_workers)
+    except ShardError as exc:
+        # the general advice ends with "or resample": this pipeline resamples already, within each reader's shards
+        first = str(exc).split(" At least")[0]
+        raise ShardError(
+            f"{first} Every reader needs shards of its own here (at least {world_size * max(1, num_workers)}, better "
+            "several each): write smaller shards (python -m course_lib.capstone shards --maxcount N) or use fewer workers."
+        ) from None
+    return paths
+
+
+def one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -> int:
+    """Steps per rank for about one pass over the shards, from their folder's manifest."""
+    try:
+        samples = read_shardset(paths[0].parent).samples
+    except ShardError:
+        raise ShardError(
+            f"{paths[0].parent.name}/ has no manifest to count its samples: give --epoch-batches N "
+            "(steps per epoch on every rank)"
+        ) from None
+    batches = samples // (world_size * batch_size)
+    if batches < 1:
+        raise ShardError(f"{samples} samples are less than one batch of {batch_size} per rank for {world_size} ranks: "
+                         "use a smaller --batch-size or give --epoch-batches")
+    return batches
+
+
+def train(args: argparse.Namespace) -> dict:
+    """One rank's run: returns (and writes, with ``--report``) what it read and how long it waited."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from .train import SmallCNN, weights_digest
+
+    env = distributed.dist_env()
+    paths = check_job(args.shards, env.world_size, args.workers)  # before any rendezvous: fail fast, all ranks alike
+    epoch_batches = args.epoch_batches or one_pass_batches(paths, env.world_size, args.batch_size)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and torch.cuda.device_count() == 0:
+        raise distributed.DistEnvError("--device cuda, but this process sees no GPU; use --device cpu or auto")
+    device = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if env.world_size == 1:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        distributed.init_process_group("nccl" if use_cuda else "gloo", timeout_s=args.timeout, env=env)
+    try:
+        loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
+                             args.decode_ms, args.seed + env.rank, pin_memory=use_cuda)
+        torch.manual_seed(args.seed)
+        model = SmallCNN().to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+        report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
+                        "workers": args.workers, "prefetch_factor": args.prefetch_factor,
+                        "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": []}
+        for epoch in range(args.epochs):
+            keys: list[list[str]] = []
+            losses: list[float] = []
+
+            def step(batch: tuple) -> None:
+                x, y, batch_keys = batch
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                loss = F.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()  # DDP's all-reduce: every rank must take the same number of steps
+                opt.step()
+                simulated_step(None, args.step_ms / 1000)
+                keys.append(list(batch_keys))
+                losses.append(loss.item())
+
+            record, workers = run_epoch(loader, epoch_batches, step)
+            dist.barrier()
+            total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
+            dist.all_reduce(total)
+            by_worker: dict[str, list[str]] = {}
+            for worker, batch_keys in zip(workers, keys):
+                by_worker.setdefault(str(worker), []).extend(batch_keys)
+            report["epochs"].append({
+                "batches": len(keys), "samples": sum(map(len, keys)), "keys_by_worker": by_worker,
+                "stall": record.stall_fraction, "steady_stall": record.steady_stall_fraction,
+                "first_batch_s": record.first_batch_s, "mean_wait_ms": 1000 * record.waited / max(1, len(keys)),
+                "mean_step_ms": 1000 * record.mean_step, "mean_load_ms": 1000 * record.mean_load,
+                "seconds": record.wall, "mean_loss": float(total[0] / max(total[1], 1)),
+            })
+            print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
+                  f"{len(by_worker)} reader(s); waiting for data {record.steady_stall_fraction:.0%} of the time "
+                  "after the first batch", flush=True)
+        report["weights_sha256"] = weights_digest(model)
+        if args.report:
+            folder = Path(args.report)
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".rank{env.rank}.json.tmp"
+            tmp.write_text(json.dumps(report))
+            tmp.replace(folder / f"rank{env.rank}.json")  # a reader never sees half a report
+        del loader
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from .datasets import DataNotFoundError
+
+    args = parse_args(argv)
+    try:
+        if args.command == "train":
+            record(train)(args)  # torchrun then names the rank whose error came first
+        elif args.command == "check":
+            paths = check_job(args.shards, args.ranks, args.workers)
+            print(f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
+                  f"{len(paths) / (args.ranks * max(1, args.workers)):.1f} shards per reader")
+        else:
+            from .shards import write_image_shards
+
+            written = write_image_shards(args.out, size=args.size, root=args.data, maxcount=args.maxcount)
+            print(written.describe())
+    except (ShardError, DataNotFoundError, distributed.DistEnvError) as exc:
+        # one readable line (with its rank, when torchrun prefixes it) instead of a traceback
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+# --------------------------------------------------------------------------- the Slurm script
+
+
+def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
+    """CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
+    and ``num_workers`` DataLoader workers, each of which keeps one core busy when it must."""
+    if ranks_per_node < 1 or num_workers < 0:
+        raise ValueError(f"need ranks_per_node >= 1 and num_workers >= 0, got {ranks_per_node} and {num_workers}")
+    return ranks_per_node * (num_workers + 1)
+
+
+_TIME = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
+_SAFE = re.compile(r"^[\w$/.{}\-~+:,]+$")  # a shard path or pattern: no quotes, spaces or newlines
+
+
+def render_slurm_script(
+    *,
+    shards: str,
+    num_workers: int,
+    prefetch_factor: int = 2,
+    nodes: int = 1,
+    gpus_per_node: int = 4,
+    cpus_per_node: int | None = None,
+    batch_size: int = 64,
+    epochs: int = 2,
+    time_limit: str = "00:20:00",
+    job_name: str = "course-capstone",
+) -> str:
+    """A Slurm batch script that trains ``course_lib.capstone`` with these settings.
+
+    One task per node runs torchrun (as in ``hpc/train_1node.sbatch``; with several nodes they meet
+    at a c10d rendezvous on the first, as in ``hpc/train_multinode.sbatch``). ``--cpus-per-task``
+    is derived from ``num_workers`` (:func:`cpus_per_task`), never the other way round: the tuned
+    number of workers is what the job needs. ``shards`` is the path *on the cluster* (``$USER`` and
+    other variables are expanded there). Raises ``ValueError`` naming a bad setting, e.g. more CPUs
+    than ``cpus_per_node`` has.
+    """
+    for name, value, low in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 1), ("num_workers", num_workers, 0),
+                             ("prefetch_factor", prefetch_factor, 1), ("batch_size", batch_size, 1), ("epochs", epochs, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+    if not isinstance(shards, str) or not _SAFE.match(shards):
+        raise ValueError(f"shards must be a path or brace pattern without spaces or quotes, got {shards!r}")
+    if not _TIME.match(time_limit):
+        raise ValueError(f"time_limit must look like HH:MM:SS or D-HH:MM:SS, got {time_limit!r}")
+    if not re.fullmatch(r"[\w.-]+", job_name):
+        raise ValueError(f"job_name may hold letters, digits, '.', '_' and '-' only, got {job_name!r}")
+    cpus = cpus_per_task(gpus_per_node, num_workers)
+    if cpus_per_node is not None and cpus > cpus_per_node:
+        most = max(0, cpus_per_node // gpus_per_node - 1)
+        raise ValueError(
+            f"{gpus_per_node} ranks per node × ({num_workers} workers + 1 training process) = {cpus} CPUs, but a node "
+            f"has {cpus_per_node}: use at most {most} workers per rank, or fewer ranks per node"
+        )
+    world = nodes * gpus_per_node
+    if nodes == 1:
+        rendezvous = "--standalone"
+        srun = "srun --ntasks=1"
+        head = ""
+    else:
+        rendezvous = ('--nnodes="$SLURM_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$MASTER_PORT" '
+                      '--rdzv-id="$SLURM_JOB_ID"')
+        srun = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
+        head = ('# The first node hosts the rendezvous; a port derived from the job id keeps jobs sharing it apart.\n'
+                'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+                'MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"\n')
+    return f"""#!/bin/bash
+# Written by course_lib.capstone.write_slurm_script (notebook 10) from the settings tuned there.
+# {nodes} node(s) x {gpus_per_node} GPUs = {world} ranks; {num_workers} DataLoader workers per rank, prefetch_factor {prefetch_factor}.
+# Submit from the course folder:   sbatch {job_name}.sbatch   (or: sbatch path/to/this/file)
+#
+# ---- CHANGE THESE TWO LINES for your cluster (`sacctmgr show assoc user=$USER`, `sinfo -s`).
+#SBATCH --account=CHANGE_ME
+#SBATCH --partition=CHANGE_ME
+#
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1          # one task per node: torchrun, which starts that node's ranks itself
+#SBATCH --gres=gpu:{gpus_per_node}                 # GPUs per node = ranks per node (delete on a CPU partition)
+#SBATCH --cpus-per-task={cpus}          # {gpus_per_node} ranks x ({num_workers} workers + 1 training process): every worker
+#                                    # needs a core of its own, or the data stall comes back
+#SBATCH --hint=nomultithread         # count physical cores, not hyper-threads
+#SBATCH --time={time_limit}
+#SBATCH --output=%x-%j.out
+
+set -euo pipefail
+: "${{SLURM_JOB_ID:?submit this script with sbatch (or run it inside salloc), not with plain bash}}"
+
+# ---- settings (each can be overridden at submission: SHARDS=/other/path sbatch ...)
+SHARDS="${{SHARDS:-{shards}}}"   # written once on a login node: python -m course_lib.capstone shards --out DIR
+GPUS_PER_NODE="${{GPUS_PER_NODE:-{gpus_per_node}}}"     # ranks per node; keep it equal to --gres above
+WORKERS={num_workers}                           # tuned in notebook 10: the fewest workers that kept the stall under target
+PREFETCH_FACTOR={prefetch_factor}
+CPUS_PER_TASK={cpus}                     # = the --cpus-per-task above; srun gets it again below
+TRAIN_ARGS="${{TRAIN_ARGS:-"--epochs {epochs} --batch-size {batch_size}"}}"
+RUNS_DIR="${{RUNS_DIR:-$PWD/runs}}"               # reports go to $RUNS_DIR/<job name>-<job id>/ (a shared file system)
+COURSE_VENV="${{COURSE_VENV-$HOME/venvs/pytorch-data-course}}"
+if [[ -n "$COURSE_VENV" && -f "$COURSE_VENV/bin/activate" ]]; then
+    set +u; source "$COURSE_VENV/bin/activate"; set -u
+fi
+
+# ---- enough shards for every reader? ({world} ranks x {max(1, num_workers)} workers); fails here, with the fix, if not
+python -m course_lib.capstone check --shards "$SHARDS" --ranks "$(( SLURM_NNODES * GPUS_PER_NODE ))" --workers "$WORKERS"
+
+# ---- /dev/shm: workers hand every batch to their rank through shared memory; containers and
+# some nodes allow only 64 MB, and workers then die with "Bus error". Needed: about
+# ranks x workers x prefetch_factor x bytes per batch, plus slack.
+shm_mb=$(df -Pm /dev/shm 2> /dev/null | awk 'NR == 2 {{print $4}}' || true)
+if [[ -z "$shm_mb" ]]; then
+    echo "WARNING: no /dev/shm on $(hostname): DataLoader workers cannot pass batches on Linux" >&2
+elif (( shm_mb < 1024 )); then
+    echo "WARNING: /dev/shm has $shm_mb MB free (under 1 GB): on 'Bus error' use fewer workers or smaller batches" >&2
+fi
+
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-1}}"   # one thread per training process; the workers do the CPU work
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
+RUN_DIR="$RUNS_DIR/${{SLURM_JOB_NAME:-capstone}}-$SLURM_JOB_ID"
+mkdir -p "$RUN_DIR"
+{head}
+# ---- train; every rank writes rankN.json with its data stall: compare it with the notebook's.
+# --cpus-per-task is repeated for srun because some Slurm versions no longer pass it on.
+{srun} --cpus-per-task="${{SLURM_CPUS_PER_TASK:-$CPUS_PER_TASK}}" \\
+    torchrun {rendezvous} --nproc-per-node="$GPUS_PER_NODE" --tee=3 \\
+    -m course_lib.capstone train --shards "$SHARDS" --workers "$WORKERS" --prefetch-factor "$PREFETCH_FACTOR" \\
+        --report "$RUN_DIR" $TRAIN_ARGS   # unquoted on purpose: several options
+
+python - "$RUN_DIR" << 'EOF'
+import sys
+from course_lib.distributed import read_reports
+
+reports = read_reports(sys.argv[1])
+stalls = [r["epochs"][-1]["steady_stall"] for r in reports]
+print(f"check: {{len(reports)}} rank reports, {{sorted({{r['epochs'][-1]['batches'] for r in reports}})}} batches per rank, "
+      f"data stall {{min(stalls):.0%}} to {{max(stalls):.0%}}, weights identical: {{len({{r['weights_sha256'] for r in reports}}) == 1}}")
+even = len({{r["epochs"][-1]["batches"] for r in reports}}) == 1 and len({{r["weights_sha256"] for r in reports}}) == 1
+sys.exit(0 if even and len(reports) == reports[0]["world_size"] else 1)
+EOF
+"""
+
+
+def write_slurm_script(path: str | os.PathLike[str], **settings: Any) -> Path:
+    """Render the script (see :func:`render_slurm_script`) and write it to ``path``, creating its
+    folder; written to a temporary name first, so a reader never finds half a script."""
+    text = render_slurm_script(**settings)
+    path = Path(path)
+    if path.suffix != ".sbatch":
+        raise ValueError(f"name the script *.sbatch, got {path.name!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    tmp.replace(path)
+    return path
+
+
+def sbatch_options(text: str) -> dict[str, str]:
+    """The ``#SBATCH --name=value`` options of a script (comments after them dropped)."""
+    options = {}
+    for line in text.splitlines():
+        m = re.match(r"^#SBATCH\s+--([\w-]+)(?:[= ](\S+))?", line)
+        if m:
+            options[m.group(1)] = m.group(2) or ""
+    return options
+
+
+def script_settings(text: str) -> dict[str, str]:
+    """The ``NAME=value`` assignments at the start of a script's lines, as written (``WORKERS=2``
+    gives ``{"WORKERS": "2"}``; a trailing ``# comment`` is dropped)."""
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Z_]+)=(\S*)", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""course_lib.capstone: the shard pipeline, a real 2-rank torchrun training, the Slurm script."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from course_lib import capstone, shards
+from course_lib.distributed import launch, read_reports
+from course_lib.shards import ShardError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path) -> shards.ShardSet:
+    """The tiny set's 80 training images as 8 shards of 10."""
+    return shards.write_image_shards(tmp_path_factory.mktemp("capstone") / "train", size="tiny", root=tiny_root,
+                                     maxcount=10)
+
+
+# --------------------------------------------------------------------------- the pipeline, in this process
+
+
+def test_pipeline_yields_decoded_batches_without_end(shard_set) -> None:
+    loader = capstone.make_loader(shard_set.urls, num_workers=0, batch_size=8, decode_ms=0)
+    record, workers = capstone.run_epoch(loader, 12, lambda batch: None)  # 96 > 80 samples: it cycles
+    assert len(record.batches) == 12 and workers == [-1] * 12
+    images, labels, keys = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and images.dtype.is_floating_point and 0 <= images.min() <= images.max() <= 1
+    assert labels.dtype.is_floating_point is False and len(keys) == 8 and all(isinstance(k, str) for k in keys)
+
+
+def test_each_worker_reads_its_own_shards_in_a_new_order_each_epoch(shard_set) -> None:
+    loader = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
+    seen: list[list[str]] = []
+    orders = []
+    for _ in range(2):
+        keys: list[str] = []
+        _, workers = capstone.run_epoch(loader, 8, lambda batch: keys.extend(batch[2]))
+        assert workers == [0, 1] * 4  # the DataLoader takes batches from its workers in turn
+        seen.append(keys)
+        orders.append(keys)
+    shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
+    for keys in seen:
+        by_worker = [[k for j, k in enumerate(keys) if (j // 5) % 2 == w] for w in (0, 1)]
+        assert {shard_of[k] for k in by_worker[0]}.isdisjoint({shard_of[k] for k in by_worker[1]})
+        assert len(set(keys)) == len(keys) == 40  # half the data set, nothing read twice
+    assert orders[0] != orders[1]  # persistent workers: a new shard order in epoch 2
+    again = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
+    first: list[str] = []
+    capstone.run_epoch(again, 8, lambda batch: first.extend(batch[2]))
+    assert first == orders[0]  # reproducible for a seed
+
+
+def test_measure_and_sweep_record_the_settings(shard_set) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        results = capstone.sweep(shard_set.urls, "num_workers", [0, 1], batches=4, step_ms=5, decode_ms=1, batch_size=4)
+    assert list(results) == [0, 1]
+    for workers, record in results.items():
+        assert record.num_workers == workers and len(record.batches) == 4
+        assert record.settings["decode_ms"] == 1 and record.settings["step_ms"] == 5
+        assert record.mean_step >= 0.004
+    with pytest.raises(ValueError, match="num_workers"):
+        capstone.sweep(shard_set.urls, "batch_size", [1])
+
+
+def test_simulated_decode_pays_its_cost_in_chunks() -> None:
+    import time
+
+    stage = capstone.SimulatedDecode(2.0, chunk_ms=10.0)
+    start = time.perf_counter()
+    for i in range(20):
+        assert stage(("x", i)) == ("x", i)
+    elapsed = time.perf_counter() - start
+    assert 0.035 <= elapsed < 1.0  # 40 ms asked, paid in four sleeps
+    with pytest.raises(ValueError, match="decode_ms"):
+        capstone.SimulatedDecode(-1)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_too_few_shards_for_ranks_times_workers(shard_set) -> None:
+    with pytest.raises(ShardError, match=r"8 shards for 2 ranks × 5 workers = 10 readers.*fewer workers"):
+        capstone.check_job(shard_set.folder, world_size=2, num_workers=5)
+    assert len(capstone.check_job(shard_set.folder, world_size=2, num_workers=4)) == 8
+
+
+def test_missing_shard_folder(tmp_path) -> None:
+    with pytest.raises(ShardError, match="no shard folder or file 'nowhere'.*Write shards first"):
+        capstone.check_job(tmp_path / "nowhere", world_size=1, num_workers=0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ShardError, match="holds no .tar shards"):
+        capstone.check_job(tmp_path / "empty", world_size=1, num_workers=0)
+
+
+def test_a_reader_without_shards_says_so(shard_set) -> None:
+    three = shards.brace_urls(shard_set.paths[:3])
+    with shards.simulated_reader(rank=1, world_size=2):  # rank 1 gets 1 shard; its second worker none
+        loader = capstone.make_loader(three, num_workers=2, batch_size=4, decode_ms=0)
+        with pytest.raises(Exception, match="got no shard"):
+            capstone.run_epoch(loader, 4, lambda batch: None)
+        del loader
+
+
+def test_one_pass_needs_a_manifest(shard_set, tmp_path) -> None:
+    assert capstone.one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "a-000000.tar").write_bytes(shard_set.paths[0].read_bytes())
+    with pytest.raises(ShardError, match="--epoch-batches"):
+        capstone.one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
+
+
+def test_cli_check(shard_set, capsys) -> None:
+    assert capstone.main(["check", "--shards", str(shard_set.folder), "--ranks", "2", "--workers", "2"]) == 0
+    assert "8 shards for 2 ranks × 2 readers each: 2.0 shards per reader" in capsys.readouterr().out
+    assert capstone.main(["check", "--shards", str(shard_set.folder), "--ranks", "4", "--workers", "3"]) == 2
+    assert "ShardError: 8 shards for 4 ranks × 3 workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        capstone.main(["train", "--shards", "x", "--workers", "-1"])
+
+
+# --------------------------------------------------------------------------- a real 2-rank run
+
+
+def test_two_ranks_train_with_equal_batches_and_disjoint_readers(shard_set, tmp_path) -> None:
+    report = tmp_path / "reports"
+    run = launch("course_lib.capstone", "train", "--shards", str(shard_set.folder), "--workers", "2",
+                 "--batch-size", "4", "--epochs", "2", "--decode-ms", "1", "--step-ms", "5", "--report", str(report),
+                 nproc=2, timeout=150, show=False)
+    assert run.ok
+    reports = read_reports(report)
+    assert [r["rank"] for r in reports] == [0, 1] and {r["world_size"] for r in reports} == {2}
+    assert {r["epoch_batches"] for r in reports} == {80 // (2 * 4)}  # one pass's worth, from the manifest
+    shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
+    for epoch in range(2):
+        readers = [keys for r in reports for keys in r["epochs"][epoch]["keys_by_worker"].values()]
+        assert len(readers) == 4 and [r["epochs"][epoch]["batches"] for r in reports] == [10, 10]
+        shard_sets = [{shard_of[k] for k in keys} for keys in readers]
+        assert sum(map(len, shard_sets)) == len(set().union(*shard_sets)) == 8  # each shard read by one reader only
+        for r in reports:
+            e = r["epochs"][epoch]
+            assert 0 <= e["steady_stall"] <= e["stall"] + 1e-9 <= 1 and e["mean_step_ms"] >= 5
+    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+    assert "waiting for data" in run.ranks[0][-1]
+
+
+def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> None:
+    run = launch("course_lib.capstone", "train", "--shards", str(shard_set.folder), "--workers", "5",
+                 nproc=2, timeout=120, check=False, show=False)
+    assert not run.ok and not run.timed_out
+    assert run.first_error().startswith("ShardError: 8 shards for 2 ranks × 5 workers = 10 readers")
+
+
+# --------------------------------------------------------------------------- the Slurm script
+
+
+def test_cpus_per_task() -> None:
+    assert capstone.cpus_per_task(4, 7) == 32 and capstone.cpus_per_task(1, 0) == 1 and capstone.cpus_per_task(2, 2) == 6
+    with pytest.raises(ValueError):
+        capstone.cpus_per_task(0, 2)
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) -> None:
+    path = capstone.write_slurm_script(tmp_path / "runs" / "capstone" / "train.sbatch", shards="/scratch/$USER/shards",
+                                       num_workers=3, prefetch_factor=4, nodes=nodes, gpus_per_node=4)
+    text = path.read_text()
+    assert os.access(path, os.X_OK)
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+    options = capstone.sbatch_options(text)
+    assert options["nodes"] == str(nodes) and options["ntasks-per-node"] == "1" and options["gres"] == "gpu:4"
+    assert options["cpus-per-task"] == "16"  # 4 ranks × (3 workers + 1)
+    assert options["account"] == options["partition"] == "CHANGE_ME"
+    settings = capstone.script_settings(text)
+    assert settings["WORKERS"] == "3" and settings["PREFETCH_FACTOR"] == "4" and settings["CPUS_PER_TASK"] == "16"
+    assert 'SHARDS="${SHARDS:-/scratch/$USER/shards}"' in text and "/dev/shm" in text
+    assert ("--standalone" in text) == (nodes == 1) and ("--rdzv-endpoint" in text) == (nodes > 1)
+    assert "-m course_lib.capstone train" in text and "course_lib.capstone check" in text
+
+
+def test_script_refuses_plain_bash(tmp_path) -> None:
+    path = capstone.write_slurm_script(tmp_path / "x.sbatch", shards="/data/shards", num_workers=1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "submit this script with sbatch" in done.stderr
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(num_workers=7, cpus_per_node=24), r"32 CPUs, but a node has 24: use at most 5 workers"),
+    (dict(num_workers=-1), "num_workers must be a whole number >= 0"),
+    (dict(num_workers=2.5), "num_workers must be a whole number"),
+    (dict(num_workers=2, nodes=0), "nodes must be"),
+    (dict(num_workers=2, shards="/my data/shards"), "without spaces or quotes"),
+    (dict(num_workers=2, shards='x"; rm -rf ~'), "without spaces or quotes"),
+    (dict(num_workers=2, time_limit="20 minutes"), "HH:MM:SS"),
+])
+def test_bad_script_settings(settings, message) -> None:
+    settings = {"shards": "/scratch/shards", **settings}
+    with pytest.raises(ValueError, match=message):
+        capstone.render_slurm_script(**settings)
+
+
+def test_script_name_must_end_in_sbatch(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"\*\.sbatch"):
+        capstone.write_slurm_script(tmp_path / "train.sh", shards="/s", num_workers=1)
+    assert not (tmp_path / "train.sh").exists()
+
+
+FAKE_SRUN = """#!/bin/sh
+# fake srun for one node: drop srun's own options, run the command once
+while [ $# -gt 0 ]; do case "$1" in --*) shift ;; *) break ;; esac; done
+exec "$@"
+"""
+
+
+def test_one_node_script_runs_end_to_end_with_a_fake_srun(shard_set, tmp_path) -> None:
+    """The rendered 1-node script under a fake srun: 2 CPU ranks, 1 worker each, its own final check passes."""
+    path = capstone.write_slurm_script(tmp_path / "job.sbatch", shards=str(shard_set.folder), num_workers=1,
+                                       gpus_per_node=2)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"srun": FAKE_SRUN, "python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
+                       "torchrun": f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n'}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    drop = re.compile(r"^(SLURM_|TORCHELASTIC_|RANK$|LOCAL_RANK$|WORLD_SIZE$|MASTER_|VIRTUAL_ENV$)")
+    env = {k: v for k, v in os.environ.items() if not drop.match(k)}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NAME="capstone-test",
+               SLURM_NNODES="1", SLURM_CPUS_PER_TASK="4", COURSE_VENV="", RUNS_DIR=str(tmp_path / "runs"),
+               TRAIN_ARGS="--epochs 1 --batch-size 4 --epoch-batches 3", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(["bash", str(path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the script still ran after 150 s\n{out}\n{err}")
+    assert proc.returncode == 0, out + err
+    assert "check: 2 rank reports, [3] batches per rank" in out and "weights identical: True" in out
+    assert len(read_reports(tmp_path / "runs" / "capstone-test-4242")) == 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import io
 import json
 import mimetypes
 import re
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mistune
+from PIL import Image, UnidentifiedImageError
 from mistune.renderers.html import HTMLRenderer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,8 @@ VENDOR = SLIDES / "vendor" / "reveal.js"
 
 # The slide size reveal.js lays out at (and scales to the screen): a 16:9 projector.
 WIDTH, HEIGHT = 1280, 720
+# The largest a figure is drawn (CSS pixels of the slide): below a heading and a few lines of text.
+FIGURE_BOX = (1200, 400)
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _SEPARATOR = re.compile(r"^---\s*$")
@@ -154,6 +158,21 @@ class NotebookFigures:
         return rows
 
 
+def _pixel_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height of a raster image (None for SVG and anything Pillow cannot read)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except (UnidentifiedImageError, OSError):
+        return None
+
+
+def _display_width(width: int, height: int) -> int:
+    """Notebook figures are drawn at 100 dpi, small for a projector: enlarge them (at most 1.5x)
+    to fill the room under a heading and two bullets; CSS still caps them to the slide."""
+    return round(width * min(1.5, FIGURE_BOX[0] / width, FIGURE_BOX[1] / height))
+
+
 def _data_url(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
@@ -168,35 +187,38 @@ class _SlideRenderer(HTMLRenderer):
         self.used: list[str] = []
 
     def image(self, text: str, url: str, title: str | None = None) -> str:
-        src = self._resolve(url)
+        src, size = self._resolve(url)
         alt = html.escape(text)
         caption = f'<span class="caption">{alt}</span>' if text else ""
-        return f'<span class="figure"><img src="{src}" alt="{alt}">{caption}</span>'
+        width = f' style="width: {_display_width(*size)}px"' if size else ""
+        return f'<span class="figure"><img src="{src}" alt="{alt}"{width}>{caption}</span>'
 
-    def _resolve(self, url: str) -> str:
+    def _resolve(self, url: str) -> tuple[str, tuple[int, int] | None]:
+        """The picture as a data: URL, and its pixel size when it is a raster image."""
         scheme = _SCHEME.match(url)
         if url.startswith("notebook:"):
             name, _, cell_id = url.removeprefix("notebook:").partition("#")
             if not name or not cell_id:
                 self.problems.append(f"figure reference {url!r}: write it as notebook:NN#<cell id>")
-                return ""
+                return "", None
             try:
                 png = self.figures.png(name, cell_id)
             except LookupError as err:
                 self.problems.append(f"unresolved figure reference {url!r}: {err}")
-                return ""
+                return "", None
             self.used.append(url)
-            return _data_url("image/png", png)
+            return _data_url("image/png", png), _pixel_size(png)
         if scheme or url.startswith("//"):
             self.problems.append(f"picture {url!r} is not local: decks must work offline; save it next to "
                                  "the deck and give its relative path")
-            return ""
+            return "", None
         path = self.deck.parent / url
         if not path.is_file():
             self.problems.append(f"picture {url!r}: no file {path}")
-            return ""
+            return "", None
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        return _data_url(mime, path.read_bytes())
+        data = path.read_bytes()
+        return _data_url(mime, data), _pixel_size(data) if mime.startswith("image/") else None
 
     def link(self, text: str, url: str, title: str | None = None) -> str:
         if _SCHEME.match(url) or url.startswith("//"):

@@ -286,7 +286,9 @@ def _screenshot(b: Browser, session: str) -> Image.Image:
 def _evaluate(b: Browser, session: str, expression: str) -> Any:
     reply = b.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
     if "exceptionDetails" in reply:
-        raise AssertionError(f"{expression[:60]}...: {reply['exceptionDetails']}")
+        details = reply["exceptionDetails"]
+        message = details.get("exception", {}).get("description", details.get("text", ""))
+        raise AssertionError(f"{expression[:60]}...: {message.splitlines()[0][:300]}")  # no data: URLs
     return reply["result"].get("value")
 
 

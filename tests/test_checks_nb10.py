@@ -1,0 +1,160 @@
+"""Checks of notebook 10: right answers pass, stubs are "not attempted", wrong answers get their hint."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from course_lib import capstone, shards
+from course_lib.checks import Status, nb10
+from course_lib.instrument import BatchRecord, EpochRecord
+
+STALLS = {0: 0.6, 1: 0.35, 2: 0.03, 3: 0.02}  # the shape measured on 2 cores
+
+
+def status(check, *args) -> tuple[Status, str]:
+    result = check.evaluate(*args)
+    return result.status, result.message
+
+
+def record(workers: int, stall: float, batches: int = 12, decode_ms: float = capstone.DECODE_MS,
+           step_ms: float = capstone.STEP_MS, batch_size: int = 16) -> EpochRecord:
+    """An epoch whose loop waits ``stall`` of each batch's time (the first batch excepted)."""
+    step = step_ms / 1000
+    wait = stall * step / (1 - stall)
+    epoch = EpochRecord(num_workers=workers, t0=0.0, settings={"num_workers": workers, "batch_size": batch_size,
+                                                               "decode_ms": decode_ms, "step_ms": step_ms})
+    t = 0.0
+    for i in range(batches):
+        first_wait = 0.3 if i == 0 else wait
+        epoch.batches.append(BatchRecord(number=i, worker=-1 if workers == 0 else i % workers, start=t, end=t + first_wait,
+                                         requested=t, received=t + first_wait, step_end=t + first_wait + step,
+                                         samples=batch_size, nbytes=0))
+        t += first_wait + step
+    return epoch
+
+
+def sweep(stalls: dict[int, float] = STALLS, **kw) -> dict[int, EpochRecord]:
+    return {w: record(w, s, **kw) for w, s in stalls.items()}
+
+
+# --------------------------------------------------------------------------- 10.1
+
+
+def test_synthetic_records_have_the_stall_asked_for() -> None:
+    assert record(1, 0.35).steady_stall_fraction == pytest.approx(0.35, abs=0.04)
+
+
+def test_tuned_workers_right_answer() -> None:
+    assert status(nb10.tuned_workers, 2, sweep())[0] is Status.SOLVED
+    assert status(nb10.tuned_workers, 1, sweep({0: 0.5, 1: 0.05, 2: 0.01}))[0] is Status.SOLVED  # another machine
+
+
+@pytest.mark.parametrize("answer, results, hint", [
+    (1, sweep(), "still waits 3"),
+    (3, sweep(), "num_workers=2 already stays under 15"),
+    (4, sweep(), "did not measure num_workers=4"),
+    (2, sweep({2: 0.03, 3: 0.02}), "measure every smaller setting too (0, 1)"),
+    (2.0, sweep(), "a number of workers (an int)"),
+    (2, sweep(decode_ms=0.0), "capstone's workload"),
+    (2, sweep(step_ms=40.0), "capstone's workload"),
+    (2, sweep(batches=4), "at least 8"),
+    (2, {w: r for w, r in zip([0, 1, 2, 3], sweep().values())} | {1: record(2, 0.35)}, "the num_workers its record"),
+    (2, [record(0, 0.6)], "should be a dict"),
+])
+def test_tuned_workers_wrong_answers(answer, results, hint) -> None:
+    got, message = status(nb10.tuned_workers, answer, results)
+    assert got is Status.WRONG and hint in message, message
+
+
+def test_tuned_workers_not_attempted() -> None:
+    assert status(nb10.tuned_workers, ..., sweep())[0] is Status.NOT_ATTEMPTED
+    assert status(nb10.tuned_workers, 2, ...)[0] is Status.NOT_ATTEMPTED
+
+
+def test_tuned_workers_on_a_real_measurement(tmp_path, tiny_root) -> None:
+    """A real sweep of the capstone's workload on this machine: the check agrees with its own reading."""
+    train = shards.write_image_shards(tmp_path / "train", size="tiny", root=tiny_root, maxcount=10)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        results = capstone.sweep(train.urls, "num_workers", [0, 1, 2], batches=8)
+    best = nb10.smallest_under_target(results)
+    assert results[0].steady_stall_fraction > capstone.STALL_TARGET  # 0 workers: the loop decodes itself
+    if best is not None:  # on a very busy machine even 2 workers may miss it; the check says so then
+        assert status(nb10.tuned_workers, best, results)[0] is Status.SOLVED
+
+
+# --------------------------------------------------------------------------- 10.2
+
+
+def test_cpus_per_task_right_answer() -> None:
+    assert status(nb10.cpus_per_task, lambda ranks, workers: ranks * (workers + 1))[0] is Status.SOLVED
+    assert status(nb10.cpus_per_task, capstone.cpus_per_task)[0] is Status.SOLVED
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (lambda r, w: r * w, "counts the workers only"),
+    (lambda r, w: w + 1, "one rank's share"),
+    (lambda r, w: r + w + 0 * (r == 1), "counts multiply"),
+    (lambda r, w: 32, "cpus_per_task(1, 0) = 32, expected 1: 1 rank, "),
+    (lambda r, w: r * (w + 1) / 3, "a number of CPUs is a whole number"),
+    (lambda r, w: "32", "whole number"),
+])
+def test_cpus_per_task_wrong_answers(fn, hint) -> None:
+    got, message = status(nb10.cpus_per_task, fn)
+    assert got is Status.WRONG and hint in message, message
+
+
+def test_cpus_per_task_stub() -> None:
+    def stub(ranks, workers):
+        raise NotImplementedError
+
+    assert status(nb10.cpus_per_task, stub)[0] is Status.NOT_ATTEMPTED
+
+
+# --------------------------------------------------------------------------- 10.3
+
+
+def write(tmp_path: Path, **settings) -> Path:
+    base = dict(shards=nb10.CLUSTER_SHARDS, num_workers=2, nodes=2, gpus_per_node=4, cpus_per_node=32)
+    return capstone.write_slurm_script(tmp_path / "runs" / "capstone" / "train_capstone.sbatch", **{**base, **settings})
+
+
+def test_slurm_script_right_answer(tmp_path) -> None:
+    assert status(nb10.slurm_script, write(tmp_path), sweep())[0] is Status.SOLVED
+    assert status(nb10.slurm_script, str(write(tmp_path)), sweep())[0] is Status.SOLVED
+
+
+@pytest.mark.parametrize("settings, hint", [
+    (dict(nodes=1), "2 nodes"),
+    (dict(gpus_per_node=2), "4 GPUs"),
+    (dict(num_workers=3), "your measurement calls for 2"),
+    (dict(num_workers=7), "your measurement calls for 2"),
+    (dict(shards="/tmp/course10-abc/train"), "/scratch/$USER/course-shards"),
+])
+def test_slurm_script_wrong_settings(tmp_path, settings, hint) -> None:
+    got, message = status(nb10.slurm_script, write(tmp_path, **settings), sweep())
+    assert got is Status.WRONG and hint in message, message
+
+
+def test_slurm_script_edited_by_hand(tmp_path) -> None:
+    path = write(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("--cpus-per-task=12", "--cpus-per-task=8"))
+    assert "expected 12" in status(nb10.slurm_script, path, sweep())[1]
+    path.write_text(text.replace("--account=CHANGE_ME", "--account=myproj").replace("--partition=CHANGE_ME", "--partition=gpu"))
+    assert "CHANGE_ME" in status(nb10.slurm_script, path, sweep())[1]
+    path.write_text(text.replace("fi\n", "", 1))
+    assert "bash cannot parse" in status(nb10.slurm_script, path, sweep())[1]
+
+
+def test_slurm_script_elsewhere_or_missing(tmp_path) -> None:
+    other = capstone.write_slurm_script(tmp_path / "train_capstone.sbatch", shards=nb10.CLUSTER_SHARDS, num_workers=2,
+                                        nodes=2)
+    assert "runs/capstone/" in status(nb10.slurm_script, other, sweep())[1]
+    assert "no file" in status(nb10.slurm_script, tmp_path / "runs" / "capstone" / "nope.sbatch", sweep())[1]
+    assert "finish exercise 10.1" in status(nb10.slurm_script, write(tmp_path), sweep({0: 0.6, 1: 0.4}))[1]
+    assert status(nb10.slurm_script, ..., sweep())[0] is Status.NOT_ATTEMPTED
+    assert "pass the path" in status(nb10.slurm_script, None, sweep())[1]

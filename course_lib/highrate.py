@@ -172,6 +172,139 @@ def touch(batch: torch.Tensor) -> float:
     return float(flat[:: PAGE // flat.element_size()].sum())
 
 
+class RawBatchDataset(Dataset):
+    """Batch ``b`` of a raw tensor file, read whole with one system call: use it with ``batch_size=None``.
+
+    The per-sample :class:`RawTensorDataset` reads ``batch_size`` small arrays and lets collate
+    copy them into the batch; here the samples go straight into the batch tensor. In a worker the
+    tensor is allocated in shared memory, as ``default_collate`` does, so that it crosses to the
+    main process without another copy; but it is still a **fresh** allocation for every batch.
+    """
+
+    def __init__(self, raw: RawTensorFile, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.samples, self.batch_size = RawTensorDataset(raw), batch_size
+
+    def __len__(self) -> int:
+        return -(-self.samples.raw.n // self.batch_size)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raw = self.samples.raw
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
+        count = min(self.batch_size, raw.n - index * self.batch_size)
+        if torch.utils.data.get_worker_info() is not None:  # born in shared memory: no copy on the way out
+            storage = torch.UntypedStorage._new_shared(count * raw.sample_bytes)
+            out = torch.empty(0, dtype=torch.float32).set_(storage).view(count, raw.sample_len)
+        else:
+            out = torch.empty(count, raw.sample_len, dtype=torch.float32)
+        _read_into(self.samples._file(), memoryview(out.numpy()).cast("B"), index * self.batch_size * raw.sample_bytes)
+        return out
+
+
+# --------------------------------------------------------------------------- the same samples in tar shards
+
+
+@dataclass(frozen=True)
+class TensorShardIndex:
+    """Where the float32 payload of every ``.npy`` member of some tar shards lies.
+
+    Tar stores members uncompressed, and a ``.npy`` file is a short header followed by the raw
+    array: so sample ``i`` is ``sample_bytes`` contiguous bytes at ``locations[i] = (file number,
+    offset)``. Built once by :func:`index_tensor_shards`; a :class:`RingLoader` reads by it.
+    """
+
+    files: tuple[str, ...]
+    locations: tuple[tuple[int, int], ...]
+    sample_bytes: int
+
+    @property
+    def n(self) -> int:
+        return len(self.locations)
+
+    @property
+    def nbytes(self) -> int:
+        return self.n * self.sample_bytes
+
+    @property
+    def sample_len(self) -> int:
+        return self.sample_bytes // 4
+
+
+def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> TensorShardIndex:
+    """Index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
+
+    Reads only the tar and ``.npy`` headers. Every array must be a little-endian float32 array in
+    C order, all of the same size: anything else is a :class:`RawDataError` naming the member.
+    """
+    import tarfile
+
+    import numpy.lib.format as npformat
+
+    files: list[str] = []
+    locations: list[tuple[int, int]] = []
+    sample_bytes = None
+    for number, path in enumerate(paths):
+        files.append(str(path))
+        with tarfile.open(path) as tar, open(path, "rb") as f:
+            for member in tar:
+                if not member.isfile() or not member.name.endswith(".npy"):
+                    continue
+                f.seek(member.offset_data)
+                try:
+                    version = npformat.read_magic(f)
+                    read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                    shape, fortran, dtype = read_header(f)
+                except ValueError as exc:
+                    raise RawDataError(f"{Path(path).name}: {member.name} is not a .npy array ({exc})") from None
+                if dtype != np.dtype("<f4") or (fortran and len(shape) > 1):
+                    raise RawDataError(f"{Path(path).name}: {member.name} holds {dtype} (fortran order: {fortran}); "
+                                       "this index reads little-endian float32 arrays in C order only")
+                size = int(np.prod(shape)) * 4
+                if sample_bytes is None:
+                    sample_bytes = size
+                elif size != sample_bytes:
+                    raise RawDataError(f"{Path(path).name}: {member.name} holds {size} bytes, the first array {sample_bytes}: "
+                                       "a batch of slots needs samples of one size")
+                locations.append((number, f.tell()))
+    if sample_bytes is None:
+        raise RawDataError("no .npy members in the shards given: write them with shards.write_tensor_shards(...)")
+    return TensorShardIndex(tuple(files), tuple(locations), sample_bytes)
+
+
+def npy_tensor(sample: dict) -> torch.Tensor:
+    """A webdataset sample's ``.npy`` member as a tensor (never unpickled: ``allow_pickle=False``)."""
+    from .shards import load_npy
+
+    return torch.from_numpy(load_npy(sample["npy"]))
+
+
+def stack(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Collate a list of equal-sized tensors into a batch (what ``default_collate`` does to tensors)."""
+    return torch.stack(samples)
+
+
+def shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
+    """The plain webdataset way: workers read the shards, decode ``.npy``, stack batches, send them over.
+
+    Shards are split among the workers, so give it at least ``num_workers`` shards.
+    """
+    import webdataset as wds
+
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(npy_tensor).batched(batch_size, collation_fn=stack)
+    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **loader_options)
+
+
+def read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int) -> Iterator[torch.Tensor]:
+    """Read whole files front to back into one reused ``chunk_bytes`` buffer: the limit for shards."""
+    buffer = np.empty(chunk_bytes, dtype=np.uint8)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(memoryview(buffer)):
+                yield torch.from_numpy(buffer[:n])
+
+
 # --------------------------------------------------------------------------- the physical limit
 
 
@@ -196,29 +329,38 @@ def read_sequential(raw: RawTensorFile, batch_size: int, reuse: bool = True) -> 
 # --------------------------------------------------------------------------- the reused-buffer loader
 
 
-def _ring_worker(path: str, sample_bytes: int, slots: torch.Tensor, tasks: Any, done: Any) -> None:
-    """Worker process: read the samples of each task straight into its slot of the shared ring."""
+def _ring_worker(files: tuple[str, ...], locations: np.ndarray, sample_bytes: int, slots: torch.Tensor,
+                 tasks: Any, done: Any) -> None:
+    """Worker process: read the samples of each task straight into its slot of the shared ring.
+
+    ``locations[i]`` is ``(file number, byte offset)`` of sample ``i``; samples that lie back to
+    back in one file are read with one system call.
+    """
     memory = memoryview(slots.numpy()).cast("B")
     slot_bytes = len(memory) // slots.shape[0]
-    fd = os.open(path, os.O_RDONLY)
+    fds: dict[int, int] = {}
     try:
         while (task := tasks.get()) is not None:
             number, slot, indices = task
             try:
                 base = slot * slot_bytes
                 start = 0
-                while start < len(indices):  # consecutive indices: one read for the whole run
+                while start < len(indices):
+                    file, offset = (int(v) for v in locations[indices[start]])
                     end = start + 1
-                    while end < len(indices) and indices[end] == indices[end - 1] + 1:
+                    while (end < len(indices) and locations[indices[end], 0] == file
+                           and locations[indices[end], 1] == offset + (end - start) * sample_bytes):
                         end += 1
-                    view = memory[base + start * sample_bytes: base + end * sample_bytes]
-                    _read_into(fd, view, indices[start] * sample_bytes)
+                    if file not in fds:
+                        fds[file] = os.open(files[file], os.O_RDONLY)
+                    _read_into(fds[file], memory[base + start * sample_bytes: base + end * sample_bytes], offset)
                     start = end
                 done.put((number, slot, None))
             except Exception as exc:  # report, don't die: the main process raises it with context
                 done.put((number, slot, f"{type(exc).__name__}: {exc}"))
     finally:
-        os.close(fd)
+        for fd in fds.values():
+            os.close(fd)
 
 
 class RingLoader:
@@ -230,11 +372,15 @@ class RingLoader:
     batch is requested, so a yielded batch is valid until then: ``.clone()`` it to keep it (FFCV
     and DALI make the same contract). Batches come in order; ``shuffle`` draws a new sample order
     every epoch from ``seed + epoch``.
+
+    ``raw`` is a raw tensor file, or a :class:`TensorShardIndex` of the ``.npy`` members of tar
+    shards: the same reads, at the offsets the index found (the way MDS and FFCV read: an index
+    of where each sample's bytes lie, then positional reads).
     """
 
     def __init__(
         self,
-        raw: RawTensorFile,
+        raw: "RawTensorFile | TensorShardIndex",
         batch_size: int,
         num_workers: int = 2,
         slots: int | None = None,
@@ -261,11 +407,17 @@ class RingLoader:
                 "Check `df -h /dev/shm` (containers default to 64 MB: docker run --shm-size=...), or use fewer "
                 "slots or smaller batches."
             ) from None
+        if isinstance(raw, TensorShardIndex):
+            files, locations = raw.files, np.asarray(raw.locations, dtype=np.int64).reshape(-1, 2)
+        else:
+            files = (raw.path,)
+            locations = np.stack([np.zeros(raw.n, np.int64), np.arange(raw.n, dtype=np.int64) * raw.sample_bytes], 1)
         ctx = torch.multiprocessing.get_context(start_method)
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         self._in_flight = 0  # tasks sent to the workers whose completion has not been received
         self._procs = [
-            ctx.Process(target=_ring_worker, args=(raw.path, raw.sample_bytes, self._slots, self._tasks, self._done), daemon=True)
+            ctx.Process(target=_ring_worker, args=(files, locations, raw.sample_bytes, self._slots, self._tasks, self._done),
+                        daemon=True)
             for _ in range(num_workers)
         ]
         for p in self._procs:
@@ -371,9 +523,13 @@ class RingLoader:
 # --------------------------------------------------------------------------- measuring
 
 
-def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int) -> float:
-    """GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`touch`."""
-    start = time.perf_counter()
+def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None) -> float:
+    """GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`touch`.
+
+    With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): the
+    part of the pass the training loop's own process paid, as opposed to waiting for workers.
+    """
+    start, start_cpu = time.perf_counter(), time.process_time()
     seen = 0
     for batch in make_batches():
         touch(batch)
@@ -381,41 +537,89 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int) -> flo
     seconds = time.perf_counter() - start
     if seen != nbytes:
         raise RuntimeError(f"a pass delivered {seen} bytes instead of {nbytes}")
+    if cpu is not None:
+        cpu.append((time.process_time() - start_cpu) / (nbytes / 1e9))
     return nbytes / seconds / 1e9
 
 
-def warm_page_cache(raw: RawTensorFile) -> None:
-    """Read the whole file once, so every method reads from memory and none pays the disk."""
-    with open(raw.path, "rb", buffering=0) as f:
-        buf = bytearray(1 << 24)
-        while f.readinto(buf):
-            pass
+def warm_page_cache(paths: "RawTensorFile | Iterable[str | os.PathLike[str]]") -> None:
+    """Read the files once, so every method reads from memory and none pays the disk."""
+    for path in [paths.path] if isinstance(paths, RawTensorFile) else paths:
+        with open(path, "rb", buffering=0) as f:
+            buf = bytearray(1 << 24)
+            while f.readinto(buf):
+                pass
 
 
-def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: int = 3) -> dict[str, list[float]]:
-    """GB/s of every way of reading the same bytes, interleaved round by round (medians compare).
+def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
+             cpu: dict[str, list[float]] | None) -> dict[str, list[float]]:
+    """Every method once per round, in turn, so that drift of the machine hits them all alike."""
+    results: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, (make, nbytes) in methods.items():
+            per_round = None if cpu is None else cpu.setdefault(name, [])
+            results[name].append(gbps(make, nbytes, per_round))
+    return results
 
-    Returns ``{method: [GB/s per round]}``. Loaders with workers are built once and kept across
-    rounds (persistent workers), so start-up is not counted.
+
+def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: int = 3,
+            cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
+
+    Returns ``{method: [GB/s per round]}``, the limit first; ``cpu``, if given, receives the main
+    process's CPU seconds per GB for each method and round. Loaders with workers are built once
+    and kept across rounds (persistent workers), so start-up is not counted.
     """
     warm_page_cache(raw)
-    dataset = RawTensorDataset(raw)
-    plain = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=True)
-    single = DataLoader(dataset, batch_size=batch_size, num_workers=0)
-    results: dict[str, list[float]] = {k: [] for k in ("raw read, reused buffer", "raw read, fresh buffer",
-                                                        "DataLoader, 0 workers", f"DataLoader, {workers} workers",
-                                                        f"RingLoader, {workers} workers")}
+    plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
+    whole = DataLoader(RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
+    single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
     with RingLoader(raw, batch_size, num_workers=workers) as ring:
-        for _ in (plain, ring):  # one untimed pass each: start the workers, map the slots
-            for b in _:
+        for loader in (plain, whole, ring):  # one untimed pass each: start the workers, map the slots
+            for b in loader:
                 touch(b)
-        for _ in range(rounds):
-            results["raw read, reused buffer"].append(gbps(lambda: read_sequential(raw, batch_size, True), raw.nbytes))
-            results["raw read, fresh buffer"].append(gbps(lambda: read_sequential(raw, batch_size, False), raw.nbytes))
-            results["DataLoader, 0 workers"].append(gbps(lambda: single, raw.nbytes))
-            results[f"DataLoader, {workers} workers"].append(gbps(lambda: plain, raw.nbytes))
-            results[f"RingLoader, {workers} workers"].append(gbps(lambda: ring, raw.nbytes))
-    del plain  # stops its persistent workers
+        methods = {
+            "raw read, reused buffer": (lambda: read_sequential(raw, batch_size, True), raw.nbytes),
+            "raw read, fresh buffer": (lambda: read_sequential(raw, batch_size, False), raw.nbytes),
+            "DataLoader, 0 workers": (lambda: single, raw.nbytes),
+            f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
+            f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
+            f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
+        }
+        results = _measure(methods, rounds, cpu)
+    del plain, whole  # stops their persistent workers
+    return results
+
+
+def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
+                   cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """The same comparison for float32 samples stored as ``.npy`` members of tar shards.
+
+    The limit is a read of the shard files themselves into a reused buffer (headers included:
+    well under 1 % more bytes for 1 MiB samples); the plain way is webdataset with workers
+    (:func:`shard_loader`); the fix is a :class:`RingLoader` reading at the offsets of
+    :func:`index_tensor_shards`.
+    """
+    from .shards import brace_urls
+
+    paths = [str(p) for p in paths]
+    if len(paths) < workers:
+        raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
+    index = index_tensor_shards(paths)
+    file_bytes = sum(os.path.getsize(p) for p in paths)
+    warm_page_cache(paths)
+    plain = shard_loader(brace_urls(paths), batch_size, workers, persistent_workers=True)
+    with RingLoader(index, batch_size, num_workers=workers) as ring:
+        for loader in (plain, ring):
+            for b in loader:
+                touch(b)
+        methods = {
+            "shard files read, reused buffer": (lambda: read_files(paths, batch_size * index.sample_bytes), file_bytes),
+            f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
+            f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
+        }
+        results = _measure(methods, rounds, cpu)
+    del plain
     return results
 
 
@@ -423,8 +627,16 @@ def medians(results: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in results.items()}
 
 
+def _colour(name: str) -> str:
+    if name.startswith(("raw read, reused", "shard files")):
+        return "#444444"
+    if name.startswith("raw read"):
+        return "#999999"
+    return "#DD8452" if name.startswith("RingLoader") else "#4C72B0"
+
+
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
-    """Horizontal bars of the median GB/s per method, each relative to the reused-buffer read."""
+    """Horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
     import matplotlib.pyplot as plt
 
     med = medians(results)
@@ -432,11 +644,33 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
     limit = med[names[0]]
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(names)), dpi=80)
-    colours = ["#444444", "#999999", "#4C72B0", "#4C72B0", "#DD8452"]
-    ax.barh(range(len(names)), [med[n] / limit for n in names], color=colours[: len(names)])
+    ax.barh(range(len(names)), [med[n] / limit for n in names], color=[_colour(n) for n in names])
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_xlabel("throughput relative to the raw read into a reused buffer (1.0 = the physical limit here)")
+    ax.set_xlabel(f"throughput relative to '{names[0]}' (1.0 = the limit here)")
     ax.set_title(title)
+    return ax.figure
+
+
+def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
+                      title: str = "Where the training loop's process spends its time") -> Any:
+    """Per method, the seconds per GB of the main process, split into its own CPU time and waiting."""
+    import matplotlib.pyplot as plt
+
+    med, busy = medians(results), medians(cpu)
+    names = list(med)
+    wall = [1 / med[n] for n in names]
+    own = [min(busy[n], w) for n, w in zip(names, wall)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(names)), dpi=80)
+    y = range(len(names))
+    ax.barh(y, own, color=[_colour(n) for n in names], label="CPU time of the main process")
+    ax.barh(y, [w - o for w, o in zip(wall, own)], left=own, color="white", edgecolor="#888888", hatch="//",
+            label="waiting for workers")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per GB delivered to the loop (shorter is faster)")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
     return ax.figure

@@ -1,0 +1,104 @@
+"""course_lib.alternatives: the same images as WebDataset, MDS and litdata, read back and measured."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_lib import alternatives as alt
+from course_lib import data, shards
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 48
+
+
+@pytest.fixture(scope="module")
+def items() -> list[alt.Item]:
+    return alt.image_items(data.prepare_data(progress=False), "train", limit=N)
+
+
+@pytest.fixture(scope="module")
+def written(items, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("formats")
+    return {"mds": alt.write_mds(items, out / "mds", size_limit=20_000),
+            "lit": alt.write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2)}
+
+
+def expected(items: list[alt.Item]) -> list[tuple[torch.Tensor, int]]:
+    return [alt.decode(Path(p).read_bytes(), y) for p, y in items]
+
+
+def test_image_items_are_picklable_paths_and_labels(items) -> None:
+    assert len(items) == N and all(Path(p).is_file() and isinstance(y, int) for p, y in items)
+    sample = alt.encoded_sample(items[0])
+    assert sample["jpg"][:2] == b"\xff\xd8" and sample["cls"] == items[0][1]  # the JPEG bytes as they are
+
+
+@pytest.mark.timeout(120)
+def test_mds_and_litdata_hold_the_same_samples(items, written) -> None:
+    assert len(list(written["mds"].glob("shard.*.mds"))) > 1 and (written["mds"] / "index.json").is_file()
+    assert len(list(written["lit"].glob("*.bin"))) > 1
+    truth = sorted((y, img.sum().item()) for img, y in expected(items))
+    for ds in (alt.mds_images(written["mds"], batch_size=8), alt.litdata_images(written["lit"])):
+        got = sorted((y, img.sum().item()) for img, y in ds)
+        assert got == truth, type(ds.inner).__module__
+    assert not list(written["mds"].parent.glob(".*tmp"))
+
+
+@pytest.mark.timeout(120)
+def test_readers_split_among_dataloader_workers(items, written) -> None:
+    for ds in (alt.mds_images(written["mds"], batch_size=8), alt.litdata_images(written["lit"])):
+        labels = [y for _, ys in DataLoader(ds, batch_size=8, num_workers=2) for y in ys.tolist()]
+        assert sorted(labels) == sorted(y for _, y in items), type(ds.inner).__module__  # each sample once
+
+
+@pytest.mark.timeout(120)
+def test_write_litdata_restores_the_start_method(items, tmp_path: Path) -> None:
+    before = multiprocessing.get_start_method(allow_none=True)
+    alt.write_litdata(items[:8], tmp_path / "lit", num_workers=1, start_method="fork")
+    assert multiprocessing.get_start_method(allow_none=True) == before
+
+
+@pytest.mark.timeout(180)
+def test_compare_formats_counts_every_sample(items, written, tmp_path: Path) -> None:
+    ws = shards.write_image_shards(tmp_path / "wds", split="train", maxcount=N // 4)
+    first = ws.paths[:4]  # the first 4 shards hold the first N images of the shuffled set; compare only needs counts
+    urls = shards.brace_urls(first)
+    results = alt.compare_formats({"WebDataset": lambda: alt.webdataset_images(urls),
+                                   "MDS": lambda: alt.mds_images(written["mds"], batch_size=8),
+                                   "litdata": lambda: alt.litdata_images(written["lit"])},
+                                  samples=N, batch_size=8, rounds=1)
+    assert list(results) == ["WebDataset", "MDS", "litdata"] and all(v[0] > 0 for v in results.values())
+    fig = alt.plot_formats(results)
+    assert len(fig.axes[0].patches) == 3
+    with pytest.raises(RuntimeError, match="instead of"):
+        alt.compare_formats({"MDS": lambda: alt.mds_images(written["mds"], batch_size=8)}, samples=N + 1,
+                            batch_size=8, rounds=1)
+
+
+def test_missing_folders_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(alt.FormatError, match="write_mds"):
+        alt.mds_images(tmp_path, batch_size=8)
+    with pytest.raises(alt.FormatError, match="write_litdata"):
+        alt.litdata_images(tmp_path)
+    with pytest.raises(alt.FormatError, match="pip install nothing-such"):
+        alt._require("nothing_such_module", "nothing-such")
+
+
+def test_dali_is_reported_unavailable_without_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        assert alt.dali_available() is False
+
+
+def test_the_formats_extra_is_in_requirements() -> None:
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["formats"]
+    reqs = (ROOT / "requirements.txt").read_text().splitlines()
+    for dep in extra:
+        assert dep in reqs, dep  # CI installs requirements.txt only: notebook 09 needs these
+        assert re.match(r"[a-z-]+>=", dep)

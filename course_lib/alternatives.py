@@ -75,7 +75,7 @@ def decode(jpg: bytes | memoryview, label: int) -> tuple[torch.Tensor, int]:
     from PIL import Image
 
     with Image.open(io.BytesIO(jpg)) as image:
-        pixels = np.asarray(image.convert("RGB"))
+        pixels = np.array(image.convert("RGB"))  # a writable copy: torch wants to own its memory
     return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255), int(label)
 
 

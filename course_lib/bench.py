@@ -1,14 +1,22 @@
-"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader|highrate``.
+"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader|highrate|formats``.
 
     python -m course_lib.bench loader                                   # the generated 'medium' set
     python -m course_lib.bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
     python -m course_lib.bench highrate --data /scratch/$USER/raw.f32 --size-mb 2048 --workers 4
+    python -m course_lib.bench highrate --source shards --data /scratch/$USER/tensor-shards --size-mb 2048
+    python -m course_lib.bench formats --out /scratch/$USER/formats --size medium --workers 2 4
 
 ``highrate`` answers "can a DataLoader feed a raw float32 stream at GB/s?": it reads the same
 bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
 read into a reused buffer (the limit), into fresh buffers, through a plain ``DataLoader`` with 0
 and N workers, and through :class:`~course_lib.highrate.RingLoader` (reused shared-memory
-slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`).
+slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`). With
+``--source shards`` the same samples are ``.npy`` members of tar shards (a folder, written first
+if missing): webdataset with workers against a RingLoader reading by an index of the shards.
+
+``formats`` writes the train split of a generated set as WebDataset shards,
+MDS shards and litdata chunks under ``--out`` and reads each through the same decoding and
+``DataLoader``, in samples/s (see :mod:`course_lib.alternatives`).
 
 ``loader`` measures, for each worker count, the throughput of a plain ``DataLoader`` and of
 :class:`~course_lib.instrument.InstrumentedLoader` on the same decode-bound work (JPEG files
@@ -27,6 +35,7 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -144,33 +153,105 @@ GOAL_RING_SHARE = 0.5  # RingLoader / raw read into a reused buffer
 
 
 def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Write (or reuse) the raw file, then :func:`course_lib.highrate.compare` every reader."""
+    """Write (or reuse) the raw file or the tensor shards, then compare every reader on them."""
     from . import highrate
 
     sample_bytes = int(args.sample_mb * 2**20) // 4 * 4
     n = max(args.batch_size, int(args.size_mb * 2**20) // sample_bytes)
-    raw = highrate.write_raw_tensors(args.data, n, sample_bytes=sample_bytes)
-    log(f"{n} samples of {sample_bytes / 2**20:.2f} MiB = {raw.nbytes / 2**30:.2f} GiB; batch {args.batch_size} "
-        f"({args.batch_size * sample_bytes / 2**20:.0f} MiB); {args.workers} workers; {args.rounds} rounds; "
+    if args.source == "shards":
+        from .shards import write_tensor_shards
+
+        per_shard = max(1, -(-n // max(args.shards, args.workers)))
+        shardset = write_tensor_shards(args.data, n, sample_bytes=sample_bytes, maxcount=per_shard)
+        where = f"{len(shardset.paths)} tar shards of .npy members"
+    else:
+        raw = highrate.write_raw_tensors(args.data, n, sample_bytes=sample_bytes)
+        where = "a raw file"
+    log(f"{n} samples of {sample_bytes / 2**20:.2f} MiB = {n * sample_bytes / 2**30:.2f} GiB in {where}; batch "
+        f"{args.batch_size} ({args.batch_size * sample_bytes / 2**20:.0f} MiB); {args.workers} workers; {args.rounds} rounds; "
         f"{cpu_count()} CPUs; torch {torch.__version__}")
-    results = highrate.compare(raw, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
+    cpu: dict[str, list[float]] = {}
+    if args.source == "shards":
+        results = highrate.compare_shards(shardset.paths, args.batch_size, args.workers, args.rounds, cpu=cpu)
+        plain_name, ring_name = f"WebDataset, {args.workers} workers", f"RingLoader on the index, {args.workers} workers"
+    else:
+        results = highrate.compare(raw, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds, cpu=cpu)
+        plain_name, ring_name = f"DataLoader, {args.workers} workers", f"RingLoader, {args.workers} workers"
     med = highrate.medians(results)
-    limit = med["raw read, reused buffer"]
-    plain = med[f"DataLoader, {args.workers} workers"]
-    ring = med[f"RingLoader, {args.workers} workers"]
+    limit = next(iter(med.values()))
+    plain, ring = med[plain_name], med[ring_name]
     goals = {
-        f"plain DataLoader with {args.workers} workers >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
-        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the raw read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
+        f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
+        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
     }
-    return {"results": results, "medians": med, "limit": limit, "goals": goals}
+    return {"results": results, "medians": med, "limit": limit, "cpu": highrate.medians(cpu), "goals": goals}
 
 
 def highrate_report(result: dict[str, Any]) -> list[str]:
-    lines = ["", "GB/s (median of rounds), and share of the raw read into a reused buffer:"]
+    lines = ["", "GB/s (median of rounds), share of the read into a reused buffer, main process CPU s per GB:"]
     for name, value in result["medians"].items():
-        lines.append(f"  {name:<28} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit")
+        lines.append(f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
+                     f"{result['cpu'][name]:.3f} CPU s/GB")
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
+    return lines
+
+
+def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Write the images as WebDataset, MDS and litdata, then :func:`course_lib.alternatives.compare_formats`."""
+    import tempfile
+
+    from . import alternatives as alt
+    from . import shards
+
+    folder = data.prepare_data(args.size, args.seed, args.root, progress=sys.stderr.isatty())
+    items = alt.image_items(folder, "train")
+    scratch = None
+    if args.out is None:
+        scratch = tempfile.TemporaryDirectory(prefix="formats-bench-")
+    out = Path(args.out or scratch.name)
+    alt._require("streaming", "mosaicml-streaming")  # imported before the clock starts (several seconds)
+    alt._require("litdata", "litdata")
+    try:
+        written = {}
+        start = time.perf_counter()
+        per_shard = max(1, -(-len(items) // (2 * max(args.workers))))
+        wds_set = shards.write_image_shards(out / "webdataset", size=args.size, seed=args.seed, root=args.root,
+                                            maxcount=per_shard, shuffle=False, force=True)
+        written["WebDataset"] = time.perf_counter() - start
+        start = time.perf_counter()
+        alt.write_mds(items, out / "mds", size_limit=per_shard * 2500)
+        written["MDS"] = time.perf_counter() - start
+        start = time.perf_counter()
+        alt.write_litdata(items, out / "litdata", chunk_bytes=per_shard * 2500, num_workers=2)
+        written["litdata"] = time.perf_counter() - start
+        disk = {"WebDataset": sum(p.stat().st_size for p in wds_set.paths), "MDS": alt.folder_bytes(out / "mds"),
+                "litdata": alt.folder_bytes(out / "litdata")}
+        log(f"{len(items)} images of {folder.name}/train; batch {args.batch_size}; workers {' '.join(map(str, args.workers))}; "
+            f"{args.rounds} rounds; {cpu_count()} CPUs; torch {torch.__version__}")
+        per_workers = {}
+        for w in args.workers:
+            per_workers[w] = alt.compare_formats(
+                {"WebDataset": lambda: alt.webdataset_images(wds_set.urls),
+                 "MDS": lambda: alt.mds_images(out / "mds", args.batch_size),
+                 "litdata": lambda: alt.litdata_images(out / "litdata")},
+                samples=len(items), batch_size=args.batch_size, num_workers=w, rounds=args.rounds, seed=args.seed)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    return {"written_s": written, "disk": disk, "workers": per_workers, "goals": {}}
+
+
+def formats_report(result: dict[str, Any]) -> list[str]:
+    from .alternatives import medians
+
+    lines = ["", "written in (s) and size on disk (MB):"]
+    lines += [f"  {name:<11} {sec:6.2f} s  {result['disk'][name] / 1e6:7.2f} MB" for name, sec in result["written_s"].items()]
+    for w, results in result["workers"].items():
+        med = medians(results)
+        first = next(iter(med.values()))
+        lines.append(f"samples/s with {_workers(w)} (median of rounds), and relative to WebDataset:")
+        lines += [f"  {name:<11} {value:8.0f} samples/s  {value / first:.2f}×" for name, value in med.items()]
     return lines
 
 
@@ -215,19 +296,39 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--batch-size", type=_at_least(1), default=64, help="samples per batch (default: %(default)s)")
     h.add_argument("--workers", type=_at_least(1), default=2, help="worker processes (default: %(default)s)")
     h.add_argument("--rounds", type=_at_least(1), default=3, help="passes per method; medians count (default: %(default)s)")
+    h.add_argument("--source", choices=["raw", "shards"], default="raw",
+                   help="raw: one file of back-to-back samples; shards: .npy members of tar shards, --data a folder "
+                   "(default: %(default)s)")
+    h.add_argument("--shards", type=_at_least(1), default=8, help="with --source shards: how many (default: %(default)s)")
     h.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
+
+    f = sub.add_parser("formats", help="the same images as WebDataset, MDS and litdata: samples/s through one DataLoader")
+    f.add_argument("--out", help="folder to write the three formats into (put it on the file system you want to test; "
+                   "default: a temporary folder, removed afterwards)")
+    f.add_argument("--size", default="small", choices=sorted(data.SIZES),
+                   help="generated set whose train split is written (default: %(default)s)")
+    f.add_argument("--root",
+                   help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)")
+    f.add_argument("--batch-size", type=_at_least(1), default=32, help="(default: %(default)s)")
+    f.add_argument("--workers", type=_at_least(0), nargs="+", default=[2], help="worker counts (default: 2)")
+    f.add_argument("--rounds", type=_at_least(1), default=3, help="passes per format; medians count (default: %(default)s)")
+    f.add_argument("--seed", type=_at_least(0), default=0, help="seed of the generated set (default: %(default)s)")
+    f.set_defaults(check=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .alternatives import FormatError
     from .highrate import RawDataError
+    from .shards import ShardError
 
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
-    run, show = (run_loader_bench, report) if args.command == "loader" else (run_highrate_bench, highrate_report)
+    run, show = {"loader": (run_loader_bench, report), "highrate": (run_highrate_bench, highrate_report),
+                 "formats": (run_formats_bench, formats_report)}[args.command]
     try:
         result = run(args, log=lambda line: print(line, flush=True))
-    except (DataNotFoundError, data.DataError, RawDataError) as exc:
+    except (DataNotFoundError, data.DataError, RawDataError, ShardError, FormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

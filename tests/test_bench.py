@@ -96,3 +96,28 @@ def test_default_data_is_the_decode_bound_set() -> None:
     args = bench.build_parser().parse_args(["loader"])
     assert (args.size, args.split, args.batch_size, args.workers, args.rounds) == ("medium", "train", 32, [0, 1, 2], 5)
     assert data.SIZES[args.size].image_size == 128
+
+
+@pytest.mark.timeout(180)
+def test_bench_highrate_on_tensor_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench.main(["highrate", "--source", "shards", "--data", str(tmp_path / "shards"), "--size-mb", "4",
+                       "--sample-mb", "0.125", "--batch-size", "8", "--workers", "2", "--shards", "4", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "4 tar shards" in out and "RingLoader on the index, 2 workers" in out
+    assert out.count("PASS") + out.count("FAIL") == 2 and "CPU s/GB" in out
+
+
+@pytest.mark.timeout(300)
+def test_bench_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench.main(["formats", "--out", str(tmp_path / "f"), "--size", "small", "--rounds", "1", "--workers", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "samples/s with 1 worker" in out
+    for name in ("WebDataset", "MDS", "litdata"):
+        assert out.count(f"  {name}") == 2, name  # its write row and its samples/s row
+    assert (tmp_path / "f" / "mds" / "index.json").is_file() and (tmp_path / "f" / "litdata" / "index.json").is_file()
+
+
+def test_bench_rejects_bad_arguments() -> None:
+    for argv in (["highrate", "--data", "x", "--source", "tape"], ["formats", "--workers", "-1"], ["formats", "--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            bench.main(argv)

@@ -12,15 +12,21 @@ from torch.utils.data import DataLoader
 
 from course_lib import bench
 from course_lib.highrate import (
+    RawBatchDataset,
     RawDataError,
     RawTensorDataset,
     RingLoader,
     compare,
+    compare_shards,
     gbps,
+    index_tensor_shards,
     medians,
     open_raw,
+    plot_main_process,
     plot_rates,
+    read_files,
     read_sequential,
+    shard_loader,
     touch,
     write_raw_tensors,
 )
@@ -129,12 +135,16 @@ def test_ring_errors(raw) -> None:
 
 @pytest.mark.timeout(120)
 def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
-    results = compare(raw, batch_size=8, workers=1, rounds=1)
+    cpu: dict[str, list[float]] = {}
+    results = compare(raw, batch_size=8, workers=1, rounds=1, cpu=cpu)
     assert list(results) == ["raw read, reused buffer", "raw read, fresh buffer", "DataLoader, 0 workers",
-                             "DataLoader, 1 workers", "RingLoader, 1 workers"]
+                             "DataLoader, 1 workers", "DataLoader, batch reads, 1 workers", "RingLoader, 1 workers"]
     assert all(len(v) == 1 and v[0] > 0 for v in results.values())
+    assert list(cpu) == list(results) and all(v[0] >= 0 for v in cpu.values())
     fig = plot_rates(results)
-    assert len(fig.axes[0].patches) == 5
+    assert len(fig.axes[0].patches) == 6
+    fig = plot_main_process(results, cpu)
+    assert len(fig.axes[0].patches) == 12  # own CPU + waiting, per method
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
         gbps(lambda: read_sequential(raw, 8), raw.nbytes + 1)
@@ -156,3 +166,96 @@ def test_ring_loader_under_spawn(raw) -> None:
     # macOS and Windows start workers with spawn: the slots travel to them as shared memory handles
     with RingLoader(raw, batch_size=16, num_workers=1, start_method="spawn") as ring:
         assert torch.equal(torch.cat([b.clone() for b in ring]), whole(raw))
+
+
+def test_batch_dataset_reads_whole_batches(raw) -> None:
+    ds = RawBatchDataset(raw, 8)
+    assert len(ds) == 5 and [len(ds[i]) for i in range(5)] == [8, 8, 8, 8, 5]
+    assert torch.equal(torch.cat([ds[i] for i in range(5)]), whole(raw))
+    with pytest.raises(IndexError, match="out of range"):
+        ds[5]
+    with pytest.raises(ValueError):
+        RawBatchDataset(raw, 0)
+
+
+@pytest.mark.timeout(60)
+def test_batch_dataset_in_workers_sends_shared_memory(raw) -> None:
+    loader = DataLoader(RawBatchDataset(raw, 8), batch_size=None, num_workers=2)
+    batches = list(loader)
+    assert all(b.is_shared() for b in batches)
+    assert torch.equal(torch.cat(batches), whole(raw))
+
+
+@pytest.fixture()
+def tensor_shards(tmp_path: Path):
+    from course_lib.shards import write_tensor_shards
+
+    return write_tensor_shards(tmp_path / "shards", 37, sample_bytes=SB, maxcount=10, seed=2)
+
+
+def shard_values(shardset) -> torch.Tensor:
+    import tarfile
+
+    from course_lib.shards import load_npy
+
+    arrays = []
+    for path in shardset.paths:
+        with tarfile.open(path) as tar:
+            arrays += [load_npy(tar.extractfile(m).read()) for m in tar if m.name.endswith(".npy")]
+    return torch.from_numpy(np.stack(arrays))
+
+
+def test_index_finds_every_npy_payload(tensor_shards) -> None:
+    index = index_tensor_shards(tensor_shards.paths)
+    assert index.n == 37 and index.sample_bytes == SB and len(index.files) == 4
+    values = shard_values(tensor_shards)
+    with open(index.files[1], "rb") as f:
+        file, offset = index.locations[12]
+        assert file == 1
+        f.seek(offset)
+        assert f.read(SB) == values[12].numpy().tobytes()
+
+
+def test_index_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    import webdataset as wds
+
+    with wds.TarWriter(str(tmp_path / "f64.tar")) as sink:
+        sink.write({"__key__": "a", "npy": np.zeros(4, dtype=np.float64)})
+    with pytest.raises(RawDataError, match="float32"):
+        index_tensor_shards([tmp_path / "f64.tar"])
+    with wds.TarWriter(str(tmp_path / "mixed.tar")) as sink:
+        sink.write({"__key__": "a", "npy": np.zeros(4, dtype=np.float32)})
+        sink.write({"__key__": "b", "npy": np.zeros(8, dtype=np.float32)})
+    with pytest.raises(RawDataError, match="one size"):
+        index_tensor_shards([tmp_path / "mixed.tar"])
+    with wds.TarWriter(str(tmp_path / "none.tar")) as sink:
+        sink.write({"__key__": "a", "txt": "hello"})
+    with pytest.raises(RawDataError, match="no .npy members"):
+        index_tensor_shards([tmp_path / "none.tar"])
+
+
+@pytest.mark.timeout(60)
+def test_ring_loader_reads_shards_by_the_index(tensor_shards) -> None:
+    index = index_tensor_shards(tensor_shards.paths)
+    with RingLoader(index, batch_size=8, num_workers=2, shuffle=True, seed=3) as ring:
+        order = torch.randperm(37, generator=torch.Generator().manual_seed(3))
+        assert torch.equal(torch.cat([b.clone() for b in ring]), shard_values(tensor_shards)[order])
+
+
+@pytest.mark.timeout(60)
+def test_shard_loader_and_file_reads(tensor_shards) -> None:
+    batches = list(shard_loader(tensor_shards.urls, batch_size=8, num_workers=2))
+    got = torch.cat(batches)
+    assert got.shape == (37, SB // 4)
+    assert sorted(got[:, 0].tolist()) == sorted(shard_values(tensor_shards)[:, 0].tolist())
+    chunks = list(read_files(tensor_shards.paths, 1 << 16))
+    assert sum(len(c) for c in chunks) == sum(p.stat().st_size for p in tensor_shards.paths)
+
+
+@pytest.mark.timeout(120)
+def test_compare_shards(tensor_shards) -> None:
+    results = compare_shards(tensor_shards.paths, batch_size=8, workers=2, rounds=1)
+    assert list(results) == ["shard files read, reused buffer", "WebDataset, 2 workers", "RingLoader on the index, 2 workers"]
+    assert all(v[0] > 0 for v in results.values())
+    with pytest.raises(ValueError, match="at least 2"):
+        compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)

@@ -216,6 +216,32 @@ def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: 
     return {v: measure(urls, **{**fixed, name: v}) for v in values}
 
 
+def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
+    """The steady data stall of each measured setting as bars, green under ``target``, and the target line.
+
+    The steady stall leaves out the first batch (start-up), which in a short measurement would
+    otherwise weigh as much as a long job's whole warm-up.
+    """
+    import matplotlib.pyplot as plt
+
+    if not results:
+        raise ValueError("nothing to draw: measure at least one setting")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 3), dpi=80)
+    fig = ax.figure
+    labels = [str(k) for k in results]
+    stalls = [100 * r.steady_stall_fraction for r in results.values()]
+    ax.bar(labels, stalls, color=["#2ca02c" if s < 100 * target else "#d62728" for s in stalls])
+    ax.axhline(100 * target, color="black", linestyle="--", linewidth=1)
+    ax.text(len(labels) - 0.5, 100 * target, f"target {100 * target:.0f} %", ha="right", va="bottom", fontsize=9)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel(name)
+    ax.set_ylabel("% of time waiting for data\n(after the first batch)")
+    ax.set_title(f"data stall vs {name}")
+    fig.tight_layout()
+    return fig
+
+
 # --------------------------------------------------------------------------- the training script
 
 

@@ -54,7 +54,7 @@ def test_tuned_workers_right_answer() -> None:
 
 @pytest.mark.parametrize("answer, results, hint", [
     (1, sweep(), "still waits 3"),
-    (3, sweep(), "num_workers=2 already stays under 15"),
+    (3, sweep(), "num_workers=2 already stays under 15 %"),
     (4, sweep(), "did not measure num_workers=4"),
     (2, sweep({2: 0.03, 3: 0.02}), "measure every smaller setting too (0, 1)"),
     (2.0, sweep(), "a number of workers (an int)"),

@@ -50,7 +50,7 @@ def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL
     return None
 
 
-@exercise("10.1", f"the fewest workers that keep the training loop waiting under {STALL_TARGET:.0%} of the time, "
+@exercise("10.1", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
                   "from your own measurement.")
 def tuned_workers(answer: Any, results: Any) -> None:
     """``answer`` is the smallest num_workers in ``results`` with a steady stall under the target."""
@@ -61,11 +61,11 @@ def tuned_workers(answer: Any, results: Any) -> None:
     require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
     stall = results[answer].steady_stall_fraction
     require(stall < STALL_TARGET, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
-                                  f"batch (steady_stall_fraction), above the {STALL_TARGET:.0%} target: try more.")
+                                  f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.")
     missing = [w for w in range(answer) if w not in results]
     require(not missing, f"measure every smaller setting too ({', '.join(map(str, missing))}) to be sure {answer} is the fewest.")
     best = smallest_under_target(results)
-    require(best == answer, f"num_workers={best} already stays under {STALL_TARGET:.0%} "
+    require(best == answer, f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
                             f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
 
 
@@ -102,7 +102,7 @@ def slurm_script(path: Any, results: Any) -> None:
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     require(done.returncode == 0, f"bash cannot parse the script: {done.stderr.strip()[:200]}")
     workers = smallest_under_target(_validate_results(results))
-    require(workers is not None, f"no setting in results stays under {STALL_TARGET:.0%}: finish exercise 10.1 first.")
+    require(workers is not None, f"no setting in results stays under {STALL_TARGET * 100:.0f} %: finish exercise 10.1 first.")
     options, settings = sbatch_options(text), script_settings(text)
     require(options.get("nodes") == str(NODES), f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.")
     require(options.get("gres") == f"gpu:{GPUS_PER_NODE}" and settings.get("GPUS_PER_NODE", "").endswith(f"{GPUS_PER_NODE}}}\""),

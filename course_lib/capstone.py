@@ -167,9 +167,7 @@ def make_loader(
     if num_workers:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=True)
     gc.collect()  # earlier loaders' leftovers must not be copied into this loader's forked workers
-    loader = InstrumentedLoader(build_dataset(urls, seed, decode_ms), **kwargs)
-    loader._settings.update(decode_ms=decode_ms)  # recorded with every epoch, for the checks
-    return loader
+    return InstrumentedLoader(build_dataset(urls, seed, decode_ms), **kwargs)
 
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
@@ -203,7 +201,7 @@ def measure(
     """Time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
-    record.settings["step_ms"] = step_ms
+    record.settings.update(decode_ms=decode_ms, step_ms=step_ms)  # the workload, for the checks
     del loader
     gc.collect()  # stop the persistent workers now, not when the next loader starts
     return record

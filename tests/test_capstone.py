@@ -264,3 +264,10 @@ def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:
     assert ax.lines[0].get_ydata()[0] == 100 * capstone.STALL_TARGET
     with pytest.raises(ValueError, match="nothing to draw"):
         capstone.plot_stall({})
+
+
+def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
+    out = tmp_path / "cluster-shards"
+    assert capstone.main(["shards", "--out", str(out), "--size", "tiny", "--data", str(tiny_root), "--maxcount", "20"]) == 0
+    assert "4 shards shapes-train-{000000..000003}.tar: 80 samples" in capsys.readouterr().out
+    assert len(capstone.check_job(out, world_size=2, num_workers=2)) == 4

@@ -108,7 +108,8 @@ def write_litdata(items: Sequence[Item], out_dir: str | os.PathLike[str], chunk_
     ``optimize`` runs ``encoded_sample`` in ``num_workers`` processes and, as a side effect, sets
     the **process-wide** multiprocessing start method (``fork`` in a notebook, ``spawn`` in a
     script); this function puts the previous one back. ``start_method`` defaults to ``fork`` where
-    it exists: ``spawn`` would start every worker by importing torch again.
+    it exists: ``spawn`` would start every worker by importing torch again. ``keep_data_ordered``
+    gives each worker a fixed slice, so sample ``i`` of the output is ``items[i]`` on every run.
     """
     litdata = _require("litdata", "litdata")
     out = Path(out_dir)
@@ -118,7 +119,8 @@ def write_litdata(items: Sequence[Item], out_dir: str | os.PathLike[str], chunk_
     previous = multiprocessing.get_start_method(allow_none=True)
     try:
         litdata.optimize(fn=encoded_sample, inputs=list(items), output_dir=str(out), chunk_bytes=chunk_bytes,
-                         num_workers=num_workers, mode="overwrite", verbose=False, start_method=method)
+                         num_workers=num_workers, keep_data_ordered=True, mode="overwrite", verbose=False,
+                         start_method=method)
     finally:
         multiprocessing.set_start_method(previous, force=True)
     if not (out / "index.json").is_file() or not list(out.glob("*.bin")):

@@ -551,6 +551,21 @@ def warm_page_cache(paths: "RawTensorFile | Iterable[str | os.PathLike[str]]") -
                 pass
 
 
+def one_thread(batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """Iterate ``batches`` with torch's intra-op threads set to 1, as in a DataLoader worker.
+
+    Workers run with one thread each; in the main process ``torch.stack`` would otherwise start a
+    thread per core, whose waiting spins against the workers and other jobs, and the single-process
+    measurement would swing by several times from run to run.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield from batches
+    finally:
+        torch.set_num_threads(before)
+
+
 def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
              cpu: dict[str, list[float]] | None) -> dict[str, list[float]]:
     """Every method once per round, in turn, so that drift of the machine hits them all alike."""
@@ -581,7 +596,7 @@ def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: 
         methods = {
             "raw read, reused buffer": (lambda: read_sequential(raw, batch_size, True), raw.nbytes),
             "raw read, fresh buffer": (lambda: read_sequential(raw, batch_size, False), raw.nbytes),
-            "DataLoader, 0 workers": (lambda: single, raw.nbytes),
+            "DataLoader, 0 workers": (lambda: one_thread(single), raw.nbytes),
             f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
             f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
             f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
@@ -675,7 +690,7 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
 
 def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
                       title: str = "Where the training loop's process spends its time") -> Any:
-    """Per method, the seconds per GB of the main process, split into its own CPU time and waiting."""
+    """Per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
     import matplotlib.pyplot as plt
 
     med, busy = medians(results), medians(cpu)
@@ -687,7 +702,7 @@ def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float
     y = range(len(names))
     ax.barh(y, own, color=[_colour(n) for n in names], label="CPU time of the main process")
     ax.barh(y, [w - o for w, o in zip(wall, own)], left=own, color="white", edgecolor="#888888", hatch="//",
-            label="waiting for workers")
+            label="waiting: for workers, or for a free core")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per GB delivered to the loop (shorter is faster)")

@@ -17,10 +17,12 @@ from course_lib.highrate import (
     RawTensorDataset,
     RingLoader,
     compare,
+    breakdown,
     compare_shards,
     gbps,
     index_tensor_shards,
     medians,
+    one_thread,
     open_raw,
     plot_main_process,
     plot_rates,
@@ -145,6 +147,10 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     assert len(fig.axes[0].patches) == 6
     fig = plot_main_process(results, cpu)
     assert len(fig.axes[0].patches) == 12  # own CPU + waiting, per method
+    costs = breakdown(results, cpu, workers=1)
+    assert list(costs) == ["copy from the page cache", "a fresh buffer per batch", "per-sample arrays + collate's copy",
+                           "main process, fresh shared batches", "main process, RingLoader slots"]
+    assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, reused buffer"][0])
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
         gbps(lambda: read_sequential(raw, 8), raw.nbytes + 1)
@@ -259,3 +265,9 @@ def test_compare_shards(tensor_shards) -> None:
     assert all(v[0] > 0 for v in results.values())
     with pytest.raises(ValueError, match="at least 2"):
         compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)
+
+
+def test_one_thread_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    seen = [torch.get_num_threads() for _ in one_thread(range(2))]
+    assert seen == [1, 1] and torch.get_num_threads() == before

@@ -168,10 +168,39 @@ def mds_images(local: str | os.PathLike[str], batch_size: int) -> IterableDatase
     streaming = _require("streaming", "mosaicml-streaming")
     if not (Path(local) / "index.json").is_file():
         raise FormatError(f"no MDS index.json in {Path(local).name}/: write it with write_mds(items, folder)")
-    from streaming.base.util import clean_stale_shared_memory
+    dataset = streaming.StreamingDataset(local=str(local), remote=None, shuffle=False, batch_size=batch_size)
+    _MDS_MADE.append(dataset)
+    return Decoded(dataset)
 
-    clean_stale_shared_memory()  # an earlier reader of this folder in a crashed kernel leaves its shared memory behind
-    return Decoded(streaming.StreamingDataset(local=str(local), remote=None, shuffle=False, batch_size=batch_size))
+
+_MDS_MADE: list[Any] = []  # the StreamingDatasets mds_images made, for release_mds()
+
+
+def release_mds(*datasets: Any) -> int:
+    """Unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
+
+    Each ``StreamingDataset`` creates small named segments in ``/dev/shm`` and unlinks them at
+    interpreter exit, which a Jupyter kernel that is shut down or killed may never reach: they stay
+    until the machine reboots. Call this when done with ``datasets`` (wrapped or not) and with every
+    dataset :func:`mds_images` made; none of them can be iterated afterwards.
+    """
+    from streaming.base.shared.memory import SharedMemory
+
+    found: dict[int, Any] = {}
+
+    def walk(obj: Any, depth: int) -> None:
+        if isinstance(obj, SharedMemory):
+            found[id(obj)] = obj
+        elif depth < 3 and type(obj).__module__.startswith("streaming") and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                walk(value, depth + 1)
+
+    for dataset in [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE]:
+        walk(dataset, 0)
+    _MDS_MADE.clear()
+    for shm in found.values():
+        shm.cleanup()
+    return len(found)
 
 
 def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:

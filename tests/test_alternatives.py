@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -109,3 +110,22 @@ def test_the_formats_extra_is_in_requirements() -> None:
     for dep in extra:
         assert dep in reqs, dep  # CI installs requirements.txt only: notebook 09 needs these
         assert re.match(r"[a-z-]+>=", dep)
+
+
+def mds_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if re.match(r"\d{6}_", n)} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.timeout(60)
+def test_release_mds_unlinks_the_shared_memory(written) -> None:
+    import streaming
+
+    before = mds_segments()
+    direct = streaming.StreamingDataset(local=str(written["mds"]), remote=None, shuffle=False, batch_size=8)
+    wrapped = alt.mds_images(written["mds"], batch_size=8)
+    assert sum(1 for _ in wrapped) == N
+    made = mds_segments() - before
+    assert made or not os.path.isdir("/dev/shm")
+    assert alt.release_mds(direct) >= 2 * 4  # at least the barrier, locals, epoch and cache scalars of each
+    assert not (mds_segments() - before)
+    assert alt.release_mds() == 0  # nothing left to release

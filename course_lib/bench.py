@@ -8,7 +8,8 @@
 
 ``highrate`` answers "can a DataLoader feed a raw float32 stream at GB/s?": it reads the same
 bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
-read into a reused buffer (the limit), into fresh buffers, through a plain ``DataLoader`` with 0
+read into one reused sample-sized buffer (the limit), into reused and fresh batch-sized buffers,
+through a plain ``DataLoader`` with 0
 and N workers, and through :class:`~course_lib.highrate.RingLoader` (reused shared-memory
 slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`). With
 ``--source shards`` the same samples are ``.npy`` members of tar shards (a folder, written first
@@ -183,7 +184,7 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
     plain, ring = med[plain_name], med[ring_name]
     goals = {
         f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
-        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
+        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the sequential read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
     }
     return {"results": results, "medians": med, "limit": limit, "cpu": highrate.medians(cpu), "goals": goals}
 

@@ -5,9 +5,11 @@ fast when the GIL is in the way? Notebook 09 answers it by measuring, in one run
 bytes:
 
 * the physical limit: :func:`read_sequential` with ``reuse=True``, a plain sequential read from
-  the page cache into one buffer reused for every batch;
-* the same read into a **fresh** buffer per batch (``reuse=False``): the cost of allocating, and
-  of the kernel zeroing new pages, every time;
+  the page cache into one reused buffer of one sample (small enough to stay in the CPU cache:
+  the fastest a process copies bytes out of the page cache);
+* the same read into a reused buffer of one **batch** (as large as what the loop receives), and
+  into a **fresh** batch buffer every time (``reuse=False``): the cost of allocating, and of the
+  kernel zeroing new pages;
 * a plain ``DataLoader`` over :class:`RawTensorDataset` with worker processes: each sample read
   into a fresh array, stacked into a fresh shared-memory batch, handed to the main process;
 * :class:`RingLoader`: worker processes read straight into a small ring of shared-memory batch
@@ -581,7 +583,8 @@ def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: 
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
-    Returns ``{method: [GB/s per round]}``, the limit first; ``cpu``, if given, receives the main
+    Returns ``{method: [GB/s per round]}``, the limit first (a read one sample at a time into one
+    reused buffer); ``cpu``, if given, receives the main
     process's CPU seconds per GB for each method and round. Loaders with workers are built once
     and kept across rounds (persistent workers), so start-up is not counted.
     """
@@ -594,8 +597,9 @@ def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: 
             for b in loader:
                 touch(b)
         methods = {
-            "raw read, reused buffer": (lambda: read_sequential(raw, batch_size, True), raw.nbytes),
-            "raw read, fresh buffer": (lambda: read_sequential(raw, batch_size, False), raw.nbytes),
+            "raw read, sample-sized reused buffer": (lambda: read_sequential(raw, 1, True), raw.nbytes),
+            "raw read, batch-sized reused buffer": (lambda: read_sequential(raw, batch_size, True), raw.nbytes),
+            "raw read, fresh batch buffer": (lambda: read_sequential(raw, batch_size, False), raw.nbytes),
             "DataLoader, 0 workers": (lambda: one_thread(single), raw.nbytes),
             f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
             f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
@@ -610,8 +614,8 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """The same comparison for float32 samples stored as ``.npy`` members of tar shards.
 
-    The limit is a read of the shard files themselves into a reused buffer (headers included:
-    well under 1 % more bytes for 1 MiB samples); the plain way is webdataset with workers
+    The limit is a read of the shard files themselves, one sample's size at a time, into a reused
+    buffer (headers included: well under 1 % more bytes for 1 MiB samples); the plain way is webdataset with workers
     (:func:`shard_loader`); the fix is a :class:`RingLoader` reading at the offsets of
     :func:`index_tensor_shards`.
     """
@@ -629,7 +633,7 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
             for b in loader:
                 touch(b)
         methods = {
-            "shard files read, reused buffer": (lambda: read_files(paths, batch_size * index.sample_bytes), file_bytes),
+            "shard files read, sample-sized reused buffer": (lambda: read_files(paths, index.sample_bytes), file_bytes),
             f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
             f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
         }
@@ -654,19 +658,21 @@ def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], work
     wall = {k: 1 / v for k, v in medians(results).items()}
     busy = medians(cpu)
     return {
-        "copy from the page cache": wall["raw read, reused buffer"],
-        "a fresh buffer per batch": wall["raw read, fresh buffer"] - wall["raw read, reused buffer"],
-        "per-sample arrays + collate's copy": wall["DataLoader, 0 workers"] - wall["raw read, fresh buffer"],
+        "copy from the page cache": wall["raw read, batch-sized reused buffer"],
+        "a fresh buffer per batch": wall["raw read, fresh batch buffer"] - wall["raw read, batch-sized reused buffer"],
+        "per-sample arrays + collate's copy": wall["DataLoader, 0 workers"] - wall["raw read, fresh batch buffer"],
         "main process, fresh shared batches": busy[f"DataLoader, batch reads, {workers} workers"],
         "main process, RingLoader slots": busy[f"RingLoader, {workers} workers"],
     }
 
 
 def _colour(name: str) -> str:
-    if name.startswith(("raw read, reused", "shard files")):
+    if name.startswith(("raw read, sample", "shard files")):
         return "#444444"
+    if name.startswith("raw read, batch"):
+        return "#777777"
     if name.startswith("raw read"):
-        return "#999999"
+        return "#AAAAAA"
     return "#DD8452" if name.startswith("RingLoader") else "#4C72B0"
 
 

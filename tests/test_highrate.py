@@ -139,18 +139,18 @@ def test_ring_errors(raw) -> None:
 def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     cpu: dict[str, list[float]] = {}
     results = compare(raw, batch_size=8, workers=1, rounds=1, cpu=cpu)
-    assert list(results) == ["raw read, reused buffer", "raw read, fresh buffer", "DataLoader, 0 workers",
+    assert list(results) == ["raw read, sample-sized reused buffer", "raw read, batch-sized reused buffer", "raw read, fresh batch buffer", "DataLoader, 0 workers",
                              "DataLoader, 1 workers", "DataLoader, batch reads, 1 workers", "RingLoader, 1 workers"]
     assert all(len(v) == 1 and v[0] > 0 for v in results.values())
     assert list(cpu) == list(results) and all(v[0] >= 0 for v in cpu.values())
     fig = plot_rates(results)
-    assert len(fig.axes[0].patches) == 6
+    assert len(fig.axes[0].patches) == 7
     fig = plot_main_process(results, cpu)
-    assert len(fig.axes[0].patches) == 12  # own CPU + waiting, per method
+    assert len(fig.axes[0].patches) == 14  # own CPU + waiting, per method
     costs = breakdown(results, cpu, workers=1)
     assert list(costs) == ["copy from the page cache", "a fresh buffer per batch", "per-sample arrays + collate's copy",
                            "main process, fresh shared batches", "main process, RingLoader slots"]
-    assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, reused buffer"][0])
+    assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, batch-sized reused buffer"][0])
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
         gbps(lambda: read_sequential(raw, 8), raw.nbytes + 1)
@@ -261,7 +261,7 @@ def test_shard_loader_and_file_reads(tensor_shards) -> None:
 @pytest.mark.timeout(120)
 def test_compare_shards(tensor_shards) -> None:
     results = compare_shards(tensor_shards.paths, batch_size=8, workers=2, rounds=1)
-    assert list(results) == ["shard files read, reused buffer", "WebDataset, 2 workers", "RingLoader on the index, 2 workers"]
+    assert list(results) == ["shard files read, sample-sized reused buffer", "WebDataset, 2 workers", "RingLoader on the index, 2 workers"]
     assert all(v[0] > 0 for v in results.values())
     with pytest.raises(ValueError, match="at least 2"):
         compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)

@@ -190,7 +190,7 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
 
 
 def highrate_report(result: dict[str, Any]) -> list[str]:
-    lines = ["", "GB/s (median of rounds), share of the read into a reused buffer, main process CPU s per GB:"]
+    lines = ["", "GB/s (median of rounds), share of the limit (the first line), main process CPU s per GB:"]
     for name, value in result["medians"].items():
         lines.append(f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
                      f"{result['cpu'][name]:.3f} CPU s/GB")

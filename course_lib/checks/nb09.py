@@ -34,8 +34,9 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
             "Pass batch_size to alternatives.mds_images(folder, batch_size).")
     require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
     require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
-            f"makes batches of {loader.batch_size}: MDS deals samples to workers in the dataset's batches, so the "
-            "loader's batches would mix workers. Use the same number for both.")
+            f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
+            "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
+            "mid-epoch points at the wrong samples). Use the same number for both.")
     gc.collect()
     labels: list[int] = []
     for images, ys in loader:

@@ -484,7 +484,7 @@ def render_slurm_script(
     return f"""#!/bin/bash
 # Written by course_lib.capstone.write_slurm_script (notebook 10) from the settings tuned there.
 # {nodes} node(s) x {gpus_per_node} GPUs = {world} ranks; {num_workers} DataLoader workers per rank, prefetch_factor {prefetch_factor}.
-# Submit from the course folder:   sbatch {job_name}.sbatch   (or: sbatch path/to/this/file)
+# Submit from the course folder:   sbatch path/to/this/file   (notebook 10 prints where it wrote it)
 #
 # ---- CHANGE THESE TWO LINES for your cluster (`sacctmgr show assoc user=$USER`, `sinfo -s`).
 #SBATCH --account=CHANGE_ME
@@ -506,7 +506,9 @@ set -euo pipefail
 # ---- settings (each can be overridden at submission: SHARDS=/other/path sbatch ...)
 SHARDS="${{SHARDS:-{shards}}}"   # written once on a login node: python -m course_lib.capstone shards --out DIR
 GPUS_PER_NODE="${{GPUS_PER_NODE:-{gpus_per_node}}}"     # ranks per node; keep it equal to --gres above
-WORKERS={num_workers}                           # tuned in notebook 10: the fewest workers that kept the stall under target
+WORKERS={num_workers}                           # tuned in notebook 10 for its simulated workload (9 ms decode per sample,
+#                                   100 ms step); real images and a real GPU step differ: compare the stall in the
+#                                   rank reports with the notebook's, and re-tune (more workers, up to the cores) if it is higher
 PREFETCH_FACTOR={prefetch_factor}
 CPUS_PER_TASK={cpus}                     # = the --cpus-per-task above; srun gets it again below
 TRAIN_ARGS="${{TRAIN_ARGS:-"--epochs {epochs} --batch-size {batch_size}"}}"
@@ -514,6 +516,8 @@ RUNS_DIR="${{RUNS_DIR:-$PWD/runs}}"               # reports go to $RUNS_DIR/<job
 COURSE_VENV="${{COURSE_VENV-$HOME/venvs/pytorch-data-course}}"
 if [[ -n "$COURSE_VENV" && -f "$COURSE_VENV/bin/activate" ]]; then
     set +u; source "$COURSE_VENV/bin/activate"; set -u
+else
+    echo "no virtual environment at COURSE_VENV='$COURSE_VENV': using $(command -v python || echo 'no python!')"
 fi
 
 # ---- enough shards for every reader? ({world} ranks x {max(1, num_workers)} workers); fails here, with the fix, if not

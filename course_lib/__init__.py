@@ -15,13 +15,20 @@ Modules are named for what they teach:
 * :mod:`course_lib.iterable` and :mod:`course_lib.growing` the iterable datasets and the growing
   cache of notebook 07; :mod:`course_lib.shards` writes, lists and checks WebDataset shards for
   notebook 08 and :mod:`course_lib.shard_reader` reads them on every rank;
+  :mod:`course_lib.alternatives` the same images as MDS and litdata for notebook 09, and
   :mod:`course_lib.highrate` raw tensor streams at GB/s and the reused-buffer ``RingLoader``;
+* :mod:`course_lib.capstone` the DDP shard pipeline of notebook 10 (``torchrun -m
+  course_lib.capstone train``) and the Slurm script it writes;
 * :mod:`course_lib.viz` the pictures (sample grids, histograms, batch layouts);
 * :mod:`course_lib.checks` the self-checking exercises;
-* :mod:`course_lib.pitfalls` reproduces errors live; :mod:`course_lib.timing` measures ratios.
+* :mod:`course_lib.pitfalls` reproduces errors live; :mod:`course_lib.timing` measures ratios;
+* for instructors and maintainers: :mod:`course_lib.preparation` (``python -m course_lib prepare
+  --all``), :mod:`course_lib.doctor` (``python -m course_lib doctor``), :mod:`course_lib.slides`
+  (the offline decks), :mod:`course_lib.bench` (the benchmarks), :mod:`course_lib.authoring`
+  (learner notebooks from solutions).
 """
 
 __version__ = "0.1.0"
 
 #: Versions the course was last tested with (README, and the workshop doctor).
-TESTED_VERSIONS = {"python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "webdataset": "1.0.2"}
+TESTED_VERSIONS = {"python": "3.11", "torch": "2.15.0", "torchvision": "0.29.2", "webdataset": "1.0.2"}

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import gc
 import io
-import json
 import os
 import random
 import re
@@ -379,11 +378,7 @@ def train(args: argparse.Namespace) -> dict:
                   "after the first batch", flush=True)
         report["weights_sha256"] = weights_digest(model)
         if args.report:
-            folder = Path(args.report)
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".rank{env.rank}.json.tmp"
-            tmp.write_text(json.dumps(report))
-            tmp.replace(folder / f"rank{env.rank}.json")  # a reader never sees half a report
+            distributed.write_report(args.report, env.rank, report)
         del loader
         return report
     finally:

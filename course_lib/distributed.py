@@ -485,6 +485,18 @@ def _alive(pid: int) -> bool:
 # --------------------------------------------------------------------------- reading the ranks' reports
 
 
+def write_report(folder: str | os.PathLike[str], rank: int, report: dict) -> Path:
+    """Write one rank's JSON report as ``FOLDER/rankN.json`` (read back by :func:`read_reports`).
+
+    It is written under a temporary name and renamed, so a reader never sees half a report.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(report))
+    return tmp.replace(folder / f"rank{rank}.json")
+
+
 def read_reports(folder: str | os.PathLike[str]) -> list[dict]:
     """The JSON reports written by ``course_lib.train --report FOLDER``, one per rank, in rank order."""
     paths = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -170,11 +167,7 @@ def train(args: argparse.Namespace) -> dict:
                   f"first indices {seen[:5]}", flush=True)
         report["weights_sha256"] = weights_digest(model)
         if args.report:
-            folder = Path(args.report)
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".rank{env.rank}.json.tmp"
-            tmp.write_text(json.dumps(report))
-            tmp.replace(folder / f"rank{env.rank}.json")  # a reader never sees half a report
+            distributed.write_report(args.report, env.rank, report)
         return report
     finally:
         dist.destroy_process_group()

@@ -27,6 +27,7 @@ from course_lib import slides
 
 DECKS = sorted(slides.DECKS.glob("level*.md"))
 LEVELS = [p.stem for p in DECKS]
+ROOT = Path(__file__).resolve().parents[1]
 # Flags for a quiet, reproducible, offline browser (it must not phone home during the check).
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -351,3 +352,13 @@ def test_deck_works_in_a_headless_browser(level: str, built: dict[str, tuple[sli
             assert max(ImageStat.Stat(shot).stddev) > 5, f"{level}: the screenshot is blank"
     finally:
         browser.call("Target.closeTarget", {"targetId": target})
+
+
+def test_the_vendored_reveal_js_is_committed() -> None:
+    """The decks need these files on a fresh clone: none may be left out by .gitignore."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    vendored = [p.relative_to(ROOT).as_posix() for p in (ROOT / "slides" / "vendor").rglob("*") if p.is_file()]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *vendored], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert ignored.stdout.split() == [], f"ignored by .gitignore, so missing on a fresh clone: {ignored.stdout.split()}"
+    assert {"slides/vendor/reveal.js/dist/reveal.js", "slides/vendor/reveal.js/dist/reveal.css"} <= set(vendored)

@@ -254,19 +254,12 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
 
 def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "The same images, three formats") -> Any:
     """Bars of the median samples/s of each format, relative to the first."""
-    import matplotlib.pyplot as plt
+    from .viz import relative_bars
 
     med = medians(results)
-    names = list(med)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 0.6 + 0.45 * len(names)), dpi=80)
-    ax.barh(range(len(names)), [med[n] / med[names[0]] for n in names], color=["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(names)])
-    ax.set_yticks(range(len(names)), names)
-    ax.invert_yaxis()
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_xlabel(f"samples/s relative to {names[0]} (same decoding, same DataLoader)")
-    ax.set_title(title)
-    return ax.figure
+    first = next(iter(med))
+    return relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
+                         ["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(med)], ax=ax)
 
 
 def dali_available() -> bool:
@@ -283,3 +276,35 @@ def dali_available() -> bool:
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (litdata decides its start method by the same test)."""
     return "ipykernel" in sys.modules
+
+
+def _retry_mds_prefix_race() -> None:
+    """Make MDS retry when two processes pick the same ``/dev/shm`` prefix at once.
+
+    mosaicml-streaming's ``StreamingDataset`` scans ``/dev/shm`` for the first free prefix number,
+    then creates its segment under it: two processes doing that at the same moment (two notebooks
+    on one machine, the course's test run) can pick the same number, and the slower one fails with
+    ``FileExistsError``. Looking again then finds the next free number, so retry a few times.
+    Installed when this module is imported; a no-op without mosaicml-streaming.
+    """
+    try:
+        from streaming.base import dataset as mds_dataset
+    except ImportError:
+        return
+    original = mds_dataset.get_shm_prefix
+    if getattr(original, "retries_races", False):
+        return
+
+    def get_shm_prefix(*args: Any, **kwargs: Any) -> Any:
+        for attempt in range(10):
+            try:
+                return original(*args, **kwargs)
+            except FileExistsError:
+                time.sleep(0.02 * (attempt + 1))
+        return original(*args, **kwargs)
+
+    get_shm_prefix.retries_races = True  # type: ignore[attr-defined]
+    mds_dataset.get_shm_prefix = get_shm_prefix
+
+
+_retry_mds_prefix_race()

@@ -678,20 +678,12 @@ def _colour(name: str) -> str:
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
     """Horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
-    import matplotlib.pyplot as plt
+    from .viz import relative_bars
 
     med = medians(results)
-    names = list(med)
-    limit = med[names[0]]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(names)), dpi=80)
-    ax.barh(range(len(names)), [med[n] / limit for n in names], color=[_colour(n) for n in names])
-    ax.set_yticks(range(len(names)), names)
-    ax.invert_yaxis()
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_xlabel(f"throughput relative to '{names[0]}' (1.0 = the limit here)")
-    ax.set_title(title)
-    return ax.figure
+    first = next(iter(med))
+    return relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
+                         [_colour(n) for n in med], ax=ax, width=7, pad=0.5)
 
 
 def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,

@@ -115,3 +115,22 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
+                  ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
+    """Horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line).
+
+    Notebook 09 draws its measurements this way: a ratio to a reference measured in the same run
+    means the same on every machine, where absolute rates do not.
+    """
+    names = list(values)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(width, pad + 0.45 * len(names)), dpi=80)
+    ax.barh(range(len(names)), [values[n] / values[names[0]] for n in names], color=list(colors))
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    return ax.figure

@@ -129,3 +129,21 @@ def test_release_mds_unlinks_the_shared_memory(written) -> None:
     assert alt.release_mds(direct) >= 2 * 4  # at least the barrier, locals, epoch and cache scalars of each
     assert not (mds_segments() - before)
     assert alt.release_mds() == 0  # nothing left to release
+
+
+def test_mds_prefix_race_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes picking the same /dev/shm prefix: the loser looks again instead of failing."""
+    from streaming.base import dataset as mds_dataset
+
+    calls = []
+
+    def racy(*args, **kwargs):
+        calls.append(args)
+        if len(calls) < 3:
+            raise FileExistsError("[Errno 17] File exists: '/000376_locals'")
+        return 377, "segment"
+
+    monkeypatch.setattr(mds_dataset, "get_shm_prefix", racy)
+    alt._retry_mds_prefix_race()
+    assert mds_dataset.get_shm_prefix(["local"], [None], "world") == (377, "segment")
+    assert len(calls) == 3

@@ -46,14 +46,11 @@ class RawDataError(RuntimeError):
 # --------------------------------------------------------------------------- the data
 
 
-@dataclass(frozen=True)
-class RawTensorFile:
-    """A file of ``n`` float32 samples of ``sample_bytes`` each, back to back, and its JSON sidecar."""
+class _Float32Samples:
+    """What a RingLoader needs of a sample source: ``n`` samples of ``sample_bytes`` float32 bytes."""
 
-    path: str
     n: int
     sample_bytes: int
-    seed: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -63,6 +60,16 @@ class RawTensorFile:
     def sample_len(self) -> int:
         """float32 values per sample."""
         return self.sample_bytes // 4
+
+
+@dataclass(frozen=True)
+class RawTensorFile(_Float32Samples):
+    """A file of ``n`` float32 samples of ``sample_bytes`` each, back to back, and its JSON sidecar."""
+
+    path: str
+    n: int
+    sample_bytes: int
+    seed: int = 0
 
 
 def _sidecar(path: Path) -> Path:
@@ -209,7 +216,7 @@ class RawBatchDataset(Dataset):
 
 
 @dataclass(frozen=True)
-class TensorShardIndex:
+class TensorShardIndex(_Float32Samples):
     """Where the float32 payload of every ``.npy`` member of some tar shards lies.
 
     Tar stores members uncompressed, and a ``.npy`` file is a short header followed by the raw
@@ -222,16 +229,8 @@ class TensorShardIndex:
     sample_bytes: int
 
     @property
-    def n(self) -> int:
+    def n(self) -> int:  # type: ignore[override]
         return len(self.locations)
-
-    @property
-    def nbytes(self) -> int:
-        return self.n * self.sample_bytes
-
-    @property
-    def sample_len(self) -> int:
-        return self.sample_bytes // 4
 
 
 def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> TensorShardIndex:

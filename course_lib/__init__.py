@@ -30,5 +30,5 @@ Modules are named for what they teach:
 
 __version__ = "0.1.0"
 
-#: Versions the course was last tested with (README, and the workshop doctor).
-TESTED_VERSIONS = {"python": "3.11", "torch": "2.15.0", "torchvision": "0.29.2", "webdataset": "1.0.2"}
+
+

@@ -12,7 +12,7 @@ formats' and their readers', nothing else:
 
 What worker processes must import lives here, not in a notebook cell: ``litdata.optimize``
 sends its function to worker processes, and under ``spawn`` they find it only in a module.
-:func:`compare_formats` measures samples/s for all three, and ``python -m course_lib.bench
+:func:`compare_formats` measures samples/s for all three, and ``python -m course_lib bench
 formats`` runs it from a shell.
 """
 

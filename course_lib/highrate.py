@@ -17,7 +17,7 @@ bytes:
   no allocation per batch, no pickling of data.
 
 Built on the standard library and torch only; :func:`compare` runs them all and
-``python -m course_lib.bench highrate`` runs it from a shell on any file system.
+``python -m course_lib bench highrate`` runs it from a shell on any file system.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def open_raw(path: str | os.PathLike[str]) -> RawTensorFile:
     if not path.is_file() or not side.is_file():
         raise RawDataError(
             f"no raw tensor file {path.name} (with its .json description) in {path.parent.name or '.'}: write one with "
-            f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib.bench highrate --data PATH`"
+            f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
     meta = json.loads(side.read_text())
     raw = RawTensorFile(str(path), int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))

@@ -276,6 +276,14 @@ def load_npy(payload: bytes) -> np.ndarray:
 # --------------------------------------------------------------------------- writing
 
 
+def shard_folder(split: str, size: str = _data.DEFAULT_SIZE, seed: int = 0,
+                 root: str | os.PathLike[str] | None = None) -> Path:
+    """Notebook 08, section 2: where the shards of one split live, beside the images they come from:
+    ``<data dir>/webdataset/shapes-<size>-seed<seed>/<split>`` (``python -m course_lib prepare --all``
+    writes them there once; the notebook then reuses them)."""
+    return _data.data_dir(root) / "webdataset" / _data.dataset_name(size, seed) / split
+
+
 def _host_tag() -> str:
     return _data._host_tag()
 

@@ -4,7 +4,7 @@ A transform is just a callable: ``Compose`` (torchvision's, v1 or v2) calls each
 output of the previous. ``Add`` and ``Mult`` are classes, not lambdas, so they pickle into
 DataLoader workers under every start method, and they have a readable ``repr`` so a printed
 pipeline says what it does. ``decode_augment`` is the realistic CPU-bound image pipeline that
-notebook 04 and ``python -m course_lib.bench`` load JPEG files with.
+notebook 04 and ``python -m course_lib bench`` load JPEG files with.
 """
 
 from __future__ import annotations

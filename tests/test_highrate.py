@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_lib import bench
+from course_tools import bench
 from course_lib.highrate import (
     RawBatchDataset,
     RawDataError,

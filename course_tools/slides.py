@@ -7,15 +7,15 @@ the committed solution notebooks' own outputs::
     ![The loop waits while one process loads](notebook:04#c010)
 
 names the PNG figure stored in the output of cell ``c010`` of ``notebooks/solutions/04_*.ipynb``
-(``python -m course_lib.slides figures 04`` lists them). A relative path (``images/x.svg``, next
+(``python -m course_lib slides figures 04`` lists them). A relative path (``images/x.svg``, next
 to the deck) works too. Web addresses are refused: the decks are shown in rooms without internet.
 
 The build writes one self-contained HTML file per deck (reveal.js, its CSS and every picture
 inlined), so a deck can be copied to a USB stick and opened in any browser::
 
-    python -m course_lib.slides build                 # all decks into slides/build/
-    python -m course_lib.slides build 2 4 --out /tmp/decks
-    python -m course_lib.slides figures 04            # the figures notebook 04 offers
+    python -m course_lib slides build                 # all decks into slides/build/ (run in the course folder)
+    python -m course_lib slides build 2 4 --out /tmp/decks
+    python -m course_lib slides figures 04            # the figures notebook 04 offers
 """
 
 from __future__ import annotations
@@ -35,11 +35,6 @@ import mistune
 from PIL import Image, UnidentifiedImageError
 from mistune.renderers.html import HTMLRenderer
 
-ROOT = Path(__file__).resolve().parent.parent
-SLIDES = ROOT / "slides"
-DECKS = SLIDES / "decks"
-SOLUTIONS = ROOT / "notebooks" / "solutions"
-VENDOR = SLIDES / "vendor" / "reveal.js"
 
 # The slide size reveal.js lays out at (and scales to the screen): a 16:9 projector.
 WIDTH, HEIGHT = 1280, 720
@@ -58,6 +53,17 @@ class SlideError(ValueError):
     """A deck cannot be built; the message names the deck, the slide and what to change."""
 
 
+def course_folder(start: Path | None = None) -> Path:
+    """The course's folder (it holds ``slides/decks`` and ``notebooks/solutions``): ``start`` (default:
+    the current folder) or a folder above it, else the source checkout this package lies in."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents, Path(__file__).resolve().parents[1]):
+        if (folder / "slides" / "decks").is_dir() and (folder / "notebooks" / "solutions").is_dir():
+            return folder
+    raise SlideError(f"{here} is not in the course's folder (the one holding slides/ and notebooks/): "
+                     "run from there, or pass --course DIR")
+
+
 @dataclass
 class Deck:
     """One built deck: its source, title, number of slides and the HTML page."""
@@ -69,8 +75,9 @@ class Deck:
     figures: list[str] = field(default_factory=list)
 
 
-def deck_paths(levels: list[str] | None = None, decks: Path = DECKS) -> list[Path]:
+def deck_paths(levels: list[str] | None = None, decks: Path | None = None) -> list[Path]:
     """The deck sources for the given levels ("3" or "level3"), or all of them in order."""
+    decks = decks or course_folder() / "slides" / "decks"
     if not decks.is_dir():
         raise SlideError(f"no deck folder {decks}: run from a checkout of the course, or pass --decks")
     every = sorted(decks.glob("level*.md"))
@@ -113,7 +120,8 @@ def split_slides(text: str) -> list[tuple[str, str]]:
 class NotebookFigures:
     """The PNG figures stored in the solution notebooks' outputs, found by notebook and cell id."""
 
-    def __init__(self, solutions: Path = SOLUTIONS) -> None:
+    def __init__(self, solutions: Path | None = None) -> None:
+        solutions = solutions or course_folder() / "notebooks" / "solutions"
         self.solutions = solutions
         self._cache: dict[str, dict] = {}
 
@@ -137,11 +145,11 @@ class NotebookFigures:
         cells = [c for c in nb["cells"] if c.get("id") == cell_id]
         if not cells:
             raise LookupError(f"notebook {self.notebook(name).name} has no cell {cell_id!r} "
-                              f"(`python -m course_lib.slides figures {name}` lists its figures)")
+                              f"(`python -m course_lib slides figures {name}` lists its figures)")
         pngs = [o["data"]["image/png"] for o in cells[0].get("outputs", []) if "image/png" in o.get("data", {})]
         if len(pngs) != 1:
             raise LookupError(f"cell {cell_id!r} of {self.notebook(name).name} shows {len(pngs)} PNG figures, "
-                              "not 1 (is the notebook executed? `python -m course_lib.authoring build`)")
+                              "not 1 (is the notebook executed? `python -m course_lib authoring build`)")
         data = pngs[0]
         return base64.b64decode("".join(data) if isinstance(data, list) else data)
 
@@ -239,24 +247,24 @@ class _SlideRenderer(HTMLRenderer):
         return highlight(code, lexer, HtmlFormatter(noclasses=True, nowrap=False, style="default"))
 
 
-def _vendor(rel: str) -> str:
-    path = VENDOR / rel
+def _vendor(slides: Path, rel: str) -> str:
+    path = slides / "vendor" / "reveal.js" / rel
     if not path.is_file():
         raise SlideError(f"missing {path}: the vendored reveal.js is incomplete (see slides/README.md)")
     return path.read_text(encoding="utf-8")
 
 
-def _styles() -> str:
-    theme = _vendor("dist/theme/white.css")
+def _styles(slides: Path) -> str:
+    theme = _vendor(slides, "dist/theme/white.css")
     # The theme imports its web font; we use the system's fonts instead (course.css), so nothing loads.
     theme = re.sub(r"^@import[^;]*;\s*$", "", theme, flags=re.M)
-    course = (SLIDES / "course.css").read_text(encoding="utf-8")
-    return "\n".join([_vendor("dist/reset.css"), _vendor("dist/reveal.css"), theme, course])
+    course = (slides / "course.css").read_text(encoding="utf-8")
+    return "\n".join([_vendor(slides, "dist/reset.css"), _vendor(slides, "dist/reveal.css"), theme, course])
 
 
-def _page(title: str, sections: list[str]) -> str:
+def _page(title: str, sections: list[str], slides: Path) -> str:
     scripts = "\n".join(
-        f'<script src="{_data_url("text/javascript", _vendor(rel).encode("utf-8"))}"></script>'
+        f'<script src="{_data_url("text/javascript", _vendor(slides, rel).encode("utf-8"))}"></script>'
         for rel in ("dist/reveal.js", "plugin/notes/notes.js")
     )
     config = json.dumps({"width": WIDTH, "height": HEIGHT, "margin": 0.04, "hash": True,
@@ -267,10 +275,10 @@ def _page(title: str, sections: list[str]) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="python -m course_lib.slides build">
+<meta name="generator" content="python -m course_lib slides build">
 <title>{html.escape(title)}</title>
 <style>
-{_styles()}
+{_styles(slides)}
 </style>
 </head>
 <body>
@@ -286,8 +294,10 @@ Reveal.initialize(Object.assign({config}, {{ plugins: [RevealNotes] }}));
 """
 
 
-def build_deck(source: Path, figures: NotebookFigures | None = None) -> Deck:
-    """Render one Markdown deck into a self-contained reveal.js page; SlideError on any problem."""
+def build_deck(source: Path, figures: NotebookFigures | None = None, slides_folder: Path | None = None) -> Deck:
+    """Render one Markdown deck into a self-contained reveal.js page; SlideError on any problem.
+
+    ``slides_folder`` holds ``course.css`` and the vendored reveal.js (default: the course's ``slides/``)."""
     figures = figures or NotebookFigures()
     try:
         text = source.read_text(encoding="utf-8")
@@ -310,15 +320,15 @@ def build_deck(source: Path, figures: NotebookFigures | None = None) -> Deck:
     heading = re.search(r"^#\s+(.+)$", slides[0][0], flags=re.M)
     if not heading:
         problems.append(f"{source.name}, slide 1: the title slide needs a '# Title' heading")
-    page = _page(heading.group(1).strip() if heading else source.stem, sections)
+    page = _page(heading.group(1).strip() if heading else source.stem, sections, slides_folder or course_folder() / "slides")
     problems += [f"{source.name}: the page would load {m.group(0)!r}..." for m in _NETWORK.finditer(page)]
     if problems:
         raise SlideError(f"deck {source} cannot be built:\n  " + "\n  ".join(problems))
     return Deck(source, heading.group(1).strip(), len(sections), page, renderer.used)
 
 
-def build(out: Path, levels: list[str] | None = None, decks: Path = DECKS,
-          solutions: Path = SOLUTIONS) -> list[tuple[Deck, Path]]:
+def build(out: Path, levels: list[str] | None = None, decks: Path | None = None,
+          solutions: Path | None = None) -> list[tuple[Deck, Path]]:
     """Build the chosen decks into ``out/levelN.html``; nothing is written unless all of them build."""
     figures = NotebookFigures(solutions)
     built, problems = [], []
@@ -341,24 +351,29 @@ def build(out: Path, levels: list[str] | None = None, decks: Path = DECKS,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.slides", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib slides", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build self-contained HTML decks (default: all levels)")
     b.add_argument("levels", nargs="*", help="levels to build, e.g. 1 3 (default: every slides/decks/levelN.md)")
-    b.add_argument("--out", type=Path, default=SLIDES / "build", help="output folder (default: slides/build)")
-    b.add_argument("--decks", type=Path, default=DECKS, help="folder of levelN.md sources")
-    b.add_argument("--solutions", type=Path, default=SOLUTIONS, help="solution notebooks to take figures from")
+    b.add_argument("--out", type=Path, help="output folder (default: slides/build in the course folder)")
+    b.add_argument("--decks", type=Path, help="folder of levelN.md sources (default: slides/decks)")
+    b.add_argument("--solutions", type=Path, help="solution notebooks to take figures from (default: notebooks/solutions)")
     f = sub.add_parser("figures", help="list the figures a notebook offers, with their references")
     f.add_argument("notebook", help="a notebook number or name, e.g. 04")
-    f.add_argument("--solutions", type=Path, default=SOLUTIONS, help="solution notebooks folder")
+    f.add_argument("--solutions", type=Path, help="solution notebooks folder (default: notebooks/solutions)")
+    for p in (b, f):
+        p.add_argument("--course", type=Path, help="the course's folder (default: this folder or one above it)")
     args = parser.parse_args(argv)
     try:
+        course = course_folder(args.course)
+        args.solutions = args.solutions or course / "notebooks" / "solutions"
         if args.command == "figures":
             figures = NotebookFigures(args.solutions)
             for cell_id, heading, line in figures.listing(args.notebook):
                 print(f"notebook:{args.notebook}#{cell_id}  [{heading}]  {line[:70]}")
             return 0
-        for deck, path in build(args.out, args.levels, args.decks, args.solutions):
+        out = args.out or course / "slides" / "build"
+        for deck, path in build(out, args.levels, args.decks or course / "slides" / "decks", args.solutions):
             print(f"wrote {path} ({deck.slides} slides, {len(deck.figures)} figures, "
                   f"{path.stat().st_size / 1e6:.1f} MB)")
         return 0

@@ -1,10 +1,10 @@
-"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib.bench loader|highrate|formats``.
+"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib bench loader|highrate|formats``.
 
-    python -m course_lib.bench loader                                   # the generated 'medium' set
-    python -m course_lib.bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
-    python -m course_lib.bench highrate --data /scratch/$USER/raw.f32 --size-mb 2048 --workers 4
-    python -m course_lib.bench highrate --source shards --data /scratch/$USER/tensor-shards --size-mb 2048
-    python -m course_lib.bench formats --out /scratch/$USER/formats --size medium --workers 2 4
+    python -m course_lib bench loader                                   # the generated 'medium' set
+    python -m course_lib bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
+    python -m course_lib bench highrate --data /scratch/$USER/raw.f32 --size-mb 2048 --workers 4
+    python -m course_lib bench highrate --source shards --data /scratch/$USER/tensor-shards --size-mb 2048
+    python -m course_lib bench formats --out /scratch/$USER/formats --size medium --workers 2 4
 
 ``highrate`` answers "can a DataLoader feed a raw float32 stream at GB/s?": it reads the same
 bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
@@ -42,11 +42,11 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from . import data
-from .datasets import DataNotFoundError, ImageFileDataset
-from .instrument import InstrumentedLoader
-from .transforms import decode_augment
-from .workers import cpu_count
+from course_lib import data
+from course_lib.datasets import DataNotFoundError, ImageFileDataset
+from course_lib.instrument import InstrumentedLoader
+from course_lib.transforms import decode_augment
+from course_lib.workers import cpu_count
 
 GOAL_OVERHEAD = 0.97  # instrumented / plain throughput, for every worker count
 GOAL_SCALING = 1.6  # 2 workers / 0 workers throughput (plain loader), on 2 or more cores
@@ -155,12 +155,12 @@ GOAL_RING_SHARE = 0.5  # RingLoader / raw read into a reused buffer
 
 def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Write (or reuse) the raw file or the tensor shards, then compare every reader on them."""
-    from . import highrate
+    from course_lib import highrate
 
     sample_bytes = int(args.sample_mb * 2**20) // 4 * 4
     n = max(args.batch_size, int(args.size_mb * 2**20) // sample_bytes)
     if args.source == "shards":
-        from .shards import write_tensor_shards
+        from course_lib.shards import write_tensor_shards
 
         per_shard = max(1, -(-n // max(args.shards, args.workers)))
         shardset = write_tensor_shards(args.data, n, sample_bytes=sample_bytes, maxcount=per_shard)
@@ -203,8 +203,8 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
     """Write the images as WebDataset, MDS and litdata, then :func:`course_lib.alternatives.compare_formats`."""
     import tempfile
 
-    from . import alternatives as alt
-    from . import shards
+    from course_lib import alternatives as alt
+    from course_lib import shards
 
     folder = data.prepare_data(args.size, args.seed, args.root, progress=sys.stderr.isatty())
     items = alt.image_items(folder, "train")
@@ -245,7 +245,7 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
 
 
 def formats_report(result: dict[str, Any]) -> list[str]:
-    from .alternatives import medians
+    from course_lib.alternatives import medians
 
     lines = ["", "written in (s) and size on disk (MB):"]
     lines += [f"  {name:<11} {sec:6.2f} s  {result['disk'][name] / 1e6:7.2f} MB" for name, sec in result["written_s"].items()]
@@ -271,7 +271,7 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description="Benchmarks of the course's helpers.")
+    parser = argparse.ArgumentParser(prog="python -m course_lib bench", description="Benchmarks of the course's helpers.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("loader", help="plain vs instrumented DataLoader throughput, and scaling with workers")
     p.add_argument("--data", help="an ImageFolder-style folder to read instead of the generated set (e.g. ImageNet)")
@@ -320,9 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .alternatives import FormatError
-    from .highrate import RawDataError
-    from .shards import ShardError
+    from course_lib.alternatives import FormatError
+    from course_lib.highrate import RawDataError
+    from course_lib.shards import ShardError
 
     args = build_parser().parse_args(argv)
     start = time.perf_counter()

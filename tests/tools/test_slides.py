@@ -1,4 +1,4 @@
-"""The instructors' slide decks (course_lib.slides): they build, resolve every notebook figure, load
+"""The instructors' slide decks (course_tools.slides): they build, resolve every notebook figure, load
 nothing from a network, and work in a real headless browser (Debian's chromium, driven over the
 Chrome DevTools Protocol on a pipe: no extra packages)."""
 
@@ -23,11 +23,11 @@ from typing import Any, Callable, Iterator
 import pytest
 from PIL import Image, ImageStat
 
-from course_lib import slides
+from course_tools import slides
 
-DECKS = sorted(slides.DECKS.glob("level*.md"))
+ROOT = Path(__file__).resolve().parents[2]
+DECKS = sorted((ROOT / "slides" / "decks").glob("level*.md"))
 LEVELS = [p.stem for p in DECKS]
-ROOT = Path(__file__).resolve().parents[1]
 # Flags for a quiet, reproducible, offline browser (it must not phone home during the check).
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -110,9 +110,17 @@ def test_local_pictures_are_inlined(tmp_path: Path) -> None:
     assert 'src="data:image/png;base64,' in deck.html and "a dot" in deck.html
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib.slides", *args],
-                          capture_output=True, text=True, timeout=120)
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "course_lib", "slides", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_the_course_folder_is_found_from_where_the_command_runs(tmp_path: Path) -> None:
+    """Not from the package's location: an installed course_tools builds the decks of the folder it is run in."""
+    assert slides.course_folder(ROOT / "notebooks" / "solutions") == ROOT
+    elsewhere = run_cli("build", "1", "--out", str(tmp_path / "out"), "--course", str(ROOT), cwd=tmp_path)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["level1.html"]
 
 
 def test_command_line_builds_and_lists_figures(tmp_path: Path) -> None:

@@ -25,17 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import TESTED_VERSIONS
+from . import versions
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MARKS = {OK: "[ ok ]", WARN: "[warn]", FAIL: "[FAIL]"}
 
 #: The course's planned DataLoader workers per process (notebooks 04-08 use 2).
 COURSE_WORKERS = 2
-#: The lowest versions the course accepts: the ranges of pyproject.toml (tests keep them in step).
-MINIMUM_VERSIONS = {"python": "3.10", "torch": "2.4", "torchvision": "0.19", "webdataset": "1.0"}
-#: webdataset 2 is a different API (the course pins ``<2``).
-BELOW_VERSIONS = {"webdataset": "2"}
 #: The largest batch the course moves between processes: 64 images of 3×128×128 float32 (the
 #: 'medium' and 'workshop' sets), in MB. Each worker keeps ``PREFETCH`` of them in /dev/shm.
 COURSE_BATCH_MB = 64 * 3 * 128 * 128 * 4 / 2**20
@@ -101,34 +97,34 @@ def _at_most(version: tuple[int, ...], n: int) -> tuple[int, ...]:
     return tuple(version[:n]) + (0,) * max(0, n - len(version))
 
 
-def check_version(name: str, installed: str | None, tested: str, minimum: str, below: str | None = None) -> Result:
-    """``installed`` against the tested version (same: ok; other: warn) and the accepted range (outside: fail).
+def check_version(name: str, installed: str | None, tested: list[str], minimum: str | None, below: str | None = None) -> Result:
+    """``installed`` against the tested versions (one of them: ok; other: warn) and the accepted range (outside: fail).
 
-    Compared at the tested version's precision: Python ``3.11.7`` is the tested ``3.11``.
+    Compared at each tested version's precision: Python ``3.11.7`` is the tested ``3.11``.
     """
     install = "pip install -r requirements.txt (from the course folder, in the course's environment)"
     if installed is None:
         return Result(name, FAIL, "not installed", install)
     have = parse_version(installed)
-    if have < _at_most(parse_version(minimum), len(have)) or (below is not None and have >= parse_version(below)):
-        accepted = f">= {minimum}" + (f", < {below}" if below else "")
+    too_old = minimum is not None and have < _at_most(parse_version(minimum), len(have))
+    if too_old or (below is not None and have >= parse_version(below)):
+        accepted = ", ".join(([f">= {minimum}"] if minimum else []) + ([f"< {below}"] if below else []))
         if name == "python":
-            fix = f"use Python {tested} (python{tested} -m venv .venv), then {install}"
+            fix = f"use Python {tested[-1]} (python{tested[-1]} -m venv .venv), then {install}"
         else:
-            spec = f"{name}>={minimum}" + (f",<{below}" if below else "")
-            fix = f"pip install '{spec}' (the course accepts {accepted})"
+            spec = ",".join(([f">={minimum}"] if minimum else []) + ([f"<{below}"] if below else []))
+            fix = f"pip install '{name}{spec}' (the course accepts {accepted})"
         return Result(name, FAIL, f"{installed}, outside the accepted range {accepted}", fix)
-    want = parse_version(tested)
-    mine = _at_most(have, len(want))
-    if mine == want:
-        return Result(name, OK, f"{installed} (tested: {tested})")
-    relation = "newer" if mine > want else "older"
+    names = " or ".join(tested)
+    if any(_at_most(have, len(parse_version(t))) == parse_version(t) for t in tested):
+        return Result(name, OK, f"{installed} (tested: {names})")
+    relation = "newer" if _at_most(have, len(parse_version(tested[-1]))) > parse_version(tested[-1]) else "other"
     fix = (
         f"fine to continue; if a notebook's output differs from the stored one, "
-        f"pip install '{name}=={tested}'" if name != "python" else
-        f"fine to continue; the course is tested on Python {tested}"
+        f"pip install '{name}=={tested[-1]}'" if name != "python" else
+        f"fine to continue; the course is tested on Python {names}"
     )
-    return Result(name, WARN, f"{installed}, {relation} than the tested {tested}", fix)
+    return Result(name, WARN, f"{installed}, {relation} than the tested {names}", fix)
 
 
 # --------------------------------------------------------------------------- the machine
@@ -273,12 +269,12 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     """Read this machine: versions, limits (via :func:`course_lib.workers.limits`), disk, data, GPU."""
     facts = Facts(
         python=platform.python_version(),
-        versions={name: _version(name) for name in ("torch", "torchvision", "webdataset")},
+        versions={name: _version(name) for name in versions.CHECKED if name != "python"},
         workers=workers,
         system=f"{platform.system()} {platform.machine()}",
     )
     try:  # torch may be missing or broken: the version checks say so, the other checks go on
-        from . import workers as _workers
+        from course_lib import workers as _workers
 
         lim = _workers.limits()
         facts.cpus, facts.start_method, facts.sharing_strategy = lim["cpus"], lim["start_method"], lim["sharing_strategy"]
@@ -291,7 +287,8 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
         facts.limits_error = f"{type(exc).__name__}: {exc}"
     try:
-        from . import data, preparation
+        from course_lib import data
+        from . import preparation
 
         folder = data.data_dir(root)
         facts.data_folder = str(folder)
@@ -317,15 +314,17 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
 
 def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
     """Every check on the facts, in the order the report prints them."""
-    results = [check_version("python", facts.python, TESTED_VERSIONS["python"], MINIMUM_VERSIONS["python"])]
-    for name in ("torch", "torchvision", "webdataset"):
-        results.append(check_version(name, facts.versions.get(name), TESTED_VERSIONS[name], MINIMUM_VERSIONS[name], BELOW_VERSIONS.get(name)))
+    ranges = versions.accepted()
+    results = []
+    for name in versions.CHECKED:
+        installed = facts.python if name == "python" else facts.versions.get(name)
+        results.append(check_version(name, installed, versions.tested(name), *ranges.get(name, (None, None))))
     if facts.limits_error is not None:
         fix = "fix the torch installation first (pip install -r requirements.txt), then run the doctor again"
         for name in ("cores", "/dev/shm", "open files", "start method", "GPU"):
             results.append(Result(name, WARN, f"not checked: importing torch failed ({facts.limits_error})", fix))
     else:
-        from .workers import shm_needed_mb
+        from course_lib.workers import shm_needed_mb
 
         results += [
             check_cores(facts.cpus, facts.workers),

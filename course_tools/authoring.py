@@ -15,9 +15,9 @@ lines (the first ``# `` after the indentation). Markers themselves never reach l
 
 Commands (run from the repository root)::
 
-    python -m course_lib.authoring build            # regenerate learner notebooks, execute all
-    python -m course_lib.authoring build 02_transforms --no-execute
-    python -m course_lib.authoring check            # are the learner notebooks up to date?
+    python -m course_lib authoring build            # regenerate learner notebooks, execute all
+    python -m course_lib authoring build 02_transforms --no-execute
+    python -m course_lib authoring check            # are the learner notebooks up to date?
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def out_of_sync(notebooks: Path) -> list[str]:
     problems = []
     for solution, learner in pairs(notebooks):
         if not learner.exists():
-            problems.append(f"{learner.name}: missing (run `python -m course_lib.authoring build`)")
+            problems.append(f"{learner.name}: missing (run `python -m course_lib authoring build`)")
             continue
         want = make_learner(nbformat.read(solution, as_version=4))
         have = nbformat.read(learner, as_version=4)
@@ -141,7 +141,7 @@ def build(notebooks: Path, names: list[str] | None = None, run: bool = True) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.authoring", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib authoring", description=__doc__.split("\n\n")[0])
     parser.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="the notebooks folder")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="regenerate learner notebooks and execute both versions in place")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import preparation
+from course_lib import shards
+from course_tools import preparation
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,15 +65,15 @@ def test_prepare_all_then_notebooks_reuse_it_without_writing(tmp_path: Path) -> 
     assert "verified shapes-small-seed0: images, shards ready" in done.stdout
     assert f"export COURSE_DATA_DIR={tmp_path}" in done.stdout
     for split in preparation.NB08_SHARDS:
-        assert (preparation.shard_folder(split, root=tmp_path) / "manifest.json").is_file()
+        assert (shards.shard_folder(split, root=tmp_path) / "manifest.json").is_file()
     before = snapshot(tmp_path)
 
     # What the notebooks call, with COURSE_DATA_DIR set as the instructor says: it reuses, writes nothing.
     notebook_calls = (
-        "from course_lib import data, shards, preparation\n"
+        "from course_lib import data, shards\nfrom course_tools import preparation\n"
         "root = data.prepare_data()\n"  # notebooks 01-08
         "for split, maxcount in preparation.NB08_SHARDS.items():\n"  # notebook 08's shards, its parameters
-        "    shards.write_image_shards(preparation.shard_folder(split), split=split, maxcount=maxcount)\n"
+        "    shards.write_image_shards(shards.shard_folder(split), split=split, maxcount=maxcount)\n"
         "print(data.describe(root))\n"
     )
     env = {**os.environ, "COURSE_DATA_DIR": str(tmp_path)}

@@ -1,4 +1,4 @@
-"""course_lib.authoring: learner notebooks are generated from solution notebooks."""
+"""course_tools.authoring: learner notebooks are generated from solution notebooks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from course_lib import authoring
+from course_tools import authoring
 
 SOLUTION = """\
 def f(x):
@@ -70,7 +70,7 @@ def test_out_of_sync_detects_an_edited_solution(tmp_path: Path) -> None:
     (tmp_path / "solutions").mkdir()
     nb = new_notebook(cells=[new_code_cell(SOLUTION)])
     nbformat.write(nb, tmp_path / "solutions" / "01_demo.ipynb")
-    assert authoring.out_of_sync(tmp_path) == ["01_demo.ipynb: missing (run `python -m course_lib.authoring build`)"]
+    assert authoring.out_of_sync(tmp_path) == ["01_demo.ipynb: missing (run `python -m course_lib authoring build`)"]
     authoring.build(tmp_path, run=False)
     assert authoring.out_of_sync(tmp_path) == []
     nb.cells[0].source += "\nprint('new line')"
@@ -91,7 +91,7 @@ def test_build_executes_both_versions(tmp_path: Path) -> None:
 
 
 def test_cli_check_on_the_repository(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert authoring.main(["check"]) == 0
     assert "up to date" in capsys.readouterr().out
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import TESTED_VERSIONS, data, doctor, preparation
-from course_lib.doctor import FAIL, OK, WARN, Facts, Result
+from course_lib import data
+from course_tools import doctor, preparation, versions
+from course_tools.doctor import FAIL, OK, WARN, Facts, Result
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------- versions
@@ -31,42 +32,58 @@ def test_parse_version_keeps_the_leading_numbers() -> None:
 @pytest.mark.parametrize(
     ("installed", "status", "words"),
     [
-        ("2.14.1", OK, "tested: 2.14.1"),
+        ("2.14.1", OK, "tested: 2.14.1 or 2.15.0"),
         ("2.14.1+cpu", OK, "tested: 2.14.1"),  # a CPU wheel is the same release
-        ("2.15.0", WARN, "newer than the tested 2.14.1"),
-        ("2.6.0", WARN, "older than the tested 2.14.1"),
+        ("2.15.0+cu130", OK, "tested: 2.14.1 or 2.15.0"),
+        ("2.16.0", WARN, "newer than the tested 2.14.1 or 2.15.0"),
+        ("2.6.0", WARN, "other than the tested 2.14.1 or 2.15.0"),
         ("2.3.1", FAIL, "outside the accepted range >= 2.4"),
         (None, FAIL, "not installed"),
     ],
 )
 def test_check_version_torch(installed: str | None, status: str, words: str) -> None:
-    r = doctor.check_version("torch", installed, "2.14.1", "2.4")
+    r = doctor.check_version("torch", installed, ["2.14.1", "2.15.0"], "2.4")
     assert r.status == status and words in r.finding
     if status == FAIL:
         assert "pip install" in r.fix
     if status == WARN:
-        assert "torch==2.14.1" in r.fix
+        assert "torch==2.15.0" in r.fix
 
 
 def test_check_version_python_compares_at_the_tested_precision() -> None:
-    assert doctor.check_version("python", "3.11.7", "3.11", "3.10").status == OK
-    assert doctor.check_version("python", "3.12.1", "3.11", "3.10").status == WARN
-    old = doctor.check_version("python", "3.9.18", "3.11", "3.10")
+    assert doctor.check_version("python", "3.11.7", ["3.11"], "3.10").status == OK
+    assert doctor.check_version("python", "3.12.1", ["3.11"], "3.10").status == WARN
+    old = doctor.check_version("python", "3.9.18", ["3.11"], "3.10")
     assert old.status == FAIL and "python3.11 -m venv" in old.fix
 
 
 def test_check_version_upper_bound() -> None:
-    r = doctor.check_version("webdataset", "2.0.1", "1.0.2", "1.0", below="2")
+    r = doctor.check_version("webdataset", "2.0.1", ["1.0.2"], "1.0", below="2")
     assert r.status == FAIL and "< 2" in r.finding and "'webdataset>=1.0,<2'" in r.fix
 
 
-def test_minimum_versions_match_pyproject() -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    deps = {d.split(">=")[0]: d for d in pyproject["project"]["dependencies"]}
+def test_accepted_ranges_are_pyprojects() -> None:
+    """The doctor's ranges come from the package's own metadata, i.e. from pyproject.toml."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = {d.split(">=")[0].split("<")[0]: d for d in pyproject["dependencies"]}
+    ranges = versions.accepted()
     for name in ("torch", "torchvision", "webdataset"):
-        assert f">={doctor.MINIMUM_VERSIONS[name]}" in deps[name], (name, deps[name])
-    assert f"<{doctor.BELOW_VERSIONS['webdataset']}" in deps["webdataset"]
-    assert pyproject["project"]["requires-python"] == f">={doctor.MINIMUM_VERSIONS['python']}"
+        low, below = ranges[name]
+        assert deps[name] == f"{name}>={low}" + (f",<{below}" if below else ""), (name, ranges[name])
+    assert pyproject["requires-python"] == f">={ranges['python'][0]}"
+
+
+def test_the_installed_versions_are_a_tested_combination() -> None:
+    """This suite runs on a tested combination; after an upgrade, add the new one to versions.TESTED."""
+    import platform
+
+    import torch
+    import torchvision
+    import webdataset
+
+    mine = {"python": ".".join(platform.python_version_tuple()[:2]), "torch": torch.__version__.split("+")[0],
+            "torchvision": torchvision.__version__.split("+")[0], "webdataset": webdataset.__version__}
+    assert any(all(combo[k] == v for k, v in mine.items()) for combo in versions.TESTED), mine
 
 
 # --------------------------------------------------------------------------- the machine
@@ -151,8 +168,8 @@ def test_check_data() -> None:
 
 def healthy(**changes: object) -> Facts:
     facts = Facts(
-        python=TESTED_VERSIONS["python"] + ".7",
-        versions={k: TESTED_VERSIONS[k] for k in ("torch", "torchvision", "webdataset")},
+        python=versions.TESTED[-1]["python"] + ".7",
+        versions={k: versions.TESTED[-1][k] for k in ("torch", "torchvision", "webdataset")},
         workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
         open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
         data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
@@ -193,7 +210,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
 
 
 def test_warnings_alone_do_not_fail() -> None:
-    results = doctor.run_checks(healthy(versions={"torch": "2.15.0", "torchvision": "0.29.1", "webdataset": "1.0.2"}))
+    results = doctor.run_checks(healthy(versions={"torch": "2.16.0", "torchvision": "0.29.1", "webdataset": "1.0.2"}))
     assert [r.status for r in results].count(WARN) == 1 and doctor.exit_code(results) == 0
 
 
@@ -252,7 +269,7 @@ def test_real_run_with_a_low_open_file_limit_fails() -> None:
 
 
 def test_real_run_without_torch_reports_instead_of_crashing() -> None:
-    code = "import sys; sys.modules['torch'] = None; from course_lib.__main__ import main; sys.exit(main(['doctor']))"
+    code = "import sys; sys.modules['torch'] = None; from course_tools.cli import main; sys.exit(main(['doctor']))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr, done.stderr
     assert "not checked: importing torch failed" in done.stdout

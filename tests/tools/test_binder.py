@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import TESTED_VERSIONS, data, preparation
+from course_lib import data
+from course_tools import preparation, versions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$")
@@ -81,7 +82,7 @@ def test_torch_comes_from_the_cpu_index() -> None:
 
 
 def test_runtime_is_the_tested_python() -> None:
-    assert (BINDER / "runtime.txt").read_text().strip() == f"python-{TESTED_VERSIONS['python']}"
+    assert (BINDER / "runtime.txt").read_text().strip() == f"python-{versions.TESTED[-1]['python']}"
 
 
 def test_post_build_is_executable_valid_bash_and_prepares() -> None:

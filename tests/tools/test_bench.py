@@ -1,4 +1,4 @@
-"""``python -m course_lib.bench loader``: the instructors' DataLoader benchmark, on the tiny set."""
+"""``python -m course_lib bench loader``: the instructors' DataLoader benchmark, on the tiny set."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import bench, data
+from course_lib import data
+from course_tools import bench
 from course_lib.transforms import decode_augment
 
 FAST = ["--limit", "24", "--rounds", "1", "--workers", "0", "2", "--batch-size", "8"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib.bench", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "course_lib", "bench", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_decode_augment_makes_uint8_tensors_of_the_size(tiny_set: Path) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import data
+from course_lib import data
+from course_lib.shards import shard_folder
 
 #: Shards of notebook 08, per split: ``maxcount`` (samples per shard), as the notebook writes them.
 NB08_SHARDS: dict[str, int] = {"train": 100, "val": 25}
@@ -47,16 +48,6 @@ class Step:
     ready: Callable[[Options], bool]
 
 
-def shard_folder(split: str, size: str = data.DEFAULT_SIZE, seed: int = 0,
-                 root: str | os.PathLike[str] | None = None) -> Path:
-    """Where the prepared shards of one split live: ``<data dir>/webdataset/shapes-<size>-seed<seed>/<split>``.
-
-    Notebook 08 passes this folder to ``shards.write_image_shards`` with the maxcount of
-    :data:`NB08_SHARDS`; the prepared shards are then reused, not rewritten.
-    """
-    return data.data_dir(root) / "webdataset" / data.dataset_name(size, seed) / split
-
-
 def _images_run(o: Options) -> str:
     folder = data.prepare_data(o.size, o.seed, o.root, progress=o.progress, force=o.force, checksums=o.checksums)
     return data.describe(folder)
@@ -72,7 +63,7 @@ def _images_ready(o: Options) -> bool:
 
 
 def _shards_run(o: Options) -> str:
-    from . import shards
+    from course_lib import shards
 
     parts = []
     for split, maxcount in NB08_SHARDS.items():
@@ -87,7 +78,7 @@ def _shards_run(o: Options) -> str:
 
 
 def _shards_ready(o: Options) -> bool:
-    from . import shards
+    from course_lib import shards
 
     try:
         for split in NB08_SHARDS:
@@ -142,7 +133,7 @@ def plan(names: list[str] | tuple[str, ...], size: str, seed: int, everything: b
 def run_steps(triples: list[tuple[str, str, int]], base: Options,
               report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Run the planned steps, each for its size and seed; a failing step raises :class:`PrepareError`."""
-    from .shards import ShardError
+    from course_lib.shards import ShardError
 
     outcomes = []
     for name, size, seed in triples:

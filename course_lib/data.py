@@ -1,4 +1,4 @@
-"""Generate the course's offline data set: coloured geometric shapes as real JPEG files.
+"""Notebook 01: the course's offline data set, coloured geometric shapes as real JPEG files.
 
 Nothing is downloaded. ``prepare_data()`` draws a small image-classification set (10 shape
 classes, with deterministic variation in size, position, rotation, colour and noise) into an
@@ -26,14 +26,15 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import socket
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from ._support import new_folder
+
+__all__ = ["CLASSES", "describe", "draw_shape", "prepare_data"]
 
 ENV_VAR = "COURSE_DATA_DIR"
 FORMAT_VERSION = 1
@@ -48,7 +49,7 @@ class DataError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SizeSpec:
+class _SizeSpec:
     """How many images per class and split, and their side length in pixels."""
 
     train_per_class: int
@@ -60,11 +61,11 @@ class SizeSpec:
         return len(CLASSES) * (self.train_per_class + self.val_per_class)
 
 
-SIZES: dict[str, SizeSpec] = {
-    "tiny": SizeSpec(train_per_class=8, val_per_class=2, image_size=32),  # unit tests
-    "small": SizeSpec(train_per_class=80, val_per_class=20, image_size=64),  # the default
-    "medium": SizeSpec(train_per_class=400, val_per_class=80, image_size=128),  # decode-bound
-    "workshop": SizeSpec(train_per_class=1000, val_per_class=200, image_size=128),
+SIZES: dict[str, _SizeSpec] = {
+    "tiny": _SizeSpec(train_per_class=8, val_per_class=2, image_size=32),  # unit tests
+    "small": _SizeSpec(train_per_class=80, val_per_class=20, image_size=64),  # the default
+    "medium": _SizeSpec(train_per_class=400, val_per_class=80, image_size=128),  # decode-bound
+    "workshop": _SizeSpec(train_per_class=1000, val_per_class=200, image_size=128),
 }
 DEFAULT_SIZE = "small"
 
@@ -125,7 +126,7 @@ def _hsv_to_rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
 
 
 def draw_shape(label: int, rng: np.random.Generator, image_size: int = 64) -> Image.Image:
-    """Draw one RGB image of class ``CLASSES[label]`` with variation drawn from ``rng``.
+    """Notebook 01, section 3: one RGB image of class ``CLASSES[label]``, its variation drawn from ``rng``.
 
     Drawn at twice the size and downsampled, which smooths the edges.
     """
@@ -180,27 +181,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _host_tag() -> str:
-    return "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40]
-
-
-def _remove_stale_temps(root: Path, name: str) -> None:
-    """Delete temporary folders left by *dead* runs of this host (e.g. a killed kernel)."""
-    prefix = f".{name}.tmp-{_host_tag()}-"
-    for tmp in root.glob(f"{prefix}*"):
-        try:
-            pid = int(tmp.name[len(prefix):].split("-", 1)[0])
-        except ValueError:
-            continue
-        try:
-            os.kill(pid, 0)  # still running: leave it alone
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except PermissionError:
-            pass
-
-
-def _generate_into(target: Path, spec: SizeSpec, size: str, seed: int, progress: bool) -> dict:
+def _generate_into(target: Path, spec: _SizeSpec, size: str, seed: int, progress: bool) -> dict:
     from tqdm.auto import tqdm
 
     files: dict[str, str] = {}
@@ -212,7 +193,7 @@ def _generate_into(target: Path, spec: SizeSpec, size: str, seed: int, progress:
             counts[split] = {}
             for label, cls in enumerate(CLASSES):
                 folder = target / split / cls
-                folder.mkdir(parents=True)
+                folder.mkdir(parents=True, exist_ok=True)
                 for i in range(per_split[split]):
                     img = draw_shape(label, _image_rng(seed, split, label, i), spec.image_size)
                     path = folder / f"{i:05d}.jpg"
@@ -290,7 +271,7 @@ def prepare_data(
     force: bool = False,
     checksums: bool = False,
 ) -> Path:
-    """Generate the shapes set (or reuse it if it is already there) and return its folder.
+    """Notebook 01, section 1: generate the shapes set (or reuse it if it is already there) and return its folder.
 
     ``size`` is one of ``SIZES`` (``"small"`` takes a second or two, ``"workshop"`` is for
     instructors who want a heavier set). ``force=True`` regenerates it; ``checksums=True``
@@ -310,44 +291,22 @@ def prepare_data(
         force = True  # written by another version of the generator: it is derived data, redo it
     try:
         base.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(
-            f"cannot create the data folder ({exc.strerror}). Set {ENV_VAR} to a writable folder, "
-            "or pass root=... to prepare_data()."
-        ) from None
-    _remove_stale_temps(base, name)
-    tmp = base / f".{name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        try:
+        with new_folder(final, MANIFEST, DataError) as tmp:
             manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
-        except OSError as exc:  # read-only shared folder, full disk, quota...
-            raise DataError(
-                f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
-                f"folder with free space; if an instructor prepared a shared folder, ask for "
-                f"`python -m course_lib prepare --size {size}` there."
-            ) from exc
-        # The manifest is written last: a folder with a manifest is a finished one.
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if force and final.exists():
-            old = base / f".{name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                # Another process (a second notebook, another rank) finished first: use theirs.
-                if not (final / MANIFEST).is_file():
-                    raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            # The manifest is written last: a folder with a manifest is a finished one.
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    except OSError as exc:  # read-only shared folder, full disk, quota...
+        raise DataError(
+            f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
+            f"folder with free space; if an instructor prepared a shared folder, ask for "
+            f"`python -m course_lib prepare --size {size}` there."
+        ) from exc
     verify(final)
     return final
 
 
 def describe(folder: str | os.PathLike[str]) -> str:
-    """A one-line, machine-independent summary of a generated set (no absolute paths)."""
+    """Notebook 01, section 1: a one-line, machine-independent summary of a generated set (no absolute paths)."""
     m = read_manifest(folder)
     n_train = sum(m["counts"]["train"].values())
     n_val = sum(m["counts"]["val"].values())

@@ -28,10 +28,8 @@ import itertools
 import json
 import os
 import re
-import shutil
 import tarfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -39,6 +37,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from . import data as _data
+from ._support import new_folder
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -284,10 +283,6 @@ def shard_folder(split: str, size: str = _data.DEFAULT_SIZE, seed: int = 0,
     return _data.data_dir(root) / "webdataset" / _data.dataset_name(size, seed) / split
 
 
-def _host_tag() -> str:
-    return _data._host_tag()
-
-
 def _shardset_from_manifest(folder: Path, manifest: dict) -> ShardSet:
     paths = [folder / s["name"] for s in manifest["shards"]]
     return ShardSet(
@@ -357,18 +352,7 @@ def _write_atomically(
         reused = _reusable(final, params)
         if reused is not None:
             return reused
-    if final.exists():
-        if not final.is_dir():
-            raise ShardError(f"{final.name} exists and is a file; give write_image_shards a folder name")
-        theirs = not (final / MANIFEST).is_file() and any(final.iterdir())
-        if theirs:  # never delete a folder this module did not write
-            raise ShardError(
-                f"{final.name}/ already holds files that are not a shard set written here; choose a new or empty folder"
-            )
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with new_folder(final, MANIFEST, ShardError) as tmp:
         pattern = str(tmp / f"{name_prefix}-%06d.tar")
         # verbose=0: ShardWriter prints every file name it opens (an absolute path) otherwise
         with wds.ShardWriter(
@@ -383,35 +367,16 @@ def _write_atomically(
             raise ValueError("no samples to write")
         shards = []
         for p in sorted(tmp.glob(f"{name_prefix}-*.tar")):
-            names = [n for n, _ in list_members(p)]
-            keys = list(dict.fromkeys(n.split(".", 1)[0] for n in names))  # in order, once each
+            keys = list(dict.fromkeys(n.split(".", 1)[0] for n, _ in list_members(p)))  # in order, once each
             blob = p.read_bytes()
             shards.append({"name": p.name, "samples": len(keys), "bytes": len(blob),
                            "sha256": hashlib.sha256(blob).hexdigest(), "keys": keys})
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "params": params,
-            "pattern": brace_urls([s["name"] for s in shards]),
-            "samples": sum(s["samples"] for s in shards),
-            "bytes": sum(s["bytes"] for s in shards),
-            "shards": shards,
-        }
+        manifest = {"format_version": FORMAT_VERSION, "params": params,
+                    "pattern": brace_urls([s["name"] for s in shards]),
+                    "samples": sum(s["samples"] for s in shards), "bytes": sum(s["bytes"] for s in shards),
+                    "shards": shards}
         # The manifest is written last: a folder with a manifest is a finished one.
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                # another process (a second rank) finished first: use theirs
-                if _reusable(final, params) is None:
-                    raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return read_shardset(final)
 
 

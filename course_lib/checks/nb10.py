@@ -13,7 +13,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS, sbatch_options, script_settings
+from course_tools.slurm import sbatch_options, script_settings
+
+from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
 from ..instrument import EpochRecord
 from ._core import Hint, attempted, exercise, require, whole_number
 

@@ -1,0 +1,113 @@
+"""Internal support for the lesson modules: one helper per idea, none of them a lesson of its own.
+
+* files and folders written so that a reader never sees half of one (a temporary name, then a
+  rename), and never deleting a folder the course did not write;
+* the ``fork`` start method where the platform has it;
+* argument checks that say what was wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import operator
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40]
+
+
+@contextlib.contextmanager
+def new_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path``; rename it to ``path`` when the block ends without error."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+        os.replace(tmp, path)  # atomic on one file system: readers see all of it or nothing
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike[str], payload: bytes | str) -> Path:
+    """Write ``payload`` to ``path`` through a temporary file (see :func:`new_file`)."""
+    with new_file(path, "wb" if isinstance(payload, bytes) else "w") as f:
+        f.write(payload)
+    return Path(path)
+
+
+def _remove_dead_temps(final: Path) -> None:
+    """Remove temporary folders of ``final`` left by runs of this host that died (a killed kernel)."""
+    prefix = f".{final.name}.tmp-{_host()}-"
+    for tmp in final.parent.glob(f"{prefix}*"):
+        try:
+            os.kill(int(tmp.name[len(prefix):].split("-", 1)[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass  # not one of ours, or another user's live process
+
+
+@contextlib.contextmanager
+def new_folder(final: str | os.PathLike[str], marker: str, error: type[Exception]) -> Iterator[Path]:
+    """Build a folder under a temporary name beside ``final``; rename it into place when the block ends.
+
+    The caller writes ``marker`` (a manifest, an index) last: a folder holding it is a finished one.
+    An existing ``final`` is replaced only if it holds ``marker`` (the course wrote it) or is empty;
+    any other folder is refused with ``error``, and nothing is deleted. On an error the temporary
+    folder goes; if another process (a second notebook, another rank) put its own finished copy in
+    place meanwhile, that one is kept.
+    """
+    final = Path(final).expanduser()
+    if final.exists() and not final.is_dir():
+        raise error(f"{final.name} exists and is a file; give a folder name")
+    if final.is_dir() and not (final / marker).exists() and any(final.iterdir()):
+        raise error(f"{final.name}/ already holds files that the course did not write; "
+                    "choose a new or empty folder (nothing was deleted)")
+    replacing = (final / marker).exists()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_temps(final)
+    tmp = final.parent / f".{final.name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if not (tmp / marker).exists():
+            raise RuntimeError(f"new_folder: {marker} was not written; the folder is not finished")
+        if replacing:  # ours from an earlier run: swap, then delete the old one
+            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not (final / marker).exists():  # not another process's finished copy
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fork_context() -> Any:
+    """``multiprocessing``'s ``fork`` context where the platform has it (Linux, macOS), else ``spawn``'s."""
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def check_int(value: Any, name: str, minimum: int = 0) -> int:
+    """``value`` as an ``int`` >= ``minimum`` (NumPy and 0-d tensor integers too), or a ValueError naming ``name``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {n}")
+    return n

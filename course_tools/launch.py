@@ -1,0 +1,225 @@
+"""Start a ``torchrun`` job from a notebook or a test, with a timeout, and collect each rank's output.
+
+Process plumbing, not a lesson: notebooks 06, 08 and 10 call :func:`launch` to run the course's
+training scripts as real ``torchrun`` jobs. The rendezvous listens on 127.0.0.1 only; each rank's
+output is shown in rank order when the job ends; a failed rank raises :class:`LaunchError` with
+that rank's own error line; a job still running at the timeout is killed, every rank and every
+DataLoader worker below it included, instead of hanging the notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from course_lib.distributed import SLURM_NODELIST_VARS, SLURM_VARS, TORCHRUN_VARS
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed or timed out; ``result`` holds every rank's output."""
+
+    def __init__(self, message: str, result: "LaunchResult") -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class LaunchResult:
+    """What a :func:`launch` produced: each rank's lines, the launcher's own lines, how it ended."""
+
+    nproc: int
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    ranks: dict[int, list[str]] = field(default_factory=dict)
+    launcher: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def error_line(self, rank: int) -> str | None:
+        """The last ``SomeError: message`` line a rank printed, if any."""
+        # a Python exception line, or what a C++ exception printed before the process aborted
+        pattern = re.compile(r"^([\w.]*(Error|Exception|Interrupt)\b.*?:|\s*what\(\):)")
+        for line in reversed(self.ranks.get(rank, [])):
+            if pattern.match(line):
+                return line
+        return None
+
+    def first_error(self) -> str | None:
+        """The failed rank's error line, without the C++ source location gloo/NCCL put in front."""
+        rank = self.failed_rank()
+        line = self.error_line(rank) if rank is not None else None
+        return re.sub(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line) if line else None
+
+    def failed_rank(self) -> int | None:
+        """The root-cause rank torchrun names, else the first rank with an error line."""
+        text = "\n".join(self.launcher)
+        m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
+        if m:
+            return int(m.group(1))
+        return next((r for r in sorted(self.ranks) if self.error_line(r)), None)
+
+    def show(self, last: int | None = None, errors_only: bool = False) -> None:
+        """Print each rank's output in rank order (only the ``last`` lines of each, if given)."""
+        for rank in range(self.nproc):
+            lines = self.ranks.get(rank, [])
+            if errors_only:
+                err = self.error_line(rank)
+                lines = [err] if err else []
+            elif last is not None:
+                lines = lines[-last:]
+            print(f"── rank {rank} ──")
+            for line in lines:
+                print(f"  {line}")
+
+    def summary(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s: the job was stopped; the ranks were still running"
+        if self.ok:
+            return f"{self.nproc} ranks finished"
+        return f"rank {self.failed_rank()} failed first: {self.first_error() or 'no error line (see its output above)'}"
+
+
+_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$")
+
+
+def _split_by_rank(text: str, nproc: int) -> tuple[dict[int, list[str]], list[str]]:
+    ranks: dict[int, list[str]] = {r: [] for r in range(nproc)}
+    launcher: list[str] = []
+    for line in text.splitlines():
+        m = _PREFIX.match(line)
+        if m:
+            rank, rest = int(m.group(1)), m.group(2)
+            # torch prefixes its own traceback lines with "[rankN]:" too; drop the second copy
+            rest = re.sub(rf"^\[rank{rank}\]:\s?", "", rest)
+            ranks.setdefault(rank, []).append(rest)
+        elif line.strip() and not re.match(r"^[WI]\d{4} .*(\*{5}|OMP_NUM_THREADS)", line):
+            launcher.append(line)
+    return ranks, launcher
+
+
+def torchrun_command(target: Sequence[str], nproc: int, module: bool = True) -> list[str]:
+    """The torchrun command line :func:`launch` runs: ``--standalone``, pinned to 127.0.0.1.
+
+    ``--standalone`` means a one-node rendezvous on a free port of ``localhost``; the explicit
+    form below is the same, with the address written as 127.0.0.1 so that nothing listens on
+    other interfaces.
+    """
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes=1", f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
+        "--local-addr=127.0.0.1", "--max-restarts=0",
+        "--tee=3",  # each rank's lines get the prefix set in launch() (env var: older torchrun has no flag)
+    ]
+    return cmd + (["-m"] if module else []) + list(target)
+
+
+def launch(
+    target: str,
+    *args: str,
+    nproc: int = 2,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    show: bool = True,
+) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and collect the output.
+
+    ``target`` is a module name (``"course_lib.train"``) or a path to a ``.py`` script. Each
+    rank's lines are shown in rank order when the job ends (``show``). The whole job is killed
+    after ``timeout`` seconds, so a rank stuck in a collective cannot hang the notebook. With
+    ``check``, a failed or timed-out job raises :class:`LaunchError` naming the failed rank and
+    its error; ``check=False`` returns the result for inspection instead.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    module = not target.endswith(".py")
+    if not module and not Path(target).is_file():
+        raise FileNotFoundError(f"no script {target!r}; give a path to a .py file or a module name")
+    child_env = dict(os.environ)
+    for name in TORCHRUN_VARS + SLURM_VARS + SLURM_NODELIST_VARS:
+        child_env.pop(name, None)  # this notebook's own job must not leak into the child job
+    child_env.update(
+        PYTHONUNBUFFERED="1",  # a killed rank still shows what it printed
+        GLOO_SOCKET_IFNAME=child_env.get("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else ""),
+        OMP_NUM_THREADS=child_env.get("OMP_NUM_THREADS", "1"),
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]:",  # what _split_by_rank parses
+        **(env or {}),
+    )
+    if not child_env["GLOO_SOCKET_IFNAME"]:
+        del child_env["GLOO_SOCKET_IFNAME"]
+    cmd = torchrun_command([target, *args], nproc, module=module)
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env, start_new_session=True
+    )
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, _ = proc.communicate()
+    result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
+    result.ranks, result.launcher = _split_by_rank(out, nproc)
+    if show:
+        result.show()
+    if check and not result.ok:
+        raise LaunchError(result.summary(), result)
+    return result
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; elsewhere an empty list)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop torchrun, every rank and every DataLoader worker below it.
+
+    torchrun starts each rank in a session of its own, so signalling torchrun's process group
+    does not reach them; their pids are collected first and each rank's group is killed too.
+    """
+    below = _descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [proc.pid, *below]:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            proc.wait(timeout=5.0)
+            if sig == signal.SIGKILL or not any(_alive(p) for p in below):
+                return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="ignore").lower()

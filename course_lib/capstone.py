@@ -1,5 +1,5 @@
-"""The capstone (notebook 10): a small CNN trained under DDP over WebDataset shards, with its data
-stall measured on every rank, and the Slurm script that runs the tuned settings on a cluster.
+"""Notebook 10, the capstone: a small CNN trained under DDP over WebDataset shards, with its data
+stall measured on every rank.
 
 Three entry points, one pipeline:
 
@@ -8,8 +8,8 @@ Three entry points, one pipeline:
 * ``torchrun --nproc-per-node=N -m course_lib.capstone train --shards DIR ...`` trains
   :class:`course_lib.train.SmallCNN` on every rank over the same pipeline, and each rank writes
   ``rankN.json``: what it read, and how long it waited for data (the same instrument again);
-* :func:`render_slurm_script` / :func:`write_slurm_script` turn the tuned settings into a batch
-  script in the style of ``hpc/train_1node.sbatch``.
+* :func:`cpus_per_task` sizes a Slurm job for the tuned settings (``course_tools.slurm`` writes the
+  script, in the style of ``hpc/train_1node.sbatch``).
 
 **Equal batches on every rank, by design.** A cluster job's ranks × workers changes from one job
 to the next (4 GPUs × 7 workers = 28 readers), and shards rarely divide evenly among them; a rank
@@ -39,22 +39,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import io
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
-from PIL import Image
-from torchvision.transforms.v2.functional import pil_to_tensor  # imported here: slow the first time
 
 from . import distributed
+from .datasets import image_tensor
 from .instrument import EpochRecord, InstrumentedLoader, simulated_step
 from .shards import ShardError, check_enough_shards, find_shards, read_shardset
+
+__all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "STALL_TARGET", "STEP_MS", "SimulatedDecode", "build_dataset",
+           "check_job", "cpus_per_task", "make_loader", "measure", "plot_stall", "run_epoch", "sweep"]
 
 #: The notebook's workload: what one sample costs to decode, and one training step, in ms.
 DECODE_MS = 9.0
@@ -68,7 +68,7 @@ STALL_TARGET = 0.15
 
 
 class EndlessShardCycle:
-    """Pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
+    """Notebook 10, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
     It comes after ``split_by_node`` and ``split_by_worker``, so it only ever sees this reader's
     own shards. Each call (one per epoch on a persistent worker) draws new orders from ``seed``,
@@ -99,7 +99,7 @@ class EndlessShardCycle:
 
 
 class SimulatedDecode:
-    """Pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
+    """Notebook 10, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
 
     The cost is accrued and paid in sleeps of at least ``chunk_ms``, counting the time actually
     slept: on a busy machine every wake-up comes late, and a sleep per sample would add up those
@@ -122,17 +122,14 @@ class SimulatedDecode:
         return sample
 
 
-def decode_sample(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
-    """``(jpg bytes, cls bytes, key)`` -> ``(float image [3, H, W] in [0, 1], label, key)``, decoded
-    with PIL as in the rest of the course."""
+def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
+    """``(jpg bytes, cls bytes, key)`` -> ``(float image [3, H, W] in [0, 1], label, key)``."""
     jpg, cls, key = sample
-    with Image.open(io.BytesIO(jpg)) as image:
-        pixels = pil_to_tensor(image.convert("RGB"))
-    return pixels.float().div_(255), int(cls), key
+    return image_tensor(jpg), int(cls), key
 
 
 def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS):
-    """The shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
+    """Notebook 10, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
     import webdataset as wds
 
     return wds.DataPipeline(
@@ -142,7 +139,7 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
         EndlessShardCycle(seed),
         wds.tarfile_to_samples(),
         wds.to_tuple("jpg", "cls", "__key__"),
-        wds.map(decode_sample),
+        wds.map(_decode),
         wds.map(SimulatedDecode(decode_ms)),
     )
 
@@ -156,7 +153,7 @@ def make_loader(
     seed: int = 0,
     pin_memory: bool = False,
 ) -> InstrumentedLoader:
-    """An :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
+    """Notebook 10, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
     orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
         raise ValueError(f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
@@ -170,7 +167,7 @@ def make_loader(
 
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
-    """Take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
+    """Notebook 10, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
 
     Returns the epoch's record and the batches' worker ids. The iterator is dropped at the end,
     which closes the last step's timing (the loop never asks for a batch after it).
@@ -197,7 +194,7 @@ def measure(
     batch_size: int = BATCH_SIZE,
     seed: int = 0,
 ) -> EpochRecord:
-    """Time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
+    """Notebook 10, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
     record.settings.update(decode_ms=decode_ms, step_ms=step_ms)  # the workload, for the checks
@@ -207,14 +204,14 @@ def measure(
 
 
 def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: Any) -> dict[int, EpochRecord]:
-    """:func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
+    """Notebook 10, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
     if name not in ("num_workers", "prefetch_factor"):
         raise ValueError(f"sweep over 'num_workers' or 'prefetch_factor', not {name!r}")
     return {v: measure(urls, **{**fixed, name: v}) for v in values}
 
 
 def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
-    """The steady data stall of each measured setting as bars, green under ``target``, and the target line.
+    """Notebook 10, section 3: the steady data stall of each measured setting as bars, green under ``target``, and the target line.
 
     The steady stall leaves out the first batch (start-up), which in a short measurement would
     otherwise weigh as much as a long job's whole warm-up.
@@ -242,7 +239,7 @@ def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, na
 # --------------------------------------------------------------------------- the training script
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m course_lib.capstone", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train on every rank (start it with torchrun)")
@@ -281,7 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int) -> list[Path]:
-    """The job's shard files, after checking they exist and are enough for ranks × workers readers."""
+    """Notebook 10, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
     paths = find_shards(shards)  # ShardError naming what is missing
@@ -297,7 +294,7 @@ def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int)
     return paths
 
 
-def one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -> int:
+def _one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -> int:
     """Steps per rank for about one pass over the shards, from their folder's manifest."""
     try:
         samples = read_shardset(paths[0].parent).samples
@@ -313,34 +310,20 @@ def one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) ->
     return batches
 
 
-def train(args: argparse.Namespace) -> dict:
+def _train(args: argparse.Namespace) -> dict:
     """One rank's run: returns (and writes, with ``--report``) what it read and how long it waited."""
-    import torch.distributed as dist
     import torch.nn.functional as F
-    from torch import nn
 
-    from .train import SmallCNN, weights_digest
+    from .train import ddp_model, epoch_mean_loss, weights_digest
 
     env = distributed.dist_env()
     paths = check_job(args.shards, env.world_size, args.workers)  # before any rendezvous: fail fast, all ranks alike
-    epoch_batches = args.epoch_batches or one_pass_batches(paths, env.world_size, args.batch_size)
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if use_cuda and torch.cuda.device_count() == 0:
-        raise distributed.DistEnvError("--device cuda, but this process sees no GPU; use --device cpu or auto")
-    device = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    if env.world_size == 1:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        distributed.init_process_group("nccl" if use_cuda else "gloo", timeout_s=args.timeout, env=env)
+    epoch_batches = args.epoch_batches or _one_pass_batches(paths, env.world_size, args.batch_size)
+    env, device = distributed.start(args.device, args.timeout)
     try:
         loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
-                             args.decode_ms, args.seed + env.rank, pin_memory=use_cuda)
-        torch.manual_seed(args.seed)
-        model = SmallCNN().to(device)
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+                             args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda")
+        model, ddp, opt = ddp_model(device, args.seed, args.lr)
         report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
                         "workers": args.workers, "prefetch_factor": args.prefetch_factor,
                         "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": []}
@@ -360,9 +343,6 @@ def train(args: argparse.Namespace) -> dict:
                 losses.append(loss.item())
 
             record, workers = run_epoch(loader, epoch_batches, step)
-            dist.barrier()
-            total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
-            dist.all_reduce(total)
             by_worker: dict[str, list[str]] = {}
             for worker, batch_keys in zip(workers, keys):
                 by_worker.setdefault(str(worker), []).extend(batch_keys)
@@ -371,7 +351,7 @@ def train(args: argparse.Namespace) -> dict:
                 "stall": record.stall_fraction, "steady_stall": record.steady_stall_fraction,
                 "first_batch_s": record.first_batch_s, "mean_wait_ms": 1000 * record.waited / max(1, len(keys)),
                 "mean_step_ms": 1000 * record.mean_step, "mean_load_ms": 1000 * record.mean_load,
-                "seconds": record.wall, "mean_loss": float(total[0] / max(total[1], 1)),
+                "seconds": record.wall, "mean_loss": epoch_mean_loss(losses, device),
             })
             print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
                   f"{len(by_worker)} reader(s); waiting for data {record.steady_stall_fraction:.0%} of the time "
@@ -382,7 +362,7 @@ def train(args: argparse.Namespace) -> dict:
         del loader
         return report
     finally:
-        dist.destroy_process_group()
+        distributed.finish()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -390,10 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .datasets import DataNotFoundError
 
-    args = parse_args(argv)
+    args = _parse_args(argv)
     try:
         if args.command == "train":
-            record(train)(args)  # torchrun then names the rank whose error came first
+            record(_train)(args)  # torchrun then names the rank whose error came first
         elif args.command == "check":
             paths = check_job(args.shards, args.ranks, args.workers)
             print(f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
@@ -414,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
-    """CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
+    """Notebook 10, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
     and ``num_workers`` DataLoader workers, each of which keeps one core busy when it must."""
     if ranks_per_node < 1 or num_workers < 0:
         raise ValueError(f"need ranks_per_node >= 1 and num_workers >= 0, got {ranks_per_node} and {num_workers}")

@@ -126,7 +126,7 @@ def _hsv_to_rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
 
 
 def draw_shape(label: int, rng: np.random.Generator, image_size: int = 64) -> Image.Image:
-    """Notebook 01, section 3: one RGB image of class ``CLASSES[label]``, its variation drawn from ``rng``.
+    """Notebook 01, section 0: one RGB image of class ``CLASSES[label]``, its variation drawn from ``rng``.
 
     Drawn at twice the size and downsampled, which smooths the edges.
     """
@@ -271,7 +271,7 @@ def prepare_data(
     force: bool = False,
     checksums: bool = False,
 ) -> Path:
-    """Notebook 01, section 1: generate the shapes set (or reuse it if it is already there) and return its folder.
+    """Notebook 01, section 0: generate the shapes set (or reuse it if it is already there) and return its folder.
 
     ``size`` is one of ``SIZES`` (``"small"`` takes a second or two, ``"workshop"`` is for
     instructors who want a heavier set). ``force=True`` regenerates it; ``checksums=True``
@@ -306,7 +306,7 @@ def prepare_data(
 
 
 def describe(folder: str | os.PathLike[str]) -> str:
-    """Notebook 01, section 1: a one-line, machine-independent summary of a generated set (no absolute paths)."""
+    """Notebook 01, section 0: a one-line, machine-independent summary of a generated set (no absolute paths)."""
     m = read_manifest(folder)
     n_train = sum(m["counts"]["train"].values())
     n_val = sum(m["counts"]["val"].values())

@@ -1,4 +1,4 @@
-"""Map-style datasets taught in notebook 01 and used throughout the course.
+"""Notebook 01: map-style datasets, used throughout the course.
 
 A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes here are
 deliberately short so that a learner can read them whole; they live in a module (not in a
@@ -7,6 +7,7 @@ notebook cell) so that DataLoader worker processes can pickle them under any sta
 
 from __future__ import annotations
 
+import io
 import operator
 import os
 from pathlib import Path
@@ -19,15 +20,18 @@ from torch.utils.data import Dataset
 
 from . import data as _data
 
+__all__ = ["DataNotFoundError", "ImageFileDataset", "InMemoryDataset", "RandomSequences", "WithIndex",
+           "check_index", "image_tensor", "shapes"]
+
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 class DataNotFoundError(FileNotFoundError):
-    """A data folder is missing or holds no images; the message says how to create it."""
+    """Notebook 01, section 2: a data folder is missing or holds no images; the message says how to create it."""
 
 
 def check_index(index: Any, length: int) -> int:
-    """Turn ``index`` into a valid non-negative position, as a Python sequence would.
+    """Notebook 01, section 1: turn ``index`` into a valid non-negative position, as a Python sequence would.
 
     Raises ``IndexError`` (with the dataset's length) when it is out of range: ``for x in
     dataset`` relies on that error to know where the data ends.
@@ -47,7 +51,7 @@ def check_index(index: Any, length: int) -> int:
 
 
 class InMemoryDataset(Dataset):
-    """Samples (and optional targets) already held in memory: the classic first Dataset.
+    """Notebook 01, section 1: samples (and optional targets) already held in memory, the classic first Dataset.
 
     ``dataset[i]`` returns ``transform(data[i])``, or ``(transform(data[i]),
     target_transform(targets[i]))`` when targets are given.
@@ -87,7 +91,7 @@ class InMemoryDataset(Dataset):
 
 
 class ImageFileDataset(Dataset):
-    """Images stored one file per sample in an ImageFolder layout: ``root/<split>/<class>/<file>``.
+    """Notebook 01, section 2: images stored one file per sample, ``root/<split>/<class>/<file>``.
 
     Only the file list is built in ``__init__``; each image is opened and decoded in
     ``__getitem__``, so memory stays small however large the set is. ``root`` is the folder
@@ -174,6 +178,21 @@ class ImageFileDataset(Dataset):
         )
 
 
+def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int | None = None) -> torch.Tensor:
+    """Notebook 01, section 2: an image (JPEG/PNG bytes, a file or a PIL image) as a float tensor ``[3, H, W]`` in [0, 1].
+
+    ``size`` resizes it to ``size`` × ``size`` pixels first. Pillow decodes in C, releasing the GIL.
+    """
+    if isinstance(image, Image.Image):
+        rgb = image.convert("RGB")
+    else:
+        with Image.open(io.BytesIO(image) if isinstance(image, (bytes, bytearray, memoryview)) else image) as opened:
+            rgb = opened.convert("RGB")
+    if size is not None:
+        rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).float().div_(255)
+
+
 def shapes(
     split: str = "train",
     transform: Callable[[Image.Image], Any] | None = None,
@@ -183,7 +202,7 @@ def shapes(
     seed: int = 0,
     root: str | os.PathLike[str] | None = None,
 ) -> ImageFileDataset:
-    """The generated shapes set as an :class:`ImageFileDataset` (it must be prepared first)."""
+    """Notebook 01, section 2: the generated shapes set as an :class:`ImageFileDataset` (prepare it first)."""
     folder = _data.data_dir(root) / _data.dataset_name(size, seed)
     if not folder.is_dir():
         raise DataNotFoundError(
@@ -195,7 +214,7 @@ def shapes(
 
 
 class RandomSequences(Dataset):
-    """Integer token sequences of varying length, for batching variable-length samples (notebook 03).
+    """Notebook 03, section 4: integer token sequences of varying length, for batching variable-length samples.
 
     Sample ``i`` is ``(tokens, label)``: ``tokens`` a 1-D ``int64`` tensor of length between
     ``min_len`` and ``max_len`` with values in ``1..vocab-1`` (0 is kept free for padding), and
@@ -220,10 +239,10 @@ class RandomSequences(Dataset):
 
 
 class WithIndex(Dataset):
-    """Wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
+    """Notebook 06, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
 
-    Used to see which indices a rank or a worker actually loaded (notebook 06): the index rides
-    through the DataLoader with the sample, so nothing has to be guessed from the sampler.
+    The index rides through the DataLoader with the sample, so which indices a rank or a worker
+    actually loaded need not be guessed from the sampler.
     """
 
     def __init__(self, dataset: Dataset) -> None:

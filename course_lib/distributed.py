@@ -1,18 +1,13 @@
-"""Distributed helpers for notebook 06 and the Slurm scripts in ``hpc/``.
+"""Notebook 06: data-parallel jobs, from "who am I?" to what each rank loaded.
 
-Three jobs, each small enough to read whole:
-
-* :func:`dist_env` answers "who am I?" (rank, local rank, world size, rendezvous address), from
-  torchrun's variables or, failing that, from Slurm's, like IDRIS's ``idr_torch`` does on Jean
-  Zay. A half-set environment is an error that names what is missing, never a silent rank 0 of 1.
-* :func:`init_process_group` starts ``torch.distributed`` from that answer.
-* :func:`launch` runs a course script under ``torchrun`` from a notebook: a subprocess with a
-  timeout, the rendezvous on 127.0.0.1, and each rank's output collected and shown in rank order.
-  A failed rank raises :class:`LaunchError` with that rank's own error; a hung job is killed at
-  the timeout instead of hanging the notebook.
-
-Plus :func:`sampler_shares`, which runs torch's real ``DistributedSampler`` for every rank in one
-process, so a notebook can look at what each rank would get without starting any process.
+* :func:`dist_env` answers "who am I?" (rank, local rank, world size, rendezvous address) from
+  torchrun's variables or, failing that, Slurm's, as IDRIS's ``idr_torch`` does on Jean Zay. A
+  half-set environment is an error that names what is missing, never a silent rank 0 of 1.
+* :func:`start` joins the job: this rank's device, then ``torch.distributed`` (gloo on CPU, NCCL on
+  GPUs); :func:`finish` leaves it.
+* :func:`sampler_shares` runs torch's real ``DistributedSampler`` for every rank in one process,
+  so a notebook can look at each rank's share without starting any process.
+* :func:`write_report` / :func:`read_reports`: what each rank of a course script loaded.
 """
 
 from __future__ import annotations
@@ -21,16 +16,16 @@ import datetime
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
+
+from ._support import write_atomic
+
+__all__ = ["DistEnv", "DistEnvError", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
+           "read_reports", "sampler_shares", "start", "write_report"]
 
 #: torchrun sets all of these for every process it starts.
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -42,7 +37,7 @@ DEFAULT_PORT = 29500
 
 
 class DistEnvError(RuntimeError):
-    """The environment says "distributed", but not completely; the message says what is missing."""
+    """Notebook 06, section 4: the environment says "distributed", but not completely; the message says what is missing."""
 
 
 # --------------------------------------------------------------------------- who am I?
@@ -50,7 +45,7 @@ class DistEnvError(RuntimeError):
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits in a job: what ``torch.distributed`` needs to start."""
+    """Notebook 06, section 4: where this process sits in a job, what ``torch.distributed`` needs to start."""
 
     rank: int
     local_rank: int
@@ -72,7 +67,7 @@ class DistEnv:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
+    """Notebook 06, section 4: expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
 
     Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames``
     does. Only what is needed to find the first host and count nodes; nested brackets are rare
@@ -126,7 +121,7 @@ def _check_ranks(rank: int, local_rank: int, world_size: int, names: tuple[str, 
 
 
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
-    """Read rank, local rank, world size and the rendezvous address from the environment.
+    """Notebook 06, section 4: read rank, local rank, world size and the rendezvous address from the environment.
 
     torchrun's variables win when any of them is set (under ``srun torchrun`` both are present,
     and torchrun's describe the process it started). Otherwise Slurm's: ``SLURM_PROCID``,
@@ -171,25 +166,43 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(0, 0, 1, "127.0.0.1", DEFAULT_PORT, "single")
 
 
-def init_process_group(backend: str = "gloo", timeout_s: float = 600.0, env: DistEnv | None = None) -> DistEnv:
-    """Start ``torch.distributed`` for this process from :func:`dist_env` and return it.
+def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]:
+    """Notebook 06, section 5: join the job as this process's rank; return ``(env, device)``.
 
-    ``timeout_s`` bounds how long a collective may wait for the other ranks: a rank that runs
-    out of data then fails with an error instead of waiting for torch's default (30 minutes
-    for gloo, 10 for NCCL). Keep it generous on a cluster: start-up and checkpoints wait too.
+    The device is a GPU per local rank when there is one (``device="auto"``), else the CPU; the
+    process group then uses NCCL or gloo. A job of one process (world size 1, e.g. a notebook)
+    gets a group of one without any rendezvous or port. Keep ``timeout_s`` generous on a cluster:
+    start-up and checkpoints wait too.
     """
+    import torch
     import torch.distributed as dist
 
-    env = env or dist_env()
-    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    env = dist_env()
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and torch.cuda.device_count() == 0:
+        raise DistEnvError("device cuda was asked for, but this process sees no GPU; use --device cpu or auto")
+    # usually one GPU per local rank; with --gpus-per-task=1 each task sees only its own, as cuda:0
+    dev = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)  # else every rank's pin-memory thread opens a context on GPU 0
+    if env.world_size == 1:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return env, dev
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)  # torch's env:// rendezvous reads these two
     os.environ.setdefault("MASTER_PORT", str(env.master_port))
-    dist.init_process_group(
-        backend,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    return env
+    # timeout_s bounds how long a collective waits for the other ranks: a rank that runs out of
+    # data then fails with an error instead of waiting torch's default (30 min for gloo, 10 for NCCL)
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return env, dev
+
+
+def finish() -> None:
+    """Notebook 06, section 5: leave the job (destroy this rank's process group)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- what does each rank get?
@@ -204,7 +217,7 @@ def sampler_shares(
     seed: int = 0,
     set_epoch: bool = True,
 ) -> np.ndarray:
-    """The indices torch's ``DistributedSampler`` gives each rank: a (world_size, per-rank) array.
+    """Notebook 06, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
 
     It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
     is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``.
@@ -232,7 +245,7 @@ def sampler_shares(
 
 
 def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
-    """Count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
+    """Notebook 06, section 1: count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
     counts = np.bincount(shares.ravel(), minlength=dataset_len)
     return {
         "samples": dataset_len,
@@ -244,7 +257,7 @@ def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
 
 
 def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None = None):
-    """Draw which rank gets which index: one row per rank, one column per sample of the data set.
+    """Notebook 06, section 1: draw which rank gets which index, one row per rank, one column per sample.
 
     A cell is coloured by the rank that loads that sample; a sample a rank loads twice (padding)
     is drawn dark with a black outline, and a sample nobody loads stays white. Returns the figure.
@@ -281,36 +294,15 @@ def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None
 
 
 def write_report(folder: str | os.PathLike[str], rank: int, report: dict) -> Path:
-    """Write one rank's JSON report as ``FOLDER/rankN.json`` (read back by :func:`read_reports`).
-
-    It is written under a temporary name and renamed, so a reader never sees half a report.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(report))
-    return tmp.replace(folder / f"rank{rank}.json")
+    """Notebook 06, section 5: write one rank's JSON report as ``FOLDER/rankN.json``, atomically
+    (a reader never sees half of one)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return write_atomic(Path(folder) / f"rank{rank}.json", json.dumps(report))
 
 
 def read_reports(folder: str | os.PathLike[str]) -> list[dict]:
-    """The JSON reports written by ``course_lib.train --report FOLDER``, one per rank, in rank order."""
+    """Notebook 06, section 5: the ``rankN.json`` reports of a course script's ranks, in rank order."""
     paths = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     if not paths:
         raise FileNotFoundError(f"no rank*.json reports in {folder}; run course_lib.train with --report {folder}")
     return [json.loads(p.read_text()) for p in paths]
-
-
-def coverage(shares: Sequence[Sequence[int]], dataset_len: int) -> dict[str, object]:
-    """Check that the ranks' index lists are disjoint and cover ``range(dataset_len)`` once.
-
-    Returns counts (``repeated`` and ``missing`` are sorted index lists), with ``exact`` True only
-    when every index was seen exactly once.
-    """
-    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in shares]) if len(shares) else np.array([], np.int64)
-    if flat.size and (flat.min() < 0 or flat.max() >= dataset_len):
-        raise ValueError(f"indices outside 0..{dataset_len - 1}; is dataset_len right?")
-    counts = np.bincount(flat, minlength=dataset_len)
-    repeated = np.flatnonzero(counts > 1).tolist()
-    missing = np.flatnonzero(counts == 0).tolist()
-    return {"seen": int(flat.size), "distinct": int((counts > 0).sum()), "repeated": repeated,
-            "missing": missing, "exact": not repeated and not missing}

@@ -53,7 +53,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ._support import fork_context, write_atomic
 from .data import CLASSES, draw_shape
+from .datasets import check_index
 
 __all__ = [
     "CacheError",
@@ -124,13 +126,6 @@ def sample_nbytes(image_size: int) -> int:
     return len(_npy_bytes(np.zeros((image_size, image_size, 3), dtype=np.uint8)))
 
 
-def _write_atomic(folder: Path, name: str, payload: bytes) -> None:
-    tmp = folder / f".{name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, folder / name)  # atomic on one file system: readers see all of it or nothing
-
-
 def _producer_main(
     producer: int, folder: str, seed: int, image_size: int, commands: Any, done: Any, fail_at: int | None
 ) -> None:
@@ -158,7 +153,8 @@ def _producer_main(
                     # a simulated failure halfway through a request, like a lost connection
                     raise ConnectionError(f"producer {producer}: the remote store went away (simulated)")
                 array, label = make_sample(seed, producer, request, number, image_size)
-                _write_atomic(Path(folder), sample_name(request, producer, number, label), _npy_bytes(array))
+                # a temporary name, then a rename: a reader lists and opens complete files only
+                write_atomic(Path(folder) / sample_name(request, producer, number, label), _npy_bytes(array))
             done.put((producer, request, None))
     except Exception as exc:
         import traceback
@@ -216,8 +212,6 @@ class CacheSnapshot(Dataset):
         return np.array([parse_name(n)[3] for n in self.names], dtype=np.int64)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        from .datasets import check_index
-
         name = str(self.names[check_index(index, len(self))])
         try:
             array = np.load(self.folder / name)
@@ -323,7 +317,7 @@ class GrowingCache:
         self.budget_bytes, self.producers, self.per_request = int(budget_bytes), producers, per_request
         self.image_size, self.seed, self.timeout, self.policy = image_size, seed, timeout, policy
         self.fail_at = fail_at
-        self._ctx = mp.get_context(start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn"))
+        self._ctx = mp.get_context(start_method) if start_method else fork_context()
         self._check_folder(clear)
         self._procs: list[Any] = []
         self._commands: list[Any] = []

@@ -1,10 +1,10 @@
-"""Feeding a raw, uncompressible tensor stream at GB/s: where the bytes go, and the reused-buffer fix.
+"""Notebook 09, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
 The question (asked about scientific data at 300-600 MB/s): can PyTorch feed a training loop that
 fast when the GIL is in the way? Notebook 09 answers it by measuring, in one run, on the same
 bytes:
 
-* the physical limit: :func:`read_sequential` with ``reuse=True``, a plain sequential read from
+* the physical limit: :func:`_read_sequential` with ``reuse=True``, a plain sequential read from
   the page cache into one reused buffer of one sample (small enough to stay in the CPU cache:
   the fastest a process copies bytes out of the page cache);
 * the same read into a reused buffer of one **batch** (as large as what the loop receives), and
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +33,12 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from ._support import new_file, write_atomic
+from .timing import medians
+
+__all__ = ["RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_shards", "gbps", "index_tensor_shards",
+           "plot_main_process", "plot_rates", "write_raw_tensors"]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
 PAGE = 4096
@@ -63,7 +68,7 @@ class _Float32Samples:
 
 
 @dataclass(frozen=True)
-class RawTensorFile(_Float32Samples):
+class _RawTensorFile(_Float32Samples):
     """A file of ``n`` float32 samples of ``sample_bytes`` each, back to back, and its JSON sidecar."""
 
     path: str
@@ -76,8 +81,8 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> RawTensorFile:
-    """Write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
+def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _RawTensorFile:
+    """Notebook 09, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
     Written to a temporary name and renamed, the sidecar last, so a killed run never leaves a
     file that looks complete. Same arguments, same bytes.
@@ -87,28 +92,25 @@ def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = 
     if sample_bytes < 4 or sample_bytes % 4:
         raise ValueError(f"sample_bytes must be a positive multiple of 4 (float32), got {sample_bytes}")
     path = Path(path)
-    want = RawTensorFile(str(path), n, sample_bytes, seed)
+    want = _RawTensorFile(str(path), n, sample_bytes, seed)
     try:
-        if open_raw(path) == want:
+        if _open_raw(path) == want:
             return want
     except RawDataError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     rng = np.random.default_rng(seed)
     try:
-        with open(tmp, "wb") as f:
+        with new_file(path) as f:
             for _ in range(n):
                 f.write(rng.random(sample_bytes // 4, dtype=np.float32).tobytes())
-        tmp.replace(path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise RawDataError(f"could not write {path.name} ({n * sample_bytes / 2**20:.0f} MiB): {exc}") from exc
-    _sidecar(path).write_text(json.dumps({k: v for k, v in asdict(want).items() if k != "path"}))
+    write_atomic(_sidecar(path), json.dumps({k: v for k, v in asdict(want).items() if k != "path"}))
     return want
 
 
-def open_raw(path: str | os.PathLike[str]) -> RawTensorFile:
+def _open_raw(path: str | os.PathLike[str]) -> _RawTensorFile:
     """Describe an existing raw tensor file, checking its size against its sidecar."""
     path = Path(path)
     side = _sidecar(path)
@@ -118,7 +120,7 @@ def open_raw(path: str | os.PathLike[str]) -> RawTensorFile:
             f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
     meta = json.loads(side.read_text())
-    raw = RawTensorFile(str(path), int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
+    raw = _RawTensorFile(str(path), int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
     size = path.stat().st_size
     if size != raw.nbytes:
         raise RawDataError(f"{path.name} holds {size} bytes but its description says {raw.nbytes}: truncated? Write it again.")
@@ -126,14 +128,14 @@ def open_raw(path: str | os.PathLike[str]) -> RawTensorFile:
 
 
 class RawTensorDataset(Dataset):
-    """Sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
+    """Notebook 09, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
 
     Each call reads 1 sample with ``os.pread`` into a **fresh** array. The file is opened lazily
     in each process (a descriptor inherited through ``fork`` would share its offset; ``pread``
     needs no offset, but a fresh open also works under ``spawn``).
     """
 
-    def __init__(self, raw: RawTensorFile) -> None:
+    def __init__(self, raw: _RawTensorFile) -> None:
         self.raw = raw
         self._fd: int | None = None
         self._pid = -1
@@ -171,17 +173,24 @@ def _read_into(fd: int, view: memoryview, offset: int) -> None:
         done += n
 
 
-def touch(batch: torch.Tensor) -> float:
+def _shared_empty(nbytes: int) -> torch.Tensor:
+    """A float32 tensor of ``nbytes`` allocated directly in shared memory, as ``default_collate`` does in a
+    worker (``torch.UntypedStorage._new_shared``: private, checked with torch 2.14 and 2.15). The public
+    ``torch.empty(...).share_memory_()`` would allocate, then copy into shared memory."""
+    return torch.empty(0, dtype=torch.float32).set_(torch.UntypedStorage._new_shared(nbytes))
+
+
+def _touch(batch: torch.Tensor) -> float:
     """The least a training loop does with a batch: read one value per 4 KiB page.
 
     It forces every page of the batch into this process (a page handed over from another process
-    costs a page fault on first touch) without spending time on arithmetic.
+    costs a page fault on first _touch) without spending time on arithmetic.
     """
     flat = batch.reshape(-1)
     return float(flat[:: PAGE // flat.element_size()].sum())
 
 
-class RawBatchDataset(Dataset):
+class _RawBatchDataset(Dataset):
     """Batch ``b`` of a raw tensor file, read whole with one system call: use it with ``batch_size=None``.
 
     The per-sample :class:`RawTensorDataset` reads ``batch_size`` small arrays and lets collate
@@ -190,7 +199,7 @@ class RawBatchDataset(Dataset):
     main process without another copy; but it is still a **fresh** allocation for every batch.
     """
 
-    def __init__(self, raw: RawTensorFile, batch_size: int) -> None:
+    def __init__(self, raw: _RawTensorFile, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.samples, self.batch_size = RawTensorDataset(raw), batch_size
@@ -204,8 +213,7 @@ class RawBatchDataset(Dataset):
             raise IndexError(f"batch {index} is out of range for {len(self)} batches")
         count = min(self.batch_size, raw.n - index * self.batch_size)
         if torch.utils.data.get_worker_info() is not None:  # born in shared memory: no copy on the way out
-            storage = torch.UntypedStorage._new_shared(count * raw.sample_bytes)
-            out = torch.empty(0, dtype=torch.float32).set_(storage).view(count, raw.sample_len)
+            out = _shared_empty(count * raw.sample_bytes).view(count, raw.sample_len)
         else:
             out = torch.empty(count, raw.sample_len, dtype=torch.float32)
         _read_into(self.samples._file(), memoryview(out.numpy()).cast("B"), index * self.batch_size * raw.sample_bytes)
@@ -216,7 +224,7 @@ class RawBatchDataset(Dataset):
 
 
 @dataclass(frozen=True)
-class TensorShardIndex(_Float32Samples):
+class _TensorShardIndex(_Float32Samples):
     """Where the float32 payload of every ``.npy`` member of some tar shards lies.
 
     Tar stores members uncompressed, and a ``.npy`` file is a short header followed by the raw
@@ -233,8 +241,8 @@ class TensorShardIndex(_Float32Samples):
         return len(self.locations)
 
 
-def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> TensorShardIndex:
-    """Index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
+def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _TensorShardIndex:
+    """Notebook 09, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
     Reads only the tar and ``.npy`` headers. Every array must be a little-endian float32 array in
     C order, all of the same size: anything else is a :class:`RawDataError` naming the member.
@@ -271,33 +279,33 @@ def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> TensorShardI
                 locations.append((number, f.tell()))
     if sample_bytes is None:
         raise RawDataError("no .npy members in the shards given: write them with shards.write_tensor_shards(...)")
-    return TensorShardIndex(tuple(files), tuple(locations), sample_bytes)
+    return _TensorShardIndex(tuple(files), tuple(locations), sample_bytes)
 
 
-def npy_tensor(sample: dict) -> torch.Tensor:
+def _npy_tensor(sample: dict) -> torch.Tensor:
     """A webdataset sample's ``.npy`` member as a tensor (never unpickled: ``allow_pickle=False``)."""
     from .shards import load_npy
 
     return torch.from_numpy(load_npy(sample["npy"]))
 
 
-def stack(samples: list[torch.Tensor]) -> torch.Tensor:
+def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
     """Collate a list of equal-sized tensors into a batch (what ``default_collate`` does to tensors)."""
     return torch.stack(samples)
 
 
-def shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
-    """The plain webdataset way: workers read the shards, decode ``.npy``, stack batches, send them over.
+def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
+    """The plain webdataset way: workers read the shards, decode ``.npy``, _stack batches, send them over.
 
     Shards are split among the workers, so give it at least ``num_workers`` shards.
     """
     import webdataset as wds
 
-    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(npy_tensor).batched(batch_size, collation_fn=stack)
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_npy_tensor).batched(batch_size, collation_fn=_stack)
     return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **loader_options)
 
 
-def read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int) -> Iterator[torch.Tensor]:
+def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int) -> Iterator[torch.Tensor]:
     """Read whole files front to back into one reused ``chunk_bytes`` buffer: the limit for shards."""
     buffer = np.empty(chunk_bytes, dtype=np.uint8)
     for path in paths:
@@ -309,7 +317,7 @@ def read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int) -> Ite
 # --------------------------------------------------------------------------- the physical limit
 
 
-def read_sequential(raw: RawTensorFile, batch_size: int, reuse: bool = True) -> Iterator[torch.Tensor]:
+def _read_sequential(raw: _RawTensorFile, batch_size: int, reuse: bool = True) -> Iterator[torch.Tensor]:
     """Read the file front to back, ``batch_size`` samples at a time, in one process.
 
     ``reuse=True`` reads every batch into the same buffer (the yielded tensor is overwritten by
@@ -365,7 +373,7 @@ def _ring_worker(files: tuple[str, ...], locations: np.ndarray, sample_bytes: in
 
 
 class RingLoader:
-    """Batches of a raw tensor file, read by worker processes into reused shared-memory slots.
+    """Notebook 09, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
 
     ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared
     memory. Workers read each batch's samples straight into a free slot; the main process yields a
@@ -374,14 +382,14 @@ class RingLoader:
     and DALI make the same contract). Batches come in order; ``shuffle`` draws a new sample order
     every epoch from ``seed + epoch``.
 
-    ``raw`` is a raw tensor file, or a :class:`TensorShardIndex` of the ``.npy`` members of tar
+    ``raw`` is a raw tensor file, or a :class:`_TensorShardIndex` of the ``.npy`` members of tar
     shards: the same reads, at the offsets the index found (the way MDS and FFCV read: an index
     of where each sample's bytes lie, then positional reads).
     """
 
     def __init__(
         self,
-        raw: "RawTensorFile | TensorShardIndex",
+        raw: "_RawTensorFile | _TensorShardIndex",
         batch_size: int,
         num_workers: int = 2,
         slots: int | None = None,
@@ -408,7 +416,7 @@ class RingLoader:
                 "Check `df -h /dev/shm` (containers default to 64 MB: docker run --shm-size=...), or use fewer "
                 "slots or smaller batches."
             ) from None
-        if isinstance(raw, TensorShardIndex):
+        if isinstance(raw, _TensorShardIndex):
             files, locations = raw.files, np.asarray(raw.locations, dtype=np.int64).reshape(-1, 2)
         else:
             files = (raw.path,)
@@ -525,7 +533,7 @@ class RingLoader:
 
 
 def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None) -> float:
-    """GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`touch`.
+    """Notebook 09, section 7: GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`_touch`.
 
     With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): the
     part of the pass the training loop's own process paid, as opposed to waiting for workers.
@@ -533,7 +541,7 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
     start, start_cpu = time.perf_counter(), time.process_time()
     seen = 0
     for batch in make_batches():
-        touch(batch)
+        _touch(batch)
         seen += batch.numel() * batch.element_size()
     seconds = time.perf_counter() - start
     if seen != nbytes:
@@ -543,16 +551,16 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
     return nbytes / seconds / 1e9
 
 
-def warm_page_cache(paths: "RawTensorFile | Iterable[str | os.PathLike[str]]") -> None:
+def _warm_page_cache(paths: "_RawTensorFile | Iterable[str | os.PathLike[str]]") -> None:
     """Read the files once, so every method reads from memory and none pays the disk."""
-    for path in [paths.path] if isinstance(paths, RawTensorFile) else paths:
+    for path in [paths.path] if isinstance(paths, _RawTensorFile) else paths:
         with open(path, "rb", buffering=0) as f:
             buf = bytearray(1 << 24)
             while f.readinto(buf):
                 pass
 
 
-def one_thread(batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+def _one_thread(batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
     """Iterate ``batches`` with torch's intra-op threads set to 1, as in a DataLoader worker.
 
     Workers run with one thread each; in the main process ``torch.stack`` would otherwise start a
@@ -578,28 +586,28 @@ def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]
     return results
 
 
-def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: int = 3,
+def compare(raw: _RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: int = 3,
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
+    """Notebook 09, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
     Returns ``{method: [GB/s per round]}``, the limit first (a read one sample at a time into one
     reused buffer); ``cpu``, if given, receives the main
     process's CPU seconds per GB for each method and round. Loaders with workers are built once
     and kept across rounds (persistent workers), so start-up is not counted.
     """
-    warm_page_cache(raw)
+    _warm_page_cache(raw)
     plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
-    whole = DataLoader(RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
+    whole = DataLoader(_RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
     single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
     with RingLoader(raw, batch_size, num_workers=workers) as ring:
         for loader in (plain, whole, ring):  # one untimed pass each: start the workers, map the slots
             for b in loader:
-                touch(b)
+                _touch(b)
         methods = {
-            "raw read, sample-sized reused buffer": (lambda: read_sequential(raw, 1, True), raw.nbytes),
-            "raw read, batch-sized reused buffer": (lambda: read_sequential(raw, batch_size, True), raw.nbytes),
-            "raw read, fresh batch buffer": (lambda: read_sequential(raw, batch_size, False), raw.nbytes),
-            "DataLoader, 0 workers": (lambda: one_thread(single), raw.nbytes),
+            "raw read, sample-sized reused buffer": (lambda: _read_sequential(raw, 1, True), raw.nbytes),
+            "raw read, batch-sized reused buffer": (lambda: _read_sequential(raw, batch_size, True), raw.nbytes),
+            "raw read, fresh batch buffer": (lambda: _read_sequential(raw, batch_size, False), raw.nbytes),
+            "DataLoader, 0 workers": (lambda: _one_thread(single), raw.nbytes),
             f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
             f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
             f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
@@ -611,11 +619,11 @@ def compare(raw: RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: 
 
 def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """The same comparison for float32 samples stored as ``.npy`` members of tar shards.
+    """Notebook 09, section 9: the same comparison for float32 samples stored as ``.npy`` members of tar shards.
 
     The limit is a read of the shard files themselves, one sample's size at a time, into a reused
     buffer (headers included: well under 1 % more bytes for 1 MiB samples); the plain way is webdataset with workers
-    (:func:`shard_loader`); the fix is a :class:`RingLoader` reading at the offsets of
+    (:func:`_shard_loader`); the fix is a :class:`RingLoader` reading at the offsets of
     :func:`index_tensor_shards`.
     """
     from .shards import brace_urls
@@ -625,14 +633,14 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
         raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
     index = index_tensor_shards(paths)
     file_bytes = sum(os.path.getsize(p) for p in paths)
-    warm_page_cache(paths)
-    plain = shard_loader(brace_urls(paths), batch_size, workers, persistent_workers=True)
+    _warm_page_cache(paths)
+    plain = _shard_loader(brace_urls(paths), batch_size, workers, persistent_workers=True)
     with RingLoader(index, batch_size, num_workers=workers) as ring:
         for loader in (plain, ring):
             for b in loader:
-                touch(b)
+                _touch(b)
         methods = {
-            "shard files read, sample-sized reused buffer": (lambda: read_files(paths, index.sample_bytes), file_bytes),
+            "shard files read, sample-sized reused buffer": (lambda: _read_files(paths, index.sample_bytes), file_bytes),
             f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
             f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
         }
@@ -641,12 +649,8 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
     return results
 
 
-def medians(results: dict[str, list[float]]) -> dict[str, float]:
-    return {k: statistics.median(v) for k, v in results.items()}
-
-
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
-    """Where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
+    """Notebook 09, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
     In one process the costs add up, so differences between neighbouring methods isolate them:
     the copy from the page cache (the reused-buffer read), a fresh buffer per batch, per-sample
@@ -676,7 +680,7 @@ def _colour(name: str) -> str:
 
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
-    """Horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
+    """Notebook 09, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
     from .viz import relative_bars
 
     med = medians(results)
@@ -687,7 +691,7 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
 
 def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
                       title: str = "Where the training loop's process spends its time") -> Any:
-    """Per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
+    """Notebook 09, section 8: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
     import matplotlib.pyplot as plt
 
     med, busy = medians(results), medians(cpu)

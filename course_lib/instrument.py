@@ -1,21 +1,21 @@
-"""An instrumented ``DataLoader``: see where the time goes (notebook 04).
+"""Notebook 04: an instrumented ``DataLoader``, to see where the time goes.
 
-:class:`InstrumentedLoader` takes the same arguments as ``torch.utils.data.DataLoader`` and
-builds a real one from them, so the batches, their order and the worker processes are exactly
-what a plain loader gives for the same seed. Around it, it records for every batch:
+:class:`InstrumentedLoader` takes the same arguments as ``torch.utils.data.DataLoader`` and builds
+a real one from them, so the batches, their order and the worker processes are exactly what a
+plain loader gives for the same seed. It records, for every batch, which worker made it and when,
+how long the training loop waited for it, and how long the loop's own step took.
 
-* which worker made it (``-1``: the main process, when ``num_workers=0``);
-* when that worker started and finished it (fetching the samples and collating them);
-* how long the training loop waited for it, and how long the loop's own step took.
+How, in three small pieces that travel with the DataLoader into every worker:
 
-The clock is ``time.perf_counter()``. It reads the system's monotonic clock on Linux, macOS and
-Windows, so times taken in worker processes and in the main process are comparable.
+1. :class:`_TimedDataset` wraps your dataset and stamps each sample with the moment it was asked for;
+2. :class:`_TimedCollate` wraps ``collate_fn``: it collates the samples, and sends the batch to the
+   main process together with its stamp (worker, first sample's start, end of collation);
+3. the main process's iterator takes the stamp off, so the loop sees the plain batch, and notes
+   when the loop asked for the batch and when it asked for the next one (its step was over).
 
-How the worker side is measured, in two small wrappers the DataLoader carries into each worker:
-a proxy around the dataset notes when a batch's first sample is requested, and a wrapper around
-``collate_fn`` notes when the batch is ready and sends these times along with the batch. The
-main process strips them off before the loop sees the batch. torch's own profiler
-(``torch.profiler``) records far more, but not per worker lane in a form a learner can read.
+Every time comes from ``time.perf_counter()``: the system's monotonic clock on Linux, macOS and
+Windows, the same in every process. ``torch.profiler`` records far more (notebook 04 shows it too),
+but not per worker lane in a form a learner can read at a glance.
 """
 
 from __future__ import annotations
@@ -27,150 +27,84 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert, get_worker_info
-from torch.utils.data._utils.pin_memory import pin_memory as _pin
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert
 
-__all__ = [
-    "BatchRecord",
-    "EpochRecord",
-    "InstrumentedLoader",
-    "measure",
-    "plot_sweep",
-    "plot_timeline",
-    "simulated_step",
-    "sweep",
-]
+from .iterable import worker_slot
+
+__all__ = ["EpochRecord", "InstrumentedLoader", "measure", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
 
 MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
-
 clock = time.perf_counter
+_process_start: float | None = None  # set in each worker process when it starts (by _TimedWorkerInit)
 
 
-class _WorkerState:
-    """Per-process notes: when this process started its current batch, and when it started."""
-
-    batch_start: float | None = None
-    batch_samples: int | None = None  # set when one index is a whole list (batch_size=None + a BatchSampler)
-    process_start: float | None = None
-
-
-_state = _WorkerState()
-
-
-def _note_batch_start() -> bool:
-    """Note the start of a batch unless one is under way; return whether this call started it."""
-    if _state.batch_start is None:
-        _state.batch_start = clock()
-        return True
-    return False
-
-
-def _forget_batch() -> None:
-    """The batch never reached collation (an error, or the end of an iterable): drop its start."""
-    _state.batch_start = None
-    _state.batch_samples = None
-
-
-def _with_index(exc: BaseException, index: Any) -> BaseException:
-    """Name the sample in the exception, so the error says which file or row failed."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(f"(raised while loading sample index {index!r})")
-    return exc
-
-
-class _TimedMapDataset(Dataset):
-    """A transparent proxy around a map-style dataset that notes when each batch starts.
-
-    Attribute reads and writes go to the wrapped dataset, so a ``worker_init_fn`` that sets
-    ``get_worker_info().dataset.something`` behaves as it would without the proxy.
-    """
-
-    def __init__(self, inner: Dataset) -> None:
-        object.__setattr__(self, "_inner", inner)
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: Any) -> Any:
-        _note_batch_start()
-        if isinstance(index, (list, tuple)) or (isinstance(index, torch.Tensor) and index.dim() == 1):
-            _state.batch_samples = len(index)  # a whole batch of indices in one call
-        try:
-            return self._inner[index]
-        except Exception as exc:
-            _forget_batch()
-            raise _with_index(exc, index)
-
-    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
-        _note_batch_start()
-        getitems = getattr(self._inner, "__getitems__", None)
-        if getitems:
-            try:
-                return getitems(indices)
-            except Exception as exc:
-                _forget_batch()
-                raise _with_index(exc, list(indices))
-        out = []
-        for i in indices:
-            try:
-                out.append(self._inner[i])
-            except Exception as exc:
-                _forget_batch()
-                raise _with_index(exc, i)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_inner":  # keeps pickling and copying sane
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._inner, name, value)
-
-
-class _TimedIterableDataset(IterableDataset):
-    """The same proxy for an ``IterableDataset``: a batch starts when its first item is asked for."""
-
-    def __init__(self, inner: IterableDataset) -> None:
-        object.__setattr__(self, "_inner", inner)
-
-    def __iter__(self) -> Iterator[Any]:
-        it = iter(self._inner)
-        while True:
-            started = _note_batch_start()
-            try:
-                item = next(it)
-            except StopIteration:
-                if started:  # no item of a new batch came: there is no batch to time
-                    _forget_batch()
-                return
-            except Exception:
-                _forget_batch()
-                raise
-            yield item
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    __getattr__ = _TimedMapDataset.__getattr__
-    __setattr__ = _TimedMapDataset.__setattr__
+# --------------------------------------------------------------------------- in the workers
 
 
 @dataclass
 class _Stamped:
-    """A batch plus the worker's notes about it, on its way to the main process."""
+    """A sample (or a list of samples) and the moment it was asked for."""
 
-    batch: Any
-    worker: int
     start: float
-    end: float
-    samples: int
-    nbytes: int
-    process_start: float | None
+    value: Any
+    count: int = 1
 
-    def pin_memory(self, device: Any = None) -> "_Stamped":  # called by the DataLoader's pin-memory thread
-        self.batch = _pin(self.batch)
-        return self
+
+class _TimedDataset(Dataset):
+    """Your dataset, each sample stamped with the moment it was asked for.
+
+    Reads and writes of attributes go to your dataset, so that a ``worker_init_fn`` setting
+    ``get_worker_info().dataset.something`` changes what it would change without this wrapper.
+    """
+
+    def __init__(self, inner: Dataset) -> None:
+        object.__setattr__(self, "inner", inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: Any) -> _Stamped:
+        start = clock()
+        count = len(index) if isinstance(index, (list, tuple)) else 1  # a whole batch of indices at once
+        return _Stamped(start, _fetch(lambda: self.inner[index], index), count)
+
+    def __getitems__(self, indices: Sequence[Any]) -> _Stamped:  # the DataLoader asks for a batch's samples at once
+        start = clock()
+        getitems = getattr(self.inner, "__getitems__", None)
+        samples = _fetch(lambda: getitems(indices), indices) if getitems else [_fetch(lambda: self.inner[i], i) for i in indices]
+        return _Stamped(start, samples, len(indices))
+
+    def __iter__(self) -> Iterator[_Stamped]:  # IterableDataset: a batch starts when its first item is asked for
+        it = iter(self.inner)  # type: ignore[call-overload]
+        while True:
+            start = clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            yield _Stamped(start, item)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "inner":  # keeps pickling and copying sane
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.inner, name, value)
+
+
+class _TimedIterable(_TimedDataset, IterableDataset):
+    """The same wrapper, seen by the DataLoader as an ``IterableDataset``."""
+
+
+def _fetch(get: Callable[[], Any], index: Any) -> Any:
+    """``get()``, naming the sample in the error if it fails, so the message says which file or row."""
+    try:
+        return get()
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"(raised while loading sample index {index!r})")
+        raise
 
 
 def _nbytes(obj: Any) -> int:
@@ -183,44 +117,42 @@ def _nbytes(obj: Any) -> int:
         return len(obj)
     if isinstance(obj, dict):
         return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
+    return sum(_nbytes(v) for v in obj) if isinstance(obj, (list, tuple)) else 0
 
 
 class _TimedCollate:
-    """Wraps ``collate_fn``: the batch is finished when collation returns."""
+    """Wraps ``collate_fn``: collates the samples and returns ``(batch, stamp)`` to the main process."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], batched: bool) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
         self.collate_fn = collate_fn
-        self.batched = batched
 
-    def __call__(self, data: Any) -> _Stamped:
-        _note_batch_start()  # an empty batch from an IterableDataset never asked for an item
-        start = _state.batch_start
-        batch = self.collate_fn(data)
-        end = clock()
-        _state.batch_start = None
-        info = get_worker_info()
-        samples = len(data) if self.batched else (_state.batch_samples or 1)
-        _state.batch_samples = None
-        return _Stamped(batch, MAIN if info is None else info.id, start, end, samples, _nbytes(batch), _state.process_start)
+    def __call__(self, data: _Stamped | list[_Stamped]) -> tuple[Any, tuple]:
+        if isinstance(data, _Stamped):  # a whole batch fetched at once, or one unbatched sample
+            start, samples, count = data.start, data.value, data.count
+        else:  # one stamped sample per item (an IterableDataset)
+            start, samples, count = min(d.start for d in data), [d.value for d in data], len(data)
+        batch = self.collate_fn(samples)
+        stamp = (worker_slot(main=MAIN)[0], start, clock(), count, _nbytes(batch), _process_start)
+        return batch, stamp
 
 
 class _TimedWorkerInit:
-    """Wraps ``worker_init_fn``: notes when the worker process came up, then runs the user's function."""
+    """Wraps ``worker_init_fn``: notes when the worker process came up, then runs yours."""
 
     def __init__(self, fn: Callable[[int], None] | None) -> None:
         self.fn = fn
 
     def __call__(self, worker_id: int) -> None:
-        _state.process_start = clock()
-        _state.batch_start = None
+        global _process_start
+        _process_start = clock()
         if self.fn is not None:
             self.fn(worker_id)
 
 
-@dataclass(frozen=True)
+# --------------------------------------------------------------------------- the records
+
+
+@dataclass
 class BatchRecord:
     """What happened to one batch. Times are seconds since the epoch started (``iter(loader)``)."""
 
@@ -230,9 +162,9 @@ class BatchRecord:
     end: float  # the worker finished collating
     requested: float  # the loop asked for the batch (called next)
     received: float  # the loop got it
-    step_end: float | None  # the loop asked for the following one: its own step was over
     samples: int
     nbytes: int
+    step_end: float | None = None  # the loop asked for the following one: its own step was over
 
     @property
     def load(self) -> float:
@@ -252,7 +184,7 @@ class BatchRecord:
 
 @dataclass
 class EpochRecord:
-    """All batches of one pass over an :class:`InstrumentedLoader`, and what they add up to."""
+    """Notebook 04, section 2: all batches of one pass over an :class:`InstrumentedLoader`, and what they add up to."""
 
     num_workers: int
     t0: float  # absolute clock() when the epoch started
@@ -332,9 +264,7 @@ class EpochRecord:
         """A few lines a person can read (times vary between runs; the structure does not)."""
         from .timing import format_seconds
 
-        busy = ", ".join(
-            f"{'main' if w == MAIN else f'w{w}'} {share:.0%}" for w, share in self.worker_busy.items()
-        )
+        busy = ", ".join(f"{'main' if w == MAIN else f'w{w}'} {share:.0%}" for w, share in self.worker_busy.items())
         return (
             f"{len(self.batches)} batches, {self.samples} samples in {format_seconds(self.wall)}: "
             f"{self.samples_per_s:.0f} samples/s, {self.mb_per_s:.1f} MB/s\n"
@@ -343,44 +273,32 @@ class EpochRecord:
         )
 
 
-class InstrumentedLoader:
-    """A real ``DataLoader`` that records, per batch, who made it and who waited for it.
+# --------------------------------------------------------------------------- in the main process
 
-    Build it exactly like a ``DataLoader``; iterate it the same way. Each pass appends an
+
+class InstrumentedLoader:
+    """Notebook 04, section 2: a real ``DataLoader`` that records, per batch, who made it and who waited for it.
+
+    Build it exactly like a ``DataLoader`` and iterate it the same way. Each pass appends an
     :class:`EpochRecord` to :attr:`history`; :attr:`last` is the latest. ``dataset``,
     ``collate_fn`` and ``worker_init_fn`` are yours; other attributes (``batch_size``,
-    ``num_workers``, ``sampler``, ...) are the inner loader's. A batch is recorded when the loop
-    asks for the next one (that is when its step ends). It is not a ``DataLoader`` subclass, and
-    inside workers ``get_worker_info().dataset`` is a thin proxy that forwards to your dataset.
+    ``num_workers``, ``sampler``, ...) are the inner loader's. A loop that stops early should call
+    ``close()`` on its iterator, which ends the last step's timing there.
     """
 
     def __init__(self, dataset: Dataset | IterableDataset, *args: Any, **kwargs: Any) -> None:
         if args:  # DataLoader's positional order: batch_size, shuffle, sampler, ...
             bound = inspect.signature(DataLoader.__init__).bind(None, dataset, *args, **kwargs)
             kwargs = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
-        batch_size = kwargs.get("batch_size", 1)
-        batched = batch_size is not None or kwargs.get("batch_sampler") is not None
-        collate_fn = kwargs.pop("collate_fn", None)
-        if collate_fn is None:  # the DataLoader's own default, made explicit so it can be wrapped
-            collate_fn = default_collate if batched else default_convert
-        proxy = _TimedIterableDataset(dataset) if isinstance(dataset, IterableDataset) else _TimedMapDataset(dataset)
+        batched = kwargs.get("batch_size", 1) is not None or kwargs.get("batch_sampler") is not None
         self.dataset = dataset
-        self.collate_fn = collate_fn
+        # the DataLoader's own default collate, made explicit so that it can be wrapped
+        self.collate_fn = kwargs.pop("collate_fn", None) or (default_collate if batched else default_convert)
         self.worker_init_fn = kwargs.pop("worker_init_fn", None)
         self.history: list[EpochRecord] = []
-        self.loader = DataLoader(
-            proxy,
-            collate_fn=_TimedCollate(collate_fn, batched),
-            worker_init_fn=_TimedWorkerInit(self.worker_init_fn),
-            **kwargs,
-        )
-        self._settings = {
-            "num_workers": self.loader.num_workers,
-            "batch_size": self.loader.batch_size,
-            "prefetch_factor": self.loader.prefetch_factor,
-            "persistent_workers": self.loader.persistent_workers,
-            "pin_memory": self.loader.pin_memory,
-        }
+        timed = _TimedIterable(dataset) if isinstance(dataset, IterableDataset) else _TimedDataset(dataset)
+        self.loader = DataLoader(timed, collate_fn=_TimedCollate(self.collate_fn),
+                                 worker_init_fn=_TimedWorkerInit(self.worker_init_fn), **kwargs)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -396,121 +314,92 @@ class InstrumentedLoader:
             raise RuntimeError("nothing recorded yet: iterate over the loader first (e.g. `for batch in loader: ...`).")
         return self.history[-1]
 
-    def __iter__(self) -> Iterator[Any]:
-        epoch = EpochRecord(num_workers=self.loader.num_workers, t0=clock(), settings=dict(self._settings))
-        self.history.append(epoch)
-        # the main process makes the batches itself when num_workers == 0
-        _state.batch_start = None
+    def __iter__(self) -> "_Recorder":
+        settings = {name: getattr(self.loader, name) for name in
+                    ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "pin_memory")}
+        epoch = EpochRecord(num_workers=self.loader.num_workers, t0=clock(), settings=settings)
         if self.loader.num_workers == 0:
-            epoch.worker_started[MAIN] = 0.0
-        return _RecordingIterator(iter(self.loader), epoch)
+            epoch.worker_started[MAIN] = 0.0  # the main process makes the batches itself
+        self.history.append(epoch)
+        return _Recorder(iter(self.loader), epoch)
 
     def __repr__(self) -> str:
-        s = self._settings
-        return (
-            f"InstrumentedLoader({type(self.dataset).__name__}, batch_size={s['batch_size']}, "
-            f"num_workers={s['num_workers']}, prefetch_factor={s['prefetch_factor']}, "
-            f"persistent_workers={s['persistent_workers']}, pin_memory={s['pin_memory']}, epochs recorded={len(self.history)})"
-        )
+        s = self.loader
+        return (f"InstrumentedLoader({type(self.dataset).__name__}, batch_size={s.batch_size}, num_workers={s.num_workers}, "
+                f"prefetch_factor={s.prefetch_factor}, persistent_workers={s.persistent_workers}, "
+                f"pin_memory={s.pin_memory}, epochs recorded={len(self.history)})")
 
 
-class _RecordingIterator:
+class _Recorder:
     """Iterates the inner loader, records each batch, and hands the loop the plain batch."""
 
-    def __init__(self, it: Iterator[_Stamped], epoch: EpochRecord) -> None:
-        self._it = it
-        self._epoch = epoch
-        self._pending: dict[str, Any] | None = None  # the batch the loop is working on
+    def __init__(self, it: Iterator[tuple[Any, tuple]], epoch: EpochRecord) -> None:
+        self.it, self.epoch = it, epoch
 
-    def __iter__(self) -> "_RecordingIterator":
+    def __iter__(self) -> "_Recorder":
         return self
 
     def __len__(self) -> int:
-        return len(self._it)  # type: ignore[arg-type]
+        return len(self.it)  # type: ignore[arg-type]
 
-    def _close_step(self, now: float) -> None:
-        if self._pending is not None:
-            self._epoch.batches.append(BatchRecord(step_end=now - self._epoch.t0, **self._pending))
-            self._pending = None
+    def close(self, now: float | None = None) -> None:
+        """The loop stops here: the step of the last batch it received ends now (or at ``now``)."""
+        if self.epoch.batches and self.epoch.batches[-1].step_end is None:
+            self.epoch.batches[-1].step_end = (clock() if now is None else now) - self.epoch.t0
 
     def __next__(self) -> Any:
-        requested = clock()
-        self._close_step(requested)
-        if not self._epoch.batches and self._pending is None:
-            requested = self._epoch.t0  # starting the workers (inside iter()) was waiting too
+        t0, requested = self.epoch.t0, clock()
+        self.close(requested)  # asking for a batch ends the step on the previous one
+        if not self.epoch.batches:
+            requested = t0  # starting the workers (inside iter()) was waiting too
         try:
-            item = next(self._it)
+            batch, (worker, start, end, samples, nbytes, process_start) = next(self.it)
         except StopIteration:
             now = clock()
-            self._epoch.end = now - self._epoch.t0
-            self._epoch.shutdown_s = now - requested
+            self.epoch.end, self.epoch.shutdown_s = now - t0, now - requested
             raise
         received = clock()
-        t0 = self._epoch.t0
-        if item.process_start is not None and item.worker not in self._epoch.worker_started and item.process_start >= t0:
-            self._epoch.worker_started[item.worker] = item.process_start - t0
-        self._pending = dict(
-            number=len(self._epoch.batches),
-            worker=item.worker,
-            start=item.start - t0,
-            end=item.end - t0,
-            requested=requested - t0,
-            received=received - t0,
-            samples=item.samples,
-            nbytes=item.nbytes,
-        )
-        return item.batch
-
-    def __del__(self) -> None:  # the loop broke off: keep what it did see
-        try:
-            self._close_step(clock())
-        except Exception:
-            pass
+        if process_start is not None and process_start >= t0:  # a worker started for this epoch
+            self.epoch.worker_started.setdefault(worker, process_start - t0)
+        self.epoch.batches.append(BatchRecord(len(self.epoch.batches), worker, start - t0, end - t0,
+                                              requested - t0, received - t0, samples, nbytes))
+        return batch
 
 
-# --- measuring a setting -------------------------------------------------------------------
+# --------------------------------------------------------------------------- measuring a setting
 
 
 def simulated_step(batch: Any, seconds: float, device: torch.device | str | None = None, non_blocking: bool = False) -> None:
-    """Stand-in for a training step on an accelerator: copy the batch there, then wait ``seconds``.
+    """Notebook 04, section 1: stand-in for a training step on an accelerator, copy the batch there, then wait ``seconds``.
 
     While a GPU computes, the CPU is free, which is what ``time.sleep`` models; on a CPU-only
     machine the copy is skipped. Sleeping, unlike busy work, leaves the cores to the workers.
     """
     if device is not None and torch.device(device).type != "cpu":
-        tensors = batch if isinstance(batch, (list, tuple)) else [batch]
-        for t in tensors:
+        for t in batch if isinstance(batch, (list, tuple)) else [batch]:
             if isinstance(t, torch.Tensor):
                 t.to(device, non_blocking=non_blocking)
     if seconds > 0:
         time.sleep(seconds)
 
 
-def measure(
-    dataset: Dataset | IterableDataset,
-    step_s: float = 0.0,
-    epochs: int = 1,
-    max_batches: int | None = None,
-    **loader_kwargs: Any,
-) -> InstrumentedLoader:
-    """Run ``epochs`` passes of a loop that takes ``step_s`` per batch; return the loader and its records."""
+def measure(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs: int = 1, max_batches: int | None = None,
+            **loader_kwargs: Any) -> InstrumentedLoader:
+    """Notebook 04, section 3: run ``epochs`` passes of a loop that takes ``step_s`` per batch; return the loader and its records."""
     loader = InstrumentedLoader(dataset, **loader_kwargs)
     for _ in range(epochs):
-        for i, batch in enumerate(loader):
+        it = iter(loader)
+        for i, batch in enumerate(it):
             simulated_step(batch, step_s)
             if max_batches is not None and i + 1 >= max_batches:
                 break
+        it.close()
     return loader
 
 
-def sweep(
-    dataset: Dataset | IterableDataset,
-    name: str,
-    values: Iterable[Any],
-    step_s: float = 0.0,
-    **loader_kwargs: Any,
-) -> dict[Any, EpochRecord]:
-    """Measure one epoch for each value of one DataLoader argument, e.g. ``sweep(ds, "num_workers", [0, 1, 2])``."""
+def sweep(dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], step_s: float = 0.0,
+          **loader_kwargs: Any) -> dict[Any, EpochRecord]:
+    """Notebook 04, section 3: measure one epoch for each value of one DataLoader argument, e.g. ``sweep(ds, "num_workers", [0, 1, 2])``."""
     out = {}
     for v in values:
         kwargs = dict(loader_kwargs, **{name: v})
@@ -521,37 +410,31 @@ def sweep(
     return out
 
 
-# --- pictures -------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- pictures
 
 
-def _lane_name(w: int) -> str:
-    return "main process\n(loading)" if w == MAIN else f"worker {w}"
-
-
-def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochRecord], ax: Any = None, title: str | None = None) -> Any:
-    """Draw who did what when: one lane per worker, plus the training loop (waiting vs stepping).
+def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochRecord], ax: Any = None,
+                  title: str | None = None) -> Any:
+    """Notebook 04, section 2: who did what when, one lane per worker plus the training loop (waiting vs stepping).
 
     Pass one :class:`EpochRecord`, several (drawn one after another, on one time axis), or an
     :class:`InstrumentedLoader` (all its epochs). Returns the matplotlib Figure.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    if isinstance(records, InstrumentedLoader):
-        records = records.history
-    epochs = [records] if isinstance(records, EpochRecord) else list(records)
+    epochs = records.history if isinstance(records, InstrumentedLoader) else records
+    epochs = [epochs] if isinstance(epochs, EpochRecord) else list(epochs)
     if not epochs:
         raise ValueError("nothing to draw: iterate over the loader first")
-    origin = epochs[0].t0
     workers = sorted({b.worker for e in epochs for b in e.batches} | {w for e in epochs for w in e.worker_started})
     lanes = {w: i for i, w in enumerate(sorted(workers, reverse=True))}
     loop_y = len(lanes)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 0.55 * (len(lanes) + 1) + 1.2))
-    else:
-        fig = ax.figure
+        _, ax = plt.subplots(figsize=(9, 0.55 * (len(lanes) + 1) + 1.4))
     colours = plt.get_cmap("tab10")
     for e in epochs:
-        off = e.t0 - origin
+        off = e.t0 - epochs[0].t0
         for b in e.batches:
             ax.broken_barh([(off + b.start, b.load)], (lanes[b.worker] - 0.35, 0.7),
                            facecolors=colours(b.number % 10), edgecolor="white", linewidth=0.5)
@@ -562,28 +445,26 @@ def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochReco
                 ax.plot([off + t], [lanes[w] + 0.42], marker="v", color="black", markersize=5)
         if len(epochs) > 1:
             ax.axvline(off, color="grey", linestyle=":", linewidth=1)
-    ax.set_yticks([*lanes.values(), loop_y], [*(_lane_name(w) for w in lanes), "training loop"])
+    names = ["main process\n(loading)" if w == MAIN else f"worker {w}" for w in lanes]
+    ax.set_yticks([*lanes.values(), loop_y], [*names, "training loop"])
+    ax.set_ylim(-0.6, loop_y + 1.3)  # room above the lanes for the legend
     ax.set_xlabel("seconds since the first epoch started")
     ax.set_xlim(left=0)
-    from matplotlib.patches import Patch
-
+    maker = "the main process makes a batch" if workers == [MAIN] else "a worker makes a batch"
     ax.legend(handles=[Patch(color="#d62728", label="loop waits for data"), Patch(color="#2ca02c", label="loop's own step"),
-                       Patch(color=colours(0), label="a worker makes a batch (colour = batch)")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28 if len(lanes) < 3 else -0.18), ncol=3, fontsize=8, frameon=False)
-    e = epochs[-1]
-    ax.set_title(title or f"num_workers={e.num_workers}: waiting {e.stall_fraction:.0%} of the time")
-    fig.tight_layout()
-    return fig
+                       Patch(color=colours(0), label=f"{maker} (colour = batch)")],
+              loc="upper center", ncol=3, fontsize=8, frameon=False, borderaxespad=0.1)
+    ax.set_title(title or f"num_workers={epochs[-1].num_workers}: waiting {epochs[-1].stall_fraction:.0%} of the time")
+    ax.figure.tight_layout()
+    return ax.figure
 
 
 def plot_sweep(results: dict[Any, EpochRecord], name: str, ax: Any = None, title: str | None = None) -> Any:
-    """Throughput (bars) and stall fraction (line) for each value of one setting."""
+    """Notebook 04, section 3: throughput (bars) and stall fraction (line) for each value of one setting."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    else:
-        fig = ax.figure
+        _, ax = plt.subplots(figsize=(6.5, 3.4))
     labels = [str(v) for v in results]
     ax.bar(labels, [r.samples_per_s for r in results.values()], color="#1f77b4")
     ax.set_xlabel(name)
@@ -593,5 +474,5 @@ def plot_sweep(results: dict[Any, EpochRecord], name: str, ax: Any = None, title
     ax2.set_ylim(0, 100)
     ax2.set_ylabel("% of time waiting for data", color="#d62728")
     ax.set_title(title or f"throughput and data stall vs {name}")
-    fig.tight_layout()
-    return fig
+    ax.figure.tight_layout()
+    return ax.figure

@@ -1,4 +1,4 @@
-"""Iterable-style datasets taught in notebook 07: streams, worker sharding, endless data.
+"""Notebook 07: iterable-style datasets, streams, worker sharding, endless data.
 
 An ``IterableDataset`` has ``__iter__`` instead of ``__getitem__``: the DataLoader asks it for
 the next sample, never for sample ``i``. With ``num_workers=k`` every worker process gets its
@@ -30,60 +30,38 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-__all__ = [
-    "BatchInfo",
-    "BufferShuffled",
-    "EndlessStream",
-    "ImageStream",
-    "RangeStream",
-    "SHARDINGS",
-    "ShardedStream",
-    "batches_per_epoch",
-    "buffer_shuffle",
-    "contiguous_share",
-    "copies",
-    "epoch_batch_sizes",
-    "loader_batches",
-    "plot_batches",
-    "plot_copies",
-    "split_range_per_worker",
-    "strided_share",
-    "worker_shares",
-    "worker_slot",
-]
+from ._support import check_int
 
-T = TypeVar("T")
+__all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream", "batches_per_epoch",
+           "buffer_shuffle", "contiguous_share", "copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
+           "plot_copies", "split_range_per_worker", "strided_share", "worker_slot"]
 
-
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+_T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------- who am I?
 
 
-def worker_slot() -> tuple[int, int]:
-    """``(worker id, number of workers)`` of the calling process; ``(0, 1)`` in the main process.
+def worker_slot(main: int = 0) -> tuple[int, int]:
+    """Notebook 07, section 3: ``(worker id, number of workers)`` of the calling process.
 
     ``get_worker_info()`` returns ``None`` outside DataLoader workers (``num_workers=0``): the main
-    process then plays the only worker and takes everything.
+    process then plays the only worker, ``(main, 1)``; pass ``main=-1`` to label its samples apart.
     """
     info = get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
+    return (main, 1) if info is None else (info.id, info.num_workers)
 
 
 def _check_slot(n: int, worker_id: int, num_workers: int) -> None:
-    _check_int(n, "n", 0)
-    _check_int(num_workers, "num_workers", 1)
-    _check_int(worker_id, "worker_id", 0)
+    check_int(n, "n", 0)
+    check_int(num_workers, "num_workers", 1)
+    check_int(worker_id, "worker_id", 0)
     if worker_id >= num_workers:
         raise ValueError(f"worker_id must be in 0..{num_workers - 1}, got {worker_id}")
 
 
 def contiguous_share(n: int, worker_id: int, num_workers: int) -> range:
-    """Worker ``worker_id``'s block of ``0..n-1``: consecutive positions, sizes differing by at most one.
+    """Notebook 07, section 3: worker ``worker_id``'s block of ``0..n-1``: consecutive positions, sizes differing by at most one.
 
     The first ``n % num_workers`` workers get one more (as ``numpy.array_split``). torch's own
     docstring example uses blocks of ``ceil(n / k)``, which can leave the last workers nothing.
@@ -95,26 +73,26 @@ def contiguous_share(n: int, worker_id: int, num_workers: int) -> range:
 
 
 def strided_share(n: int, worker_id: int, num_workers: int) -> range:
-    """Worker ``worker_id``'s positions ``worker_id, worker_id + k, ...`` of ``0..n-1`` (``k`` workers)."""
+    """Notebook 07, section 3: worker ``worker_id``'s positions ``worker_id, worker_id + k, ...`` of ``0..n-1`` (``k`` workers)."""
     _check_slot(n, worker_id, num_workers)
     return range(worker_id, n, num_workers)
 
 
-SHARDINGS: dict[str, Callable[[int, int, int], range]] = {"contiguous": contiguous_share, "strided": strided_share}
+_SHARDINGS: dict[str, Callable[[int, int, int], range]] = {"contiguous": contiguous_share, "strided": strided_share}
 
 
 def _sharding(name: str) -> Callable[[int, int, int], range]:
     try:
-        return SHARDINGS[name]
+        return _SHARDINGS[name]
     except KeyError:
-        raise ValueError(f"sharding must be one of {', '.join(map(repr, SHARDINGS))}, got {name!r}") from None
+        raise ValueError(f"sharding must be one of {', '.join(map(repr, _SHARDINGS))}, got {name!r}") from None
 
 
 # --------------------------------------------------------------------------- finite streams
 
 
 class RangeStream(IterableDataset):
-    """The numbers ``start .. stop-1``, yielded whole by every process that iterates the dataset.
+    """Notebook 07, section 2: the numbers ``start .. stop-1``, yielded whole by every process that iterates the dataset.
 
     This is the naive stream: with ``num_workers=k`` each worker iterates its own copy, so every
     number arrives ``k`` times. ``with_worker=True`` yields ``(number, worker id)`` pairs (``-1``
@@ -123,12 +101,11 @@ class RangeStream(IterableDataset):
     """
 
     def __init__(self, n: int, *, with_worker: bool = False) -> None:
-        self.start, self.stop = 0, _check_int(n, "n", 0)
+        self.start, self.stop = 0, check_int(n, "n", 0)
         self.with_worker = with_worker
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker = -1 if info is None else info.id
+        worker, _ = worker_slot(main=-1)  # every process that iterates this yields all of it
         for i in range(self.start, self.stop):
             yield (i, worker) if self.with_worker else i
 
@@ -140,7 +117,7 @@ class RangeStream(IterableDataset):
 
 
 def split_range_per_worker(worker_id: int) -> None:
-    """A ``worker_init_fn``: narrow this worker's copy of a :class:`RangeStream` to its block.
+    """Notebook 07, section 3: a ``worker_init_fn``: narrow this worker's copy of a :class:`RangeStream` to its block.
 
     Runs once in each worker, before iteration starts; ``get_worker_info().dataset`` is the
     worker's own copy, so changing it changes nothing in the main process or the other workers.
@@ -154,7 +131,7 @@ def split_range_per_worker(worker_id: int) -> None:
 
 
 class ShardedStream(IterableDataset):
-    """The numbers ``0 .. n-1``, each yielded once over all workers: every worker takes its share.
+    """Notebook 07, section 3: the numbers ``0 .. n-1``, each yielded once over all workers: every worker takes its share.
 
     ``sharding`` is ``"strided"`` (worker ``w`` takes positions ``w, w+k, ...``) or
     ``"contiguous"`` (blocks). With ``shuffle=True`` the positions are first permuted with a
@@ -175,7 +152,7 @@ class ShardedStream(IterableDataset):
         seed_per_worker: bool = False,
         with_worker: bool = False,
     ) -> None:
-        self.n = _check_int(n, "n", 0)
+        self.n = check_int(n, "n", 0)
         self.share = _sharding(sharding)
         self.sharding = sharding
         self.shuffle, self.seed, self.seed_per_worker = shuffle, seed, seed_per_worker
@@ -194,12 +171,12 @@ class ShardedStream(IterableDataset):
         return np.random.default_rng(key).permutation(self.n)
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()  # None in the main process (num_workers=0)
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        worker, num_workers = worker_slot()  # (0, 1) in the main process (num_workers=0)
         order = self.order(worker)  # 0..n-1, or a permutation that every worker draws alike
+        label = worker_slot(main=-1)[0]
         for position in self.share(self.n, worker, num_workers):  # this worker's positions only
             i = int(order[position])
-            yield (i, -1 if info is None else worker) if self.with_worker else i
+            yield (i, label) if self.with_worker else i
 
     def __len__(self) -> int:
         return self.n
@@ -208,8 +185,8 @@ class ShardedStream(IterableDataset):
         return f"{type(self).__name__}(n={self.n}, sharding={self.sharding!r}, shuffle={self.shuffle})"
 
 
-def buffer_shuffle(items: Iterable[T], size: int, rng: np.random.Generator) -> Iterator[T]:
-    """Shuffle a stream of unknown length with a buffer of ``size`` items.
+def buffer_shuffle(items: Iterable[_T], size: int, rng: np.random.Generator) -> Iterator[_T]:
+    """Notebook 07, section 4: shuffle a stream of unknown length with a buffer of ``size`` items.
 
     The buffer is filled first; then every arriving item replaces a randomly chosen one, which
     is yielded; at the end the rest of the buffer comes out in random order. An item can move
@@ -217,8 +194,8 @@ def buffer_shuffle(items: Iterable[T], size: int, rng: np.random.Generator) -> I
     the mix, and the more memory and start-up time it costs. ``size=1`` changes nothing.
     (WebDataset's ``shuffle`` and tf.data's ``shuffle`` work the same way.)
     """
-    size = _check_int(size, "size", 1)
-    buffer: list[T] = []
+    size = check_int(size, "size", 1)
+    buffer: list[_T] = []
     for item in items:
         if len(buffer) < size:
             buffer.append(item)
@@ -231,14 +208,14 @@ def buffer_shuffle(items: Iterable[T], size: int, rng: np.random.Generator) -> I
 
 
 class BufferShuffled(IterableDataset):
-    """``source`` (an iterable dataset) shuffled by :func:`buffer_shuffle`, inside each worker.
+    """Notebook 07, section 4: ``source`` (an iterable dataset) shuffled by :func:`buffer_shuffle`, inside each worker.
 
     Each worker seeds its generator with ``(seed, epoch, worker id)``: deterministic, and
     different per worker and per epoch. :meth:`set_epoch` is passed on to ``source``.
     """
 
     def __init__(self, source: IterableDataset, size: int, seed: int = 0) -> None:
-        self.source, self.size, self.seed = source, _check_int(size, "size", 1), seed
+        self.source, self.size, self.seed = source, check_int(size, "size", 1), seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -262,7 +239,7 @@ class BufferShuffled(IterableDataset):
 
 
 class EndlessStream(IterableDataset):
-    """A stream that never ends: ``(x, worker, step)``, ``x`` a float vector of ``dim`` numbers.
+    """Notebook 07, section 6: a stream that never ends: ``(x, worker, step)``, ``x`` a float vector of ``dim`` numbers.
 
     Worker ``w`` draws from ``numpy.random.default_rng((seed, epoch, w))``, so what a worker
     yields is the same on every run (it does not depend on torch's per-worker seeds) and
@@ -272,15 +249,14 @@ class EndlessStream(IterableDataset):
     """
 
     def __init__(self, seed: int = 0, dim: int = 4) -> None:
-        self.seed, self.dim = seed, _check_int(dim, "dim", 1)
+        self.seed, self.dim = seed, check_int(dim, "dim", 1)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
-        info = get_worker_info()
-        worker = -1 if info is None else info.id
+        worker, _ = worker_slot(main=-1)
         rng = np.random.default_rng([self.seed, self.epoch, max(worker, 0)])
         step = 0
         while True:
@@ -295,7 +271,7 @@ class EndlessStream(IterableDataset):
 
 
 class ImageStream(IterableDataset):
-    """The images of a folder (``root/<split>/<class>/<file>``), read in order, sharded by worker.
+    """Notebook 07, section 3: the images of a folder (``root/<split>/<class>/<file>``), read in order, sharded by worker.
 
     Yields ``(transform(image), label)`` like :class:`course_lib.datasets.ImageFileDataset`,
     whose file list and decoding it reuses. Reading files in a fixed order, each once, is
@@ -340,13 +316,13 @@ class ImageStream(IterableDataset):
 # --------------------------------------------------------------------------- batches per epoch
 
 
-def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
+def _worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
     """How many samples each process iterates in one epoch over a stream of ``n`` samples.
 
     ``num_workers=0``: the main process takes all ``n``. Sharded: ``n`` split as evenly as
     possible (contiguous and strided shares have the same sizes). Not sharded: ``n`` each.
     """
-    n, num_workers = _check_int(n, "n", 0), _check_int(num_workers, "num_workers", 0)
+    n, num_workers = check_int(n, "n", 0), check_int(num_workers, "num_workers", 0)
     if num_workers == 0:
         return [n]
     if not sharded:
@@ -357,18 +333,18 @@ def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int
 def epoch_batch_sizes(
     n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *, sharded: bool = True
 ) -> list[int]:
-    """The sizes of the batches a DataLoader yields over an ``n``-sample stream, in arrival order.
+    """Notebook 07, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in arrival order.
 
     What the DataLoader does with an ``IterableDataset``: each worker fills batches from *its own*
     iterator, so each worker's last batch may be short (or, with ``drop_last=True``, is dropped),
     and the main process takes one batch from each worker in turn (``in_order=True``, the
     default) until all are done. ``batch_size=None`` turns batching off: one item per "batch".
     """
-    shares = worker_shares(n, num_workers, sharded=sharded)
+    shares = _worker_shares(n, num_workers, sharded=sharded)
     if batch_size is None:
         per_worker = [[1] * s for s in shares]
     else:
-        batch_size = _check_int(batch_size, "batch_size", 1)
+        batch_size = check_int(batch_size, "batch_size", 1)
         per_worker = [
             [batch_size] * (s // batch_size) + ([s % batch_size] if s % batch_size and not drop_last else [])
             for s in shares
@@ -378,14 +354,14 @@ def epoch_batch_sizes(
 
 
 def batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *, sharded: bool = True) -> int:
-    """How many batches one epoch over an ``n``-sample stream has: the sum over workers of
+    """Notebook 07, section 5: how many batches one epoch over an ``n``-sample stream has, the sum over workers of
     ``ceil(share / batch_size)`` (``floor`` with ``drop_last``). Compare ``len(loader)``, which
     is ``ceil(n / batch_size)`` whatever ``num_workers`` is."""
     return len(epoch_batch_sizes(n, batch_size, num_workers, drop_last, sharded=sharded))
 
 
 @dataclass(frozen=True)
-class BatchInfo:
+class _BatchInfo:
     """One batch as the loop received it: which worker made it (``-1``: main process) and its samples."""
 
     worker: int
@@ -396,8 +372,8 @@ class BatchInfo:
         return len(self.samples)
 
 
-def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[BatchInfo]:
-    """Run one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs; list its batches.
+def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_BatchInfo]:
+    """Notebook 07, section 5: run one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs; list its batches.
 
     The dataset must yield pairs (``with_worker=True`` on the streams here) and the loader must
     batch (``batch_size`` not ``None``). A batch whose samples come from several workers is an
@@ -408,12 +384,12 @@ def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[Batch
         ws = {int(w) for w in workers}
         if len(ws) != 1:
             raise RuntimeError(f"a batch mixes samples of workers {sorted(ws)}")
-        out.append(BatchInfo(ws.pop(), tuple(int(i) for i in numbers)))
+        out.append(_BatchInfo(ws.pop(), tuple(int(i) for i in numbers)))
     return out
 
 
 def copies(numbers: Iterable[Any], n: int) -> np.ndarray:
-    """How many times each of ``0..n-1`` occurs in ``numbers`` (an array of length ``n``)."""
+    """Notebook 07, section 2: how many times each of ``0..n-1`` occurs in ``numbers`` (an array of length ``n``)."""
     values = np.fromiter((int(i) for i in numbers), dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() >= n):
         raise ValueError(f"numbers must lie in 0..{n - 1}; got {values.min()}..{values.max()}")
@@ -435,7 +411,7 @@ def _worker_label(w: int) -> str:
 
 
 def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title: str | None = None) -> Any:
-    """A stacked bar per sample ``0..n-1``: how many copies arrived, coloured by the worker that sent them."""
+    """Notebook 07, section 2: a stacked bar per sample ``0..n-1``: how many copies arrived, coloured by the worker that sent them."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -460,8 +436,8 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
     return ax
 
 
-def plot_batches(runs: dict[str, Sequence[BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None) -> Any:
-    """One row per run: its batches in arrival order, each as wide as its size, coloured by worker."""
+def plot_batches(runs: dict[str, Sequence[_BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None) -> Any:
+    """Notebook 07, section 5: one row per run: its batches in arrival order, each as wide as its size, coloured by worker."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

@@ -1,4 +1,4 @@
-"""Samplers (notebook 05): which indices a DataLoader asks for, and in which order.
+"""Notebook 05: samplers, which indices a DataLoader asks for, and in which order.
 
 The samplers themselves are PyTorch's (``SequentialSampler``, ``RandomSampler``,
 ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``BatchSampler``). This module adds what a
@@ -11,9 +11,9 @@ have, :class:`BucketBatchSampler`, which puts sequences of similar length in the
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -22,35 +22,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch.utils.data import Sampler
 
-__all__ = [
-    "BucketBatchSampler",
-    "Coverage",
-    "balancing_weights",
-    "class_counts",
-    "coverage",
-    "imbalanced_subset",
-    "index_orders",
-    "one_epoch",
-    "padding_fraction",
-    "plot_index_orders",
-    "shared_batchmates",
-]
+from ._support import check_int
+
+__all__ = ["BucketBatchSampler", "balancing_weights", "class_counts", "coverage", "imbalanced_subset", "index_orders",
+           "one_epoch", "padding_fraction", "plot_index_orders", "shared_batchmates"]
 
 
 # ----------------------------------------------------------------- inputs
 
 
 def _positive_int(value: Any, name: str) -> int:
-    """``value`` as an int >= 1, or a ValueError naming the argument."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}") from None
-    if n < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {n}")
-    return n
+    return check_int(value, name, 1)
 
 
 def _int_array(values: Any, name: str) -> np.ndarray:
@@ -82,7 +64,7 @@ def _labels(targets: Any, num_classes: int | None) -> tuple[np.ndarray, int]:
 
 
 def one_epoch(sampler: Iterable[Any]) -> list[int]:
-    """The indices ``sampler`` yields in one pass, as a flat list (a batch sampler's batches are joined)."""
+    """Notebook 05, section 1: the indices ``sampler`` yields in one pass, as a flat list (a batch sampler's batches are joined)."""
     flat: list[int] = []
     for item in sampler:
         if isinstance(item, (list, tuple, range, np.ndarray)) or (isinstance(item, torch.Tensor) and item.dim() > 0):
@@ -96,7 +78,7 @@ def one_epoch(sampler: Iterable[Any]) -> list[int]:
 
 
 def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
-    """The indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
+    """Notebook 05, section 1: the indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
 
     Each epoch iterates the sampler afresh, as a DataLoader does; ``set_epoch(e)`` is called
     first when the sampler has it (``DistributedSampler``, notebook 06), as a training loop
@@ -127,7 +109,7 @@ def plot_index_orders(
     class_names: Sequence[str] | None = None,
     colour_label: str | None = None,
 ) -> Figure:
-    """Draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
+    """Notebook 05, section 1: draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
 
     Cells are coloured by the sample index, or by ``colour_by[index]``: class labels
     (``targets``, up to 20 classes, drawn in distinct colours, named by ``class_names``) or any
@@ -172,7 +154,7 @@ def plot_index_orders(
 
 
 def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None = None) -> np.ndarray:
-    """How many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
+    """Notebook 05, section 4: how many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
 
     ``targets[i]`` is the class of sample ``i``; the result has ``num_classes`` entries
     (default: the largest label + 1).
@@ -188,7 +170,7 @@ def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None =
 
 
 def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Tensor:
-    """One weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
+    """Notebook 05, section 4: one weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
 
     Every class then carries the same total weight, so ``WeightedRandomSampler(weights,
     num_samples=len(weights), replacement=True)`` draws each class equally often on average.
@@ -201,7 +183,7 @@ def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Ten
 
 
 def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.ndarray:
-    """Indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
+    """Notebook 05, section 4: indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
 
     Only the labels are needed (``dataset.targets``), so no image is decoded. The indices come
     back sorted, so ``Subset(dataset, indices)`` keeps the dataset's class-by-class order.
@@ -220,30 +202,57 @@ def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.
     return np.sort(np.concatenate(chosen))
 
 
-class Coverage(NamedTuple):
-    """What one epoch of a sampler drew from a dataset of ``n`` samples."""
+@dataclass(frozen=True)
+class _Coverage:
+    """What one epoch drew from a data set of ``n`` samples (:func:`coverage`).
+
+    ``repeated`` lists the samples drawn more than once, ``missing`` those never drawn.
+    """
 
     drawn: int  # indices yielded
     distinct: int  # different samples among them
-    repeats: int  # draws of a sample already drawn this epoch (drawn - distinct)
-    unseen: int  # samples never drawn (n - distinct)
+    repeated: list[int]
+    missing: list[int]
+
+    @property
+    def repeats(self) -> int:
+        """Draws of a sample already drawn this epoch (``drawn - distinct``)."""
+        return self.drawn - self.distinct
+
+    @property
+    def unseen(self) -> int:
+        """Samples never drawn."""
+        return len(self.missing)
+
+    @property
+    def exact(self) -> bool:
+        """Every sample drawn exactly once."""
+        return not self.repeated and not self.missing
+
+    def __repr__(self) -> str:
+        return f"Coverage(drawn={self.drawn}, distinct={self.distinct}, repeats={self.repeats}, unseen={self.unseen})"
 
 
-def coverage(indices: Iterable[Any], n: int) -> Coverage:
-    """Count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples."""
+def coverage(indices: Iterable[Any], n: int) -> _Coverage:
+    """Notebook 05, section 2: count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples.
+
+    ``indices`` may be a sampler, a batch sampler, a list of indices, or one list per rank or per
+    worker (notebooks 06-08): they are joined into one epoch.
+    """
     n = _positive_int(n, "n")
-    drawn = one_epoch(indices)
-    distinct = len(set(drawn))
-    if drawn and (min(drawn) < 0 or max(drawn) >= n):
-        raise ValueError(f"indices must lie in 0..{n - 1}; got {min(drawn)}..{max(drawn)}")
-    return Coverage(len(drawn), distinct, len(drawn) - distinct, n - distinct)
+    drawn = np.array(one_epoch(indices), dtype=np.int64)
+    if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
+        raise ValueError(f"indices must lie in 0..{n - 1}; got {drawn.min()}..{drawn.max()}")
+    counts = np.bincount(drawn, minlength=n)
+    return _Coverage(int(drawn.size), int((counts > 0).sum()), np.flatnonzero(counts > 1).tolist(),
+                    np.flatnonzero(counts == 0).tolist())
 
 
 # ----------------------------------------------------------------- batching by length
 
 
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
-    """The share of padded batch tensors that is padding, over all ``batches``.
+    """Notebook 05, section 6: the share of padded batch tensors that is padding, over all ``batches``.
 
     A batch of ``b`` sequences padded to its longest, ``L``, is a ``b × L`` tensor holding
     ``sum(lengths)`` real tokens; the rest is padding. ``batches`` may be a batch sampler.
@@ -265,7 +274,7 @@ def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
 
 
 def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequence[int]]) -> float:
-    """The share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
+    """Notebook 05, section 6: the share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
 
     About ``(batch_size - 1) / (n - 1)`` for random batches; close to 1 when batches barely change
     from epoch to epoch (sorting the whole data set by length, for example).
@@ -286,7 +295,7 @@ def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequen
 
 
 class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of indices whose sequences have similar lengths, in a new random order every epoch.
+    """Notebook 05, section 6: batches of indices whose sequences have similar lengths, in a new random order every epoch.
 
     Each epoch: shuffle all indices, cut them into buckets of ``bucket_size`` samples, sort each
     bucket by length, cut it into batches of ``batch_size``, and shuffle the order of all

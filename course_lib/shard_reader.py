@@ -1,4 +1,4 @@
-"""Read tar shards on every rank of a job: ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
+"""Notebook 08, section 7: read tar shards on every rank of a job, ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
 
 Each rank joins the process group (gloo), reads the shards through ``wds.WebDataset`` split by
 node (``split_by_node``) and by worker (``split_by_worker``), with a ``WebLoader`` of its own
@@ -21,11 +21,9 @@ Notebook 08 starts it with :func:`course_lib.distributed.launch`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -33,15 +31,17 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import distributed
+from .iterable import worker_slot
+
+__all__ = ["build_loader"]
 
 
-def tag_worker(sample: tuple) -> tuple:
+def _tag_worker(sample: tuple) -> tuple:
     """Append the id of the DataLoader worker that read ``sample`` (-1: the main process)."""
-    info = torch.utils.data.get_worker_info()
-    return (*sample, info.id if info is not None else -1)
+    return (*sample, worker_slot(main=-1)[0])
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m course_lib.shard_reader", description=__doc__.split("\n\n")[0])
     p.add_argument("--urls", required=True, help="the shards: a brace pattern such as data/shapes-train-{000000..000007}.tar")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def build_loader(args: argparse.Namespace):
-    """This rank's WebLoader: (keys, labels, shard urls, worker ids) batches."""
+    """Notebook 08, section 7: this rank's WebLoader of ``(keys, labels, shard urls, worker ids)`` batches."""
     import webdataset as wds
 
     options = dict(workersplitter=wds.split_by_worker, seed=args.seed)
@@ -73,7 +73,7 @@ def build_loader(args: argparse.Namespace):
     else:
         dataset = wds.WebDataset(args.urls, shardshuffle=args.shardshuffle or False, **options)
     # keys and labels only: nothing to decode, this run is about who reads what
-    dataset = dataset.to_tuple("__key__", "cls", "__url__").map(tag_worker).batched(args.batch_size)
+    dataset = dataset.to_tuple("__key__", "cls", "__url__").map(_tag_worker).batched(args.batch_size)
     loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None)
     if args.epoch_batches:
         # on the loader, with_epoch counts this rank's batches (on the dataset it would count per worker)
@@ -81,12 +81,8 @@ def build_loader(args: argparse.Namespace):
     return loader
 
 
-def read(args: argparse.Namespace) -> dict:
-    env = distributed.dist_env()
-    if env.world_size == 1:  # one process: no port, no rendezvous
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        distributed.init_process_group("gloo", timeout_s=args.timeout, env=env)
+def _read(args: argparse.Namespace) -> dict:
+    env, _ = distributed.start("cpu", args.timeout)
     try:
         loader = build_loader(args)
         keys: list[str] = []
@@ -115,19 +111,17 @@ def read(args: argparse.Namespace) -> dict:
             print(f"worker {worker}: {len(by_worker[worker])} samples from shards {shard_list}{drawn}")
         print(f"rank {env.rank}: {batches} batches, {len(keys)} samples")
         if args.report:
-            folder = Path(args.report)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"rank{env.rank}.json").write_text(json.dumps(report))
+            distributed.write_report(args.report, env.rank, report)
         return report
     finally:
-        dist.destroy_process_group()
+        distributed.finish()
 
 
 @record
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")  # set explicitly above
-    read(args)
+    _read(args)
     return 0
 
 

@@ -1,30 +1,40 @@
-"""Measure how long things take, robustly enough to print ratios in a notebook.
+"""Notebooks 02-10: measure how long things take, robustly enough to print ratios in a notebook.
 
 Absolute times depend on the machine; ratios measured in the same run mostly do not, so the
-notebooks print ratios (and CI's sanitize file masks the digits).
+notebooks print ratios (and CI's sanitize file masks their digits).
 """
 
 from __future__ import annotations
 
+import statistics
 import timeit
 from typing import Any, Callable
 
+__all__ = ["format_seconds", "medians", "seconds_per_call"]
 
-def seconds_per_call(fn: Callable[[], Any], repeat: int = 5) -> float:
-    """Best-of-``repeat`` seconds per call of ``fn()``.
 
-    ``timeit`` picks how many calls make one round last at least 0.2 s; the minimum over rounds
-    is the measurement least disturbed by other work on the machine.
+def seconds_per_call(fn: Callable[[], Any], repeat: int = 5, min_seconds: float = 0.2) -> float:
+    """Notebook 02, section 4: best-of-``repeat`` seconds per call of ``fn()``.
+
+    Each round calls ``fn`` as many times as last at least ``min_seconds`` (``timeit``'s autorange);
+    the minimum over rounds is the measurement least disturbed by other work on the machine.
     """
     timer = timeit.Timer(fn)
-    number, _ = timer.autorange()
+    number = 1
+    while timer.timeit(number) < min_seconds and number < 10**6:
+        number *= 2 if number < 10 else 10
     return min(timer.repeat(repeat=repeat, number=number)) / number
 
 
 def format_seconds(s: float) -> str:
-    """``0.00042`` -> ``'420 µs'``: a human-readable duration."""
+    """Notebook 02, section 4: ``0.00042`` -> ``'420 µs'``, a human-readable duration."""
     if s < 1e-3:
         return f"{s * 1e6:.0f} µs"
     if s < 1:
         return f"{s * 1e3:.1f} ms"
     return f"{s:.2f} s"
+
+
+def medians(results: dict[str, list[float]]) -> dict[str, float]:
+    """Notebook 09, section 4: the median of each list of measurements (one per round), by name."""
+    return {name: statistics.median(values) for name, values in results.items()}

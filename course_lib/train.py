@@ -1,10 +1,9 @@
-"""The course's data-parallel training script: ``torchrun --nproc-per-node=N -m course_lib.train``.
+"""Notebook 06, section 5: the course's data-parallel training script, ``torchrun --nproc-per-node=N -m course_lib.train``.
 
 Every rank loads its share of the shapes images through a real DataLoader with worker processes,
-trains a small CNN wrapped in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPUs), and
-reports what it saw. Notebook 06 launches it with :func:`course_lib.distributed.launch`; the
-Slurm scripts in ``hpc/`` run the same module on a cluster (under torchrun, or one task per GPU
-with ranks read from Slurm's variables).
+trains a small CNN wrapped in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPUs), and reports
+what it saw. Notebook 06 launches it under torchrun; the Slurm scripts in ``hpc/`` run the same
+module on a cluster (under torchrun, or one task per GPU with ranks read from Slurm's variables).
 
 How each rank gets its share (``--sharding``):
 
@@ -23,10 +22,12 @@ its job). ``python -m course_lib.train --help`` lists the options.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,11 +38,13 @@ from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from . import distributed
-from .datasets import DataNotFoundError, WithIndex, shapes
+from .datasets import DataNotFoundError, WithIndex, image_tensor, shapes
+
+__all__ = ["SmallCNN", "build_loader", "ddp_model", "epoch_mean_loss", "weights_digest"]
 
 
 class SmallCNN(nn.Module):
-    """Two convolutions and a linear layer: enough to learn the 10 shapes, fast on a CPU."""
+    """Notebook 06, section 5: two convolutions and a linear layer, enough to learn the 10 shapes fast on a CPU."""
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
@@ -55,22 +58,39 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-def image_transform(image_size: int):
-    """Decode to a float tensor in [0, 1], resized: the same on every rank (no augmentation)."""
-    from torchvision.transforms import v2
+def ddp_model(device: torch.device, seed: int, lr: float) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
+    """Notebook 06, section 5: ``(model, its DDP wrapper, optimizer)``, the same start on every rank.
 
-    return v2.Compose([v2.PILToTensor(), v2.Resize(image_size, antialias=True), v2.ToDtype(torch.float32, scale=True)])
+    Every rank seeds the same weights (DDP also broadcasts rank 0's when it wraps the model).
+    Train through the wrapper: its ``backward`` averages the gradients over all ranks.
+    """
+    torch.manual_seed(seed)
+    model = SmallCNN().to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, ddp, torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+
+
+def epoch_mean_loss(losses: Sequence[float], device: torch.device) -> float:
+    """Notebook 06, section 5: the usual end of an epoch, in which every rank must take part.
+
+    A barrier (every rank has finished the epoch; say, before rank 0 saves a checkpoint), then the
+    mean loss over all ranks' batches for the log.
+    """
+    dist.barrier()
+    total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total[0] / max(total[1], 1))
 
 
 def weights_digest(model: nn.Module) -> str:
-    """SHA-256 of every parameter's bytes: equal digests mean bit-identical models."""
+    """Notebook 06, section 5: SHA-256 of every parameter's bytes; equal digests mean bit-identical models."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m course_lib.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="folder holding the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
     p.add_argument("--size", default="small", help="which prepared set (default: small)")
@@ -99,14 +119,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_loader(args: argparse.Namespace, env: distributed.DistEnv, use_cuda: bool = False) -> tuple[DataLoader, int]:
-    """This rank's DataLoader over its share, and the length of the whole data set."""
-    dataset = WithIndex(shapes("train", transform=image_transform(args.image_size), size=args.size, root=args.data))
+def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
+    """Notebook 06, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
+    dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=args.image_size),
+                               size=args.size, root=args.data))
     if args.limit:
         dataset = Subset(dataset, range(min(args.limit, len(dataset))))
     n = len(dataset)
     common = dict(batch_size=args.batch_size, num_workers=args.workers,
-                  persistent_workers=args.workers > 0, pin_memory=use_cuda,
+                  persistent_workers=args.workers > 0, pin_memory=pin_memory,
                   # workers' seeds differ per rank; the order itself comes from the sampler's seed
                   generator=torch.Generator().manual_seed(args.seed + env.rank))
     if args.sharding == "sampler":
@@ -118,27 +139,13 @@ def build_loader(args: argparse.Namespace, env: distributed.DistEnv, use_cuda: b
     return DataLoader(share, shuffle=True, drop_last=args.drop_last, **common), n
 
 
-def train(args: argparse.Namespace) -> dict:
-    env = distributed.dist_env()
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if use_cuda and torch.cuda.device_count() == 0:
-        raise distributed.DistEnvError("--device cuda, but this process sees no GPU; use --device cpu or auto")
-    # usually one GPU per local rank; with --gpus-per-task=1 each task sees only its own, as cuda:0
-    device = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)  # else every rank's pin-memory thread opens a context on GPU 0
-    if env.world_size == 1:  # one process (also a Slurm or Jupyter session with 1 task): no port needed
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        distributed.init_process_group("nccl" if use_cuda else "gloo", timeout_s=args.timeout, env=env)
+def _train(args: argparse.Namespace) -> dict:
+    env, device = distributed.start(args.device, args.timeout)
     try:
-        loader, n = build_loader(args, env, use_cuda)
-        torch.manual_seed(args.seed)  # the same start on every rank; DDP also broadcasts rank 0's weights
-        model = SmallCNN().to(device)
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-        report: dict = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-                        "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
+        loader, n = build_loader(args, env, pin_memory=device.type == "cuda")
+        model, ddp, opt = ddp_model(device, args.seed, args.lr)
+        report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
+                                  "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
         for epoch in range(args.epochs):
             if args.sharding == "sampler" and not args.no_set_epoch:
                 loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
@@ -155,29 +162,20 @@ def train(args: argparse.Namespace) -> dict:
                     opt.step()
                     seen += index.tolist()
                     losses.append(loss.item())
-            # the usual end of an epoch: wait for every rank (say, before rank 0 saves a checkpoint),
-            # then average the loss over all ranks for the log. Every rank must reach both calls.
-            dist.barrier()
-            total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
-            dist.all_reduce(total)
-            report["epochs"].append({"indices": seen, "batches": len(losses),
-                                     "mean_loss": float(total[0] / max(total[1], 1)),
+            report["epochs"].append({"indices": seen, "batches": len(losses), "mean_loss": epoch_mean_loss(losses, device),
                                      "seconds": time.perf_counter() - start})
-            print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, "
-                  f"first indices {seen[:5]}", flush=True)
+            print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, first indices {seen[:5]}", flush=True)
         report["weights_sha256"] = weights_digest(model)
         if args.report:
             distributed.write_report(args.report, env.rank, report)
         return report
     finally:
-        dist.destroy_process_group()
+        distributed.finish()
 
 
-def _maybe_join(ddp: nn.parallel.DistributedDataParallel, enabled: bool):
+def _maybe_join(ddp: nn.Module, enabled: bool) -> Any:
     """torch's ``Join`` context when asked: ranks that run out of batches shadow the others'
     all-reduces instead of leaving them waiting."""
-    import contextlib
-
     if not enabled:
         return contextlib.nullcontext()
     from torch.distributed.algorithms.join import Join
@@ -187,9 +185,9 @@ def _maybe_join(ddp: nn.parallel.DistributedDataParallel, enabled: bool):
 
 @record  # torchrun then names the rank whose error came first, with its traceback
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     try:
-        train(args)
+        _train(args)
     except (DataNotFoundError, distributed.DistEnvError) as exc:
         # one readable line (with its rank, when torchrun prefixes it) instead of a traceback
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""What happens inside DataLoader worker processes, made visible (notebook 04).
+"""Notebook 04: what happens inside DataLoader worker processes, made visible.
 
 Each piece here reproduces one behaviour a learner meets once ``num_workers > 0``:
 
@@ -33,21 +33,23 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
+from ._support import fork_context
 from .data import CLASSES, draw_shape
+from .datasets import check_index, image_tensor
+from .iterable import worker_slot
 
-
-def _worker_id() -> int:
-    info = get_worker_info()
-    return -1 if info is None else info.id
+__all__ = ["EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
+           "decode_jpeg", "decode_ppm", "jpeg_payloads", "limits", "open_files_demo", "parallel_speedups",
+           "ppm_payloads", "private_memory_growth", "shm_needed_mb"]
 
 
 # --- seeding ------------------------------------------------------------------------------
 
 
 class RandomnessProbe(Dataset):
-    """Sample ``i`` reports which worker made it and one draw from each global generator."""
+    """Notebook 04, section 8: sample ``i`` reports which worker made it and one draw from each global generator."""
 
     def __init__(self, n: int = 8) -> None:
         self.n = n
@@ -57,7 +59,7 @@ class RandomnessProbe(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {
-            "worker": _worker_id(),
+            "worker": worker_slot(main=-1)[0],
             "random": round(random.random(), 4),
             "numpy": round(float(np.random.random()), 4),
             "torch": round(float(torch.rand(())), 4),
@@ -65,7 +67,7 @@ class RandomnessProbe(Dataset):
 
 
 class NoisyDataset(Dataset):
-    """A dataset whose "augmentation" draws from a NumPy generator created in ``__init__``.
+    """Notebook 04, section 8: A dataset whose "augmentation" draws from a NumPy generator created in ``__init__``.
 
     Sample ``i`` is ``(i, shift)``, ``shift`` a random crop offset in ``0..999``. Each worker
     gets a *copy* of ``self.rng`` in the same state, so workers repeat each other's shifts
@@ -87,7 +89,7 @@ class NoisyDataset(Dataset):
 
 
 class EpochTagged(Dataset):
-    """Sample ``i`` is ``(i, epoch)`` where ``epoch`` is a plain attribute set from the loop."""
+    """Notebook 04, section 5: sample ``i`` is ``(i, epoch)`` where ``epoch`` is a plain attribute set from the loop."""
 
     def __init__(self, n: int = 4) -> None:
         self.n = n
@@ -101,7 +103,7 @@ class EpochTagged(Dataset):
 
 
 class SharedEpochTagged(EpochTagged):
-    """The same, with the epoch in a shared-memory tensor that worker processes read live.
+    """Notebook 04, section 5: the same, with the epoch in a shared-memory tensor that worker processes read live.
 
     ``share_memory_()`` moves the tensor's storage to shared memory before the workers start;
     forked workers inherit the mapping, spawned ones receive a handle to it. Writing to it in
@@ -131,7 +133,7 @@ def _images(n: int, side: int, seed: int) -> list[Image.Image]:
 
 
 def jpeg_payloads(n: int = 200, side: int = 512, seed: int = 0, distinct: int = 8) -> list[bytes]:
-    """``n`` images of the shapes as JPEG bytes (``distinct`` different ones, repeated): decoding is C code."""
+    """Notebook 04, section 7: ``n`` images of the shapes as JPEG bytes (``distinct`` different ones, repeated): decoding is C code."""
     out = []
     for img in _images(min(n, distinct), side, seed):
         buf = io.BytesIO()
@@ -141,7 +143,7 @@ def jpeg_payloads(n: int = 200, side: int = 512, seed: int = 0, distinct: int = 
 
 
 def ppm_payloads(n: int = 100, side: int = 96, seed: int = 0, distinct: int = 8) -> list[bytes]:
-    """``n`` images as ASCII PPM ("P3": every pixel value written as decimal text), ``distinct`` different ones."""
+    """Notebook 04, section 7: ``n`` images as ASCII PPM ("P3": every pixel value written as decimal text), ``distinct`` different ones."""
     out = []
     for img in _images(min(n, distinct), side, seed):
         pixels = np.asarray(img).reshape(-1)
@@ -149,14 +151,13 @@ def ppm_payloads(n: int = 100, side: int = 96, seed: int = 0, distinct: int = 8)
     return [out[i % len(out)] for i in range(n)]
 
 
-def decode_jpeg(payload: bytes) -> np.ndarray:
-    """Decode a JPEG with Pillow. Pillow releases the GIL while libjpeg works."""
-    with Image.open(io.BytesIO(payload)) as img:
-        return np.asarray(img.convert("RGB"))
+def decode_jpeg(payload: bytes) -> torch.Tensor:
+    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works."""
+    return image_tensor(payload)
 
 
 def decode_ppm(payload: bytes) -> np.ndarray:
-    """Parse an ASCII PPM in Python. Every step is Python bytecode, so the GIL is held throughout."""
+    """Notebook 04, section 7: parse an ASCII PPM in Python. Every step is Python bytecode, so the GIL is held throughout."""
     magic, width, height, _maxval, body = payload.split(maxsplit=4)
     if magic != b"P3":
         raise ValueError("not an ASCII PPM (P3) payload")
@@ -180,7 +181,7 @@ class _Discard:
 
 
 def parallel_speedups(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 2) -> dict[str, float]:
-    """How much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes.
+    """Notebook 04, section 7: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes.
 
     Returns ``{"threads": x, "processes": y}``: serial time divided by parallel time. The pools
     are started (and warmed up) before the clock starts, as a DataLoader's workers are before
@@ -191,7 +192,7 @@ def parallel_speedups(fn: Callable[[Any], Any], items: Sequence[Any], workers: i
     for item in items:
         fn(item)
     serial = time.perf_counter() - start
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    ctx = fork_context()
     result = {}
     for kind in ("threads", "processes"):
         pool: cf.Executor = (
@@ -217,7 +218,7 @@ def _private_mb() -> float:
     raise RuntimeError("no Private_Dirty line in /proc/self/smaps_rollup")
 
 
-class CopyOnReadProbe(Dataset):
+class _CopyOnReadProbe(Dataset):
     """One sample: how many MB of private memory a worker gained by *reading* every item."""
 
     def __init__(self, items: Any) -> None:
@@ -235,7 +236,7 @@ class CopyOnReadProbe(Dataset):
 
 
 def private_memory_growth(items: Any) -> float:
-    """MB a forked DataLoader worker copies from the parent just by iterating over ``items``.
+    """Notebook 04, section 10: MB a forked DataLoader worker copies from the parent just by iterating over ``items``.
 
     Linux only (it reads ``/proc/self/smaps_rollup``, and copy-on-write needs ``fork``).
     """
@@ -243,14 +244,14 @@ def private_memory_growth(items: Any) -> float:
         raise RuntimeError("measuring copy-on-read needs Linux (fork and /proc/self/smaps_rollup)")
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(CopyOnReadProbe(items), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    loader = DataLoader(_CopyOnReadProbe(items), batch_size=None, num_workers=1, multiprocessing_context="fork")
     return float(next(iter(loader)))
 
 
 # --- operating-system limits ----------------------------------------------------------------
 
 
-class ManyTensors(Dataset):
+class _ManyTensors(Dataset):
     """``n`` tiny tensors: each one a worker sends is a shared-memory handle (a file descriptor)."""
 
     def __init__(self, n: int = 400) -> None:
@@ -273,7 +274,7 @@ def _open_files_child(strategy: str, limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     kept = []
     try:
-        for batch in DataLoader(ManyTensors(), batch_size=None, num_workers=2):
+        for batch in DataLoader(_ManyTensors(), batch_size=None, num_workers=2):
             kept.append(batch)  # a kept tensor keeps its shared memory (and, by default, its fd) open
     except RuntimeError as exc:
         print(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
@@ -282,7 +283,7 @@ def _open_files_child(strategy: str, limit: int) -> None:
 
 
 def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout: float = 120) -> str:
-    """Run a loader in a child process whose open-file limit is ``limit``; return what it printed.
+    """Notebook 04, section 10: run a loader in a child process whose open-file limit is ``limit``; return what it printed.
 
     A child process, so the notebook's own kernel keeps its limit. ``strategy`` is torch's
     sharing strategy: ``"file_descriptor"`` (Linux default) or ``"file_system"``.
@@ -298,12 +299,12 @@ def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout
 
 
 def cpu_count() -> int:
-    """CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
+    """Notebook 04, section 3: CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def limits() -> dict[str, Any]:
-    """The operating-system limits that decide how many workers and how large batches can be."""
+    """Notebook 04, section 10: the operating-system limits that decide how many workers and how large batches can be."""
     out: dict[str, Any] = {
         "cpus": cpu_count(),
         "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
@@ -324,7 +325,7 @@ def limits() -> dict[str, Any]:
 
 
 def shm_needed_mb(batch_mb: float, num_workers: int, prefetch_factor: int = 2) -> float:
-    """Shared memory the batches in flight need: each worker holds up to ``prefetch_factor`` batches."""
+    """Notebook 04, section 10: shared memory the batches in flight need: each worker holds up to ``prefetch_factor`` batches."""
     return batch_mb * num_workers * prefetch_factor
 
 
@@ -332,7 +333,7 @@ def shm_needed_mb(batch_mb: float, num_workers: int, prefetch_factor: int = 2) -
 
 
 class SlowStorage(Dataset):
-    """Samples that take time to *arrive* rather than to compute, like files on network storage.
+    """Notebook 04, section 4: samples that take time to *arrive* rather than to compute, like files on network storage.
 
     Most samples wait ``base_s``; one in ``slow_every`` (chosen at random, fixed by ``seed``)
     waits ``slow_s`` instead: a cache miss, a cold file. Waiting uses no CPU, so the effect of
@@ -351,8 +352,6 @@ class SlowStorage(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        from .datasets import check_index
-
         i = check_index(index, self.n)
         wait = self.slow_s if self.slow[i] else self.base_s
         if wait > 0:

@@ -37,14 +37,17 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from course_lib import alternatives as alt
 from course_lib import data
+from course_lib._support import new_folder
 from course_lib.datasets import DataNotFoundError, ImageFileDataset
 from course_lib.instrument import InstrumentedLoader
+from course_lib.timing import medians
 from course_lib.transforms import decode_augment
 from course_lib.workers import cpu_count
 
@@ -179,14 +182,14 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
         results = highrate.compare(raw, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds, cpu=cpu)
         # the plain DataLoader's best: whole-batch reads (per-sample reads + collate are shown beside it)
         plain_name, ring_name = f"DataLoader, batch reads, {args.workers} workers", f"RingLoader, {args.workers} workers"
-    med = highrate.medians(results)
+    med = medians(results)
     limit = next(iter(med.values()))
     plain, ring = med[plain_name], med[ring_name]
     goals = {
         f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
         f"RingLoader >= {GOAL_RING_SHARE:.0%} of the sequential read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
     }
-    return {"results": results, "medians": med, "limit": limit, "cpu": highrate.medians(cpu), "goals": goals}
+    return {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals}
 
 
 def highrate_report(result: dict[str, Any]) -> list[str]:
@@ -199,11 +202,25 @@ def highrate_report(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def write_mds(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str], size_limit: int = 1 << 20) -> Path:
+    """Write ``items`` as MDS shards (``index.json`` + ``shard.NNNNN.mds``) with ``MDSWriter``.
+
+    Columns ``jpg`` (raw bytes) and ``cls`` (int); no compression, as JPEG is compressed already.
+    Written into a temporary folder and renamed, so a crash never leaves a half-written set.
+    """
+    streaming = alt._require("streaming", "mosaicml-streaming")
+    with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
+        with streaming.MDSWriter(out=str(tmp), columns={"jpg": "bytes", "cls": "int"}, size_limit=size_limit,
+                                 progress_bar=False) as writer:
+            for item in items:
+                writer.write(alt.encoded_sample(item))
+    return Path(out_dir)
+
+
 def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Write the images as WebDataset, MDS and litdata, then :func:`course_lib.alternatives.compare_formats`."""
     import tempfile
 
-    from course_lib import alternatives as alt
     from course_lib import shards
 
     folder = data.prepare_data(args.size, args.seed, args.root, progress=sys.stderr.isatty())
@@ -222,7 +239,7 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
                                             maxcount=per_shard, shuffle=False, force=True)
         written["WebDataset"] = time.perf_counter() - start
         start = time.perf_counter()
-        alt.write_mds(items, out / "mds", size_limit=per_shard * 2500)
+        write_mds(items, out / "mds", size_limit=per_shard * 2500)
         written["MDS"] = time.perf_counter() - start
         start = time.perf_counter()
         alt.write_litdata(items, out / "litdata", chunk_bytes=per_shard * 2500, num_workers=2)
@@ -245,7 +262,6 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
 
 
 def formats_report(result: dict[str, Any]) -> list[str]:
-    from course_lib.alternatives import medians
 
     lines = ["", "written in (s) and size on disk (MB):"]
     lines += [f"  {name:<11} {sec:6.2f} s  {result['disk'][name] / 1e6:7.2f} MB" for name, sec in result["written_s"].items()]

@@ -14,25 +14,27 @@ from torch.utils.data import DataLoader
 
 from course_lib import alternatives as alt
 from course_lib import data, shards
+from course_lib.datasets import image_tensor
+from course_tools.bench import write_mds
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 48
 
 
 @pytest.fixture(scope="module")
-def items() -> list[alt.Item]:
+def items() -> list[tuple[str, int]]:
     return alt.image_items(data.prepare_data(progress=False), "train", limit=N)
 
 
 @pytest.fixture(scope="module")
 def written(items, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("formats")
-    return {"mds": alt.write_mds(items, out / "mds", size_limit=20_000),
+    return {"mds": write_mds(items, out / "mds", size_limit=20_000),
             "lit": alt.write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2)}
 
 
-def expected(items: list[alt.Item]) -> list[tuple[torch.Tensor, int]]:
-    return [alt.decode(Path(p).read_bytes(), y) for p, y in items]
+def expected(items: list[tuple[str, int]]) -> list[tuple[torch.Tensor, int]]:
+    return [(image_tensor(Path(p).read_bytes()), y) for p, y in items]
 
 
 def test_image_items_are_picklable_paths_and_labels(items) -> None:
@@ -91,7 +93,7 @@ def test_compare_formats_counts_every_sample(items, written, tmp_path: Path) -> 
 
 
 def test_missing_folders_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(alt.FormatError, match="write_mds"):
+    with pytest.raises(alt.FormatError, match="MDSWriter"):
         alt.mds_images(tmp_path, batch_size=8)
     with pytest.raises(alt.FormatError, match="write_litdata"):
         alt.litdata_images(tmp_path)
@@ -131,19 +133,36 @@ def test_release_mds_unlinks_the_shared_memory(written) -> None:
     assert alt.release_mds() == 0  # nothing left to release
 
 
-def test_mds_prefix_race_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mds_prefix_race_is_retried(written, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes picking the same /dev/shm prefix: the loser looks again instead of failing."""
-    from streaming.base import dataset as mds_dataset
+    import streaming
 
-    calls = []
+    real, calls = streaming.StreamingDataset, []
 
-    def racy(*args, **kwargs):
-        calls.append(args)
+    def racy(**kwargs):
+        calls.append(kwargs)
         if len(calls) < 3:
             raise FileExistsError("[Errno 17] File exists: '/000376_locals'")
-        return 377, "segment"
+        return real(**kwargs)
 
-    monkeypatch.setattr(mds_dataset, "get_shm_prefix", racy)
-    alt._retry_mds_prefix_race()
-    assert mds_dataset.get_shm_prefix(["local"], [None], "world") == (377, "segment")
-    assert len(calls) == 3
+    monkeypatch.setattr(streaming, "StreamingDataset", racy)
+    assert sum(1 for _ in alt.mds_images(written["mds"], batch_size=8)) == N and len(calls) == 3
+    alt.release_mds()
+
+
+def test_writers_never_replace_a_folder_the_course_did_not_write(items, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    for write in (lambda: write_mds(items[:4], mine), lambda: alt.write_litdata(items[:4], mine, num_workers=1)):
+        with pytest.raises(alt.FormatError, match="did not write"):
+            write()
+        assert (mine / "thesis.tex").read_text() == "years of work" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_a_failing_writer_leaves_no_temporary_folder(items, tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        write_mds([("/no/such/image.jpg", 0)], tmp_path / "mds")
+    assert list(tmp_path.iterdir()) == []
+    again = write_mds(items[:4], tmp_path / "mds", size_limit=20_000)  # a second write replaces the course's own
+    assert write_mds(items[:6], again, size_limit=20_000) == again and (again / "index.json").is_file()

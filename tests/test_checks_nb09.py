@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from course_lib import alternatives as alt
 from course_lib import data
 from course_lib.checks import Status, nb09
+from course_tools.bench import write_mds
 
 N = 40
 
@@ -18,7 +19,7 @@ N = 40
 @pytest.fixture(scope="module")
 def mds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     items = alt.image_items(data.prepare_data(progress=False), "train", limit=N)
-    return alt.write_mds(items, tmp_path_factory.mktemp("mds") / "mds", size_limit=20_000)
+    return write_mds(items, tmp_path_factory.mktemp("mds") / "mds", size_limit=20_000)
 
 
 @pytest.mark.timeout(120)

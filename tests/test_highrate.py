@@ -11,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_tools import bench
+from course_lib.timing import medians
 from course_lib.highrate import (
-    RawBatchDataset,
+    _RawBatchDataset,
     RawDataError,
     RawTensorDataset,
     RingLoader,
@@ -21,15 +22,15 @@ from course_lib.highrate import (
     compare_shards,
     gbps,
     index_tensor_shards,
-    medians,
-    one_thread,
-    open_raw,
+
+    _one_thread,
+    _open_raw,
     plot_main_process,
     plot_rates,
-    read_files,
-    read_sequential,
-    shard_loader,
-    touch,
+    _read_files,
+    _read_sequential,
+    _shard_loader,
+    _touch,
     write_raw_tensors,
 )
 
@@ -50,7 +51,7 @@ def test_write_is_deterministic_idempotent_and_checked(tmp_path: Path, raw) -> N
     assert Path(again.path).read_bytes() == Path(raw.path).read_bytes()
     mtime = os.stat(raw.path).st_mtime_ns
     assert write_raw_tensors(raw.path, 37, sample_bytes=SB, seed=1) == raw and os.stat(raw.path).st_mtime_ns == mtime
-    assert open_raw(raw.path) == raw
+    assert _open_raw(raw.path) == raw
     assert not list(tmp_path.glob(".*tmp"))
     values = whole(raw)
     assert values.dtype == torch.float32 and 0 <= float(values.min()) and float(values.max()) < 1
@@ -58,11 +59,11 @@ def test_write_is_deterministic_idempotent_and_checked(tmp_path: Path, raw) -> N
 
 def test_missing_and_truncated_files_are_clear_errors(tmp_path: Path, raw) -> None:
     with pytest.raises(RawDataError, match="write_raw_tensors"):
-        open_raw(tmp_path / "nothing.f32")
+        _open_raw(tmp_path / "nothing.f32")
     with open(raw.path, "r+b") as f:
         f.truncate(raw.nbytes - 10)
     with pytest.raises(RawDataError, match="truncated"):
-        open_raw(raw.path)
+        _open_raw(raw.path)
     with pytest.raises(ValueError):
         write_raw_tensors(tmp_path / "x", 0)
     with pytest.raises(ValueError):
@@ -76,12 +77,12 @@ def test_dataset_and_sequential_reads_give_the_file(raw) -> None:
     with pytest.raises(IndexError, match="out of range"):
         ds[37]
     for reuse in (True, False):
-        batches = [b.clone() for b in read_sequential(raw, 8, reuse=reuse)]
+        batches = [b.clone() for b in _read_sequential(raw, 8, reuse=reuse)]
         assert [len(b) for b in batches] == [8, 8, 8, 8, 5]
         assert torch.equal(torch.cat(batches), expected)
-    same = list(read_sequential(raw, 8, reuse=True))
+    same = list(_read_sequential(raw, 8, reuse=True))
     assert same[0].data_ptr() == same[1].data_ptr()  # one buffer, overwritten
-    fresh = list(read_sequential(raw, 8, reuse=False))
+    fresh = list(_read_sequential(raw, 8, reuse=False))
     assert fresh[0].data_ptr() != fresh[1].data_ptr()
 
 
@@ -153,8 +154,8 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, batch-sized reused buffer"][0])
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
-        gbps(lambda: read_sequential(raw, 8), raw.nbytes + 1)
-    assert touch(torch.ones(4096)) == 4.0  # one value per 4 KiB page
+        gbps(lambda: _read_sequential(raw, 8), raw.nbytes + 1)
+    assert _touch(torch.ones(4096)) == 4.0  # one value per 4 KiB page
 
 
 @pytest.mark.timeout(120)
@@ -175,18 +176,18 @@ def test_ring_loader_under_spawn(raw) -> None:
 
 
 def test_batch_dataset_reads_whole_batches(raw) -> None:
-    ds = RawBatchDataset(raw, 8)
+    ds = _RawBatchDataset(raw, 8)
     assert len(ds) == 5 and [len(ds[i]) for i in range(5)] == [8, 8, 8, 8, 5]
     assert torch.equal(torch.cat([ds[i] for i in range(5)]), whole(raw))
     with pytest.raises(IndexError, match="out of range"):
         ds[5]
     with pytest.raises(ValueError):
-        RawBatchDataset(raw, 0)
+        _RawBatchDataset(raw, 0)
 
 
 @pytest.mark.timeout(60)
 def test_batch_dataset_in_workers_sends_shared_memory(raw) -> None:
-    loader = DataLoader(RawBatchDataset(raw, 8), batch_size=None, num_workers=2)
+    loader = DataLoader(_RawBatchDataset(raw, 8), batch_size=None, num_workers=2)
     batches = list(loader)
     assert all(b.is_shared() for b in batches)
     assert torch.equal(torch.cat(batches), whole(raw))
@@ -250,11 +251,11 @@ def test_ring_loader_reads_shards_by_the_index(tensor_shards) -> None:
 
 @pytest.mark.timeout(60)
 def test_shard_loader_and_file_reads(tensor_shards) -> None:
-    batches = list(shard_loader(tensor_shards.urls, batch_size=8, num_workers=2))
+    batches = list(_shard_loader(tensor_shards.urls, batch_size=8, num_workers=2))
     got = torch.cat(batches)
     assert got.shape == (37, SB // 4)
     assert sorted(got[:, 0].tolist()) == sorted(shard_values(tensor_shards)[:, 0].tolist())
-    chunks = list(read_files(tensor_shards.paths, 1 << 16))
+    chunks = list(_read_files(tensor_shards.paths, 1 << 16))
     assert sum(len(c) for c in chunks) == sum(p.stat().st_size for p in tensor_shards.paths)
 
 
@@ -269,5 +270,5 @@ def test_compare_shards(tensor_shards) -> None:
 
 def test_one_thread_restores_the_thread_count() -> None:
     before = torch.get_num_threads()
-    seen = [torch.get_num_threads() for _ in one_thread(range(2))]
+    seen = [torch.get_num_threads() for _ in _one_thread(range(2))]
     assert seen == [1, 1] and torch.get_num_threads() == before

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import numbers
 from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
 
+from .._support import fork_context
 from ..instrument import EpochRecord
 from ..workers import NoisyDataset
 from ._core import Hint, attempted, exercise, require
@@ -77,7 +77,7 @@ def just_enough_workers(answer: Any, results: Any) -> None:
 
 def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int], list[int]]:
     """Shifts made by worker 0 and worker 1 (in-order loading alternates between them)."""
-    ctx = "fork" if "fork" in mp.get_all_start_methods() else None  # a function defined in a cell needs fork
+    ctx = fork_context()  # a function defined in a notebook cell needs fork
     loader = DataLoader(
         NoisyDataset(n=12, seed=0),
         batch_size=None,

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from ..distributed import coverage
+from ..samplers import coverage
 from ._core import Hint, attempted, exercise, require, whole_number
 
 CASES = [(n, w) for n in (1, 7, 10, 23, 100, 101) for w in (1, 2, 3, 4, 8) if n >= w]
@@ -66,8 +66,8 @@ def epoch_sampler(fn: Callable[[Any, int, int, int], Any]) -> None:
             require(len(sizes) == 1, f"{call}: ranks get {sizes} indices; a DistributedSampler gives every rank the same number.")
             dropped = len(data) - world * sizes[0]  # > 0 only with drop_last=True
             require(
-                len(cov["missing"]) <= max(dropped, 0) and len(cov["repeated"]) <= world - 1,
-                f"{call}: indices {cov['missing'][:5]} go to no rank and {len(cov['repeated'])} go to several. Did every "
+                len(cov.missing) <= max(dropped, 0) and len(cov.repeated) <= world - 1,
+                f"{call}: indices {cov.missing[:5]} go to no rank and {len(cov.repeated)} go to several. Did every "
                 "rank use the same seed? The shuffle must be the same permutation on every rank, so give them all one seed.",
             )
             require(shares[0] != sorted(shares[0]), f"{call}: rank 0's indices come in increasing order: turn shuffle on (it is the sampler's job, not the DataLoader's).")
@@ -92,14 +92,14 @@ def eval_indices(fn: Callable[[int, int, int], Any]) -> None:
         shares = [_indices(fn(n, world, rank), call.replace("rank)", f"{rank})")) for rank in range(world)]
         require(all(0 <= i < n for s in shares for i in s), f"{call}: some index is outside 0..{n - 1}.")
         cov = coverage(shares, n)
-        if cov["repeated"]:
+        if cov.repeated:
             raise Hint(
-                f"{call}: indices {cov['repeated'][:5]} are evaluated twice; that is DistributedSampler's padding, which "
+                f"{call}: indices {cov.repeated[:5]} are evaluated twice; that is DistributedSampler's padding, which "
                 "counts those samples twice in the metric. Give each index to exactly one rank."
             )
-        if cov["missing"]:
+        if cov.missing:
             raise Hint(
-                f"{call}: indices {cov['missing'][:5]} are never evaluated (drop_last?). Evaluation must see every sample; "
+                f"{call}: indices {cov.missing[:5]} are never evaluated (drop_last?). Evaluation must see every sample; "
                 "ranks may get different counts."
             )
         sizes = [len(s) for s in shares]

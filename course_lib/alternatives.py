@@ -1,24 +1,13 @@
 """Notebook 09: beyond WebDataset, the same images as MDS shards (mosaicml-streaming) and litdata chunks.
 
-Notebook 09 writes the course's generated images in three streaming formats and reads them
-through the same decoding and the same ``DataLoader``, so that the measured differences are the
-formats' and their readers', nothing else:
-
-* **WebDataset**: tar shards (notebook 08), :func:`webdataset_images`;
-* **MDS** (mosaicml-streaming): written with ``MDSWriter``, read by ``streaming.StreamingDataset``
-  from a local folder (``remote=None``), :func:`mds_images`;
-* **litdata**: :func:`write_litdata` with ``litdata.optimize``, read by ``litdata.StreamingDataset``,
-  :func:`litdata_images`.
-
-What worker processes must import lives here, not in a notebook cell: ``litdata.optimize`` sends
-its function to worker processes, and under ``spawn`` they find it only in a module.
-:func:`compare_formats` measures samples/s for all three (``python -m course_lib bench formats``
-runs it from a shell).
+The images are written in three streaming formats (WebDataset, MDS, litdata) and read through the
+same decoding and the same ``DataLoader``, so that measured differences are the formats' own.
+What worker processes must import lives here: ``litdata.optimize`` sends its function to worker
+processes, which under ``spawn`` find it only in a module.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -27,12 +16,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ._support import fork_context, new_folder
 from .datasets import ImageFileDataset, image_tensor
 from .timing import medians
 
 __all__ = ["compare_formats", "dali_available", "encoded_sample", "folder_bytes", "image_items", "litdata_images",
-           "mds_images", "plot_formats", "release_mds", "webdataset_images", "write_litdata"]
+           "mds_images", "plot_formats", "release_mds", "webdataset_images"]
 
 _Item = tuple[str, int]  # (path of a JPEG file, class number)
 
@@ -70,30 +58,6 @@ def encoded_sample(item: _Item) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def write_litdata(items: Sequence[_Item], out_dir: str | os.PathLike[str], chunk_bytes: str | int = "1MB",
-                  num_workers: int = 2, start_method: str | None = None) -> Path:
-    """Notebook 09, section 3: write ``items`` as litdata chunks with ``litdata.optimize(fn=encoded_sample, ...)``.
-
-    ``optimize`` runs ``encoded_sample`` in ``num_workers`` processes and, as a side effect, sets
-    the **process-wide** multiprocessing start method (``fork`` in a notebook, ``spawn`` in a
-    script); this function puts the previous one back. ``start_method`` defaults to ``fork`` where
-    it exists: ``spawn`` would start every worker by importing torch again. ``keep_data_ordered``
-    gives each worker a fixed slice, so sample ``i`` of the output is ``items[i]`` on every run.
-    """
-    litdata = _require("litdata", "litdata")
-    method = start_method or fork_context().get_start_method()
-    previous = multiprocessing.get_start_method(allow_none=True)
-    with new_folder(out_dir, "index.json", FormatError) as tmp:
-        try:
-            litdata.optimize(fn=encoded_sample, inputs=list(items), output_dir=str(tmp), chunk_bytes=chunk_bytes,
-                             num_workers=num_workers, keep_data_ordered=True, verbose=False, start_method=method)
-        finally:
-            multiprocessing.set_start_method(previous, force=True)
-        if not list(tmp.glob("*.bin")):
-            raise FormatError(f"litdata.optimize wrote no chunks for {Path(out_dir).name}/: see the worker errors above")
-    return Path(out_dir)
 
 
 # --------------------------------------------------------------------------- reading
@@ -197,7 +161,7 @@ def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
     """Notebook 09, section 3: litdata chunks in a local folder, read by ``litdata.StreamingDataset``."""
     litdata = _require("litdata", "litdata")
     if not (Path(folder) / "index.json").is_file():
-        raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with write_litdata(items, folder)")
+        raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first")
     return _Decoded(litdata.StreamingDataset(str(folder)))
 
 
@@ -240,11 +204,11 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
 
 def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "The same images, three formats") -> Any:
     """Notebook 09, section 4: bars of the median samples/s of each format, relative to the first."""
-    from .viz import relative_bars
+    from .viz import _relative_bars
 
     med = medians(results)
     first = next(iter(med))
-    return relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
+    return _relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
                          ["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(med)], ax=ax)
 
 

@@ -1,38 +1,13 @@
-"""Notebook 10, the capstone: a small CNN trained under DDP over WebDataset shards, with its data
-stall measured on every rank.
+"""Notebook 10, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
 
-Three entry points, one pipeline:
-
-* :func:`measure` and :func:`sweep` time the pipeline in the notebook's own process, through
-  notebook 04's :class:`~course_lib.instrument.InstrumentedLoader`, with a simulated training step;
-* ``torchrun --nproc-per-node=N -m course_lib.capstone train --shards DIR ...`` trains
-  :class:`course_lib.train.SmallCNN` on every rank over the same pipeline, and each rank writes
-  ``rankN.json``: what it read, and how long it waited for data (the same instrument again);
-* :func:`cpus_per_task` sizes a Slurm job for the tuned settings (``course_tools.slurm`` writes the
-  script, in the style of ``hpc/train_1node.sbatch``).
-
-**Equal batches on every rank, by design.** A cluster job's ranks × workers changes from one job
-to the next (4 GPUs × 7 workers = 28 readers), and shards rarely divide evenly among them; a rank
-with fewer batches leaves the others waiting in DDP's all-reduce (notebooks 06 and 08). So every
-epoch here is a fixed number of steps per rank (``--epoch-batches``, by default one pass's worth:
-samples ÷ (ranks × batch size)), and each reader never runs dry:
-
-1. ``split_by_node`` then ``split_by_worker`` give every reader (a worker of a rank) its own shards,
-   disjoint from every other reader's: no sample is read twice in one epoch;
-2. each reader cycles through its own shards endlessly, in a new seeded order every pass
-   (:class:`EndlessShardCycle`): webdataset's ``resampled=True`` without replacement and without
-   giving up the split;
-3. the rank stops after exactly ``epoch_batches`` batches (``with_epoch`` on the loader, done here
-   with a counter so the instrumented loader sees where the epoch ends).
-
-This needs at least ranks × workers shards (better several per reader); fewer is refused before
-the job starts, with :class:`~course_lib.shards.ShardError` saying what to change.
-
-**Simulated costs.** ``decode_ms`` (per sample, in the workers) and ``step_ms`` (per batch, in the
-training loop) are sleeps: a heavier decode than 64×64 JPEGs need, and the time an accelerator
-would compute while the CPU is free. Sleeping leaves the cores to the other processes, so the
-measured stall depends on the settings, not on how busy a 2-core machine is. On a cluster both
-are 0: the real work takes their place.
+One pipeline (:func:`build_dataset`), three uses: :func:`measure` and :func:`sweep` time it in the
+notebook's process through notebook 04's ``InstrumentedLoader``; ``torchrun -m course_lib.capstone
+train --shards DIR`` trains on every rank and writes ``rankN.json`` (what it read, how long it
+waited); :func:`cpus_per_task` sizes the Slurm job (``course_tools.slurm`` writes the script).
+Every reader (a worker of a rank) gets shards of its own and cycles through them, and every rank
+takes the same number of steps per epoch, so DDP's all-reduce never waits for a rank that ran dry.
+``decode_ms`` and ``step_ms`` are simulated costs (sleeps, which leave the cores to the workers);
+on a cluster both are 0 and the real work takes their place.
 """
 
 from __future__ import annotations
@@ -169,8 +144,8 @@ def make_loader(
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
     """Notebook 10, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
 
-    Returns the epoch's record and the batches' worker ids. The iterator is dropped at the end,
-    which closes the last step's timing (the loop never asks for a batch after it).
+    Returns the epoch's record and the batches' worker ids. Closing the iterator at the end ends
+    the last step's timing (the loop never asks for a batch after it).
     """
     if batches < 1:
         raise ValueError(f"batches must be at least 1, got {batches}")
@@ -179,6 +154,7 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
         for _ in range(batches):
             step(next(it))
     finally:
+        it.close()
         del it
     record = loader.last
     return record, [b.worker for b in record.batches]

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 
 from ._support import new_folder
 
-__all__ = ["CLASSES", "describe", "draw_shape", "prepare_data"]
+__all__ = ["CLASSES", "data_dir", "dataset_name", "describe", "draw_shape", "prepare_data", "read_manifest", "verify"]
 
 ENV_VAR = "COURSE_DATA_DIR"
 FORMAT_VERSION = 1
@@ -71,7 +71,7 @@ DEFAULT_SIZE = "small"
 
 
 def data_dir(root: str | os.PathLike[str] | None = None) -> Path:
-    """The folder that holds the course's data sets (argument, then env var, then cache)."""
+    """Notebook 01, section 0: the folder that holds the course's data sets (argument, then env var, then cache)."""
     if root is not None:
         return Path(root).expanduser()
     env = os.environ.get(ENV_VAR, "").strip()
@@ -82,7 +82,7 @@ def data_dir(root: str | os.PathLike[str] | None = None) -> Path:
 
 
 def dataset_name(size: str = DEFAULT_SIZE, seed: int = 0) -> str:
-    """Folder name of one generated set, e.g. ``shapes-small-seed0``."""
+    """Notebook 01, section 0: folder name of one generated set, e.g. ``shapes-small-seed0``."""
     return f"shapes-{size}-seed{seed}"
 
 
@@ -220,7 +220,7 @@ def _generate_into(target: Path, spec: _SizeSpec, size: str, seed: int, progress
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> dict:
-    """Load ``manifest.json`` of a generated set; a clear ``DataError`` if it is not there."""
+    """Notebook 01, section 0: load ``manifest.json`` of a generated set; a clear ``DataError`` if it is not there."""
     path = Path(folder) / MANIFEST
     try:
         return json.loads(path.read_text())
@@ -235,7 +235,7 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict:
 
 
 def verify(folder: str | os.PathLike[str], checksums: bool = False) -> dict:
-    """Check that every file the manifest lists exists (and, with ``checksums``, is intact).
+    """Notebook 01, section 0: check that every file the manifest lists exists (and, with ``checksums``, is intact).
 
     Returns the manifest; raises ``DataError`` naming the first problems found.
     """

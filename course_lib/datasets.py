@@ -1,8 +1,8 @@
 """Notebook 01: map-style datasets, used throughout the course.
 
-A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes here are
-deliberately short so that a learner can read them whole; they live in a module (not in a
-notebook cell) so that DataLoader worker processes can pickle them under any start method.
+A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes are short
+enough to read whole, and live in a module (not a notebook cell) so that DataLoader workers can
+pickle them under any start method.
 """
 
 from __future__ import annotations

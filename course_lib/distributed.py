@@ -1,13 +1,9 @@
 """Notebook 06: data-parallel jobs, from "who am I?" to what each rank loaded.
 
-* :func:`dist_env` answers "who am I?" (rank, local rank, world size, rendezvous address) from
-  torchrun's variables or, failing that, Slurm's, as IDRIS's ``idr_torch`` does on Jean Zay. A
-  half-set environment is an error that names what is missing, never a silent rank 0 of 1.
-* :func:`start` joins the job: this rank's device, then ``torch.distributed`` (gloo on CPU, NCCL on
-  GPUs); :func:`finish` leaves it.
-* :func:`sampler_shares` runs torch's real ``DistributedSampler`` for every rank in one process,
-  so a notebook can look at each rank's share without starting any process.
-* :func:`write_report` / :func:`read_reports`: what each rank of a course script loaded.
+:func:`dist_env` reads rank, local rank, world size and the rendezvous address from torchrun's
+variables or, failing that, Slurm's (as IDRIS's ``idr_torch`` does); a half-set environment is an
+error naming what is missing. :func:`start` joins the job, :func:`sampler_shares` shows each rank's
+``DistributedSampler`` share without starting a process, and the reports say what each rank loaded.
 """
 
 from __future__ import annotations

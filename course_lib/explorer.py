@@ -16,9 +16,11 @@ from torch.utils.data import Dataset
 
 from .instrument import InstrumentedLoader, measure, plot_timeline
 
+__all__ = ["LoaderExplorer"]
+
 
 class LoaderExplorer:
-    """Holds the widgets and the measurements; ``display(explorer.widget)`` shows it."""
+    """Notebook 04, section 11: holds the widgets and the measurements; ``display(explorer.widget)`` shows it."""
 
     def __init__(self, dataset: Dataset, step_ms: float = 20.0, max_workers: int = 4, max_batches: int | None = 24) -> None:
         self.dataset = dataset

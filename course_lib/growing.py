@@ -1,50 +1,24 @@
-"""A dataset that grows from epoch to epoch: producers fill a local cache, training reads it (notebook 07).
+"""Notebook 07: a dataset that grows from epoch to epoch (section 7).
 
-The situation: the full data set lives far away (an object store, a remote archive, a
-simulation) and does not fit on the training machine. *Producer* processes fetch samples from
-it and write them, one file each, into a local cache folder. Every epoch trains on whatever
-the cache holds at that moment, so early epochs see a few samples and later ones many; when the
-cache reaches its size budget, the oldest samples are deleted to make room for new ones.
-
-:class:`GrowingCache` runs this with real ``multiprocessing`` processes. Its choices:
-
-* **Atomic files.** A producer writes ``.<name>.tmp-<pid>`` and renames it into place
-  (``os.replace``): a reader lists and opens only complete files, never half a file. Names
-  starting with ``.`` are never listed.
-* **Paced by the consumer.** Producers write only when asked: :meth:`GrowingCache.request`
-  asks each for ``per_request`` new samples, :meth:`GrowingCache.wait` waits until all are
-  written (with a timeout). A sample's content depends only on ``(seed, producer, request,
-  number)``, so what each epoch sees is exact and repeatable, which a notebook checked by CI
-  needs. :meth:`GrowingCache.next_epoch` waits for the samples asked for at the start of the
-  previous epoch, evicts, lists, and asks for the next ones: the producers write while the
-  epoch trains. (A production system lets producers run freely; then the counts vary.)
-* **Eviction between epochs, by the consumer.** The epoch's file list (a
-  :class:`CacheSnapshot`, a map-style dataset) is fixed when the epoch starts, and files are
-  deleted only in :meth:`GrowingCache.next_epoch`, after the previous epoch's loader is done.
-  So no file is deleted while a DataLoader worker may still open it. (A separate evictor
-  running during the epoch would need to know which files the workers still need; on Linux a
-  file already *open* survives deletion, but one listed and not yet opened does not.) Hence:
-  a new DataLoader per epoch, no ``persistent_workers`` (their copy of the snapshot is stale
-  anyway). The budget holds at every epoch start; during an epoch the cache may exceed it by one
-  request.
-* **Oldest first** by name (request number, then producer, then number), not by modification
-  time, which can tie and depends on the clock. The policy is a function and can be replaced.
-
-Errors are explicit: a budget smaller than one sample, a cache folder that cannot be written,
-a producer that dies (named, with its exit code) or does not answer in time.
+Producer processes write samples (one ``.npy`` file each, atomically) into a local cache folder when
+asked, once per epoch; each epoch trains on what the cache holds when it starts, and past a size budget
+the oldest samples are evicted, between epochs only. A sample depends only on ``(seed, producer,
+request, number)``, so every epoch is exact and repeatable. A producer that dies is named with its
+exit code; one that is late times out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing as mp
 import os
 import queue
 import re
-import sys
 import time
-import uuid
+import traceback
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -53,35 +27,24 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._support import fork_context, write_atomic
+from ._support import check_int, fork_context, write_atomic
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 
-__all__ = [
-    "CacheError",
-    "CacheSnapshot",
-    "EpochStats",
-    "GrowingCache",
-    "ProducerError",
-    "ProducerTimeout",
-    "evict_oldest",
-    "make_sample",
-    "plot_growth",
-    "reuse_counts",
-    "sample_name",
-]
+__all__ = ["CacheError", "CacheSnapshot", "EpochStats", "GrowingCache", "ProducerError", "ProducerTimeout",
+           "evict_oldest", "make_sample", "parse_name", "plot_growth", "reuse_counts", "sample_name", "sample_nbytes"]
 
-SUFFIX = ".npy"
 _NAME = re.compile(r"^r(\d{5})-p(\d{2})-(\d{4})-c(\d+)\.npy$")
 EvictionPolicy = Callable[[Sequence[tuple[str, int]], int], Sequence[str]]
+Transform = Callable[[np.ndarray], Any]
 
 
 class CacheError(RuntimeError):
-    """The cache cannot work as asked; the message says why and what to do."""
+    """Notebook 07, section 7: the cache cannot work as asked; the message says why and what to do."""
 
 
 class ProducerError(CacheError):
-    """A producer process died. ``producer`` is its number, ``exitcode`` what it exited with."""
+    """Notebook 07, section 7: a producer process died; ``producer`` is its number, ``exitcode`` its exit code."""
 
     def __init__(self, message: str, producer: int, exitcode: int | None) -> None:
         super().__init__(message)
@@ -89,19 +52,16 @@ class ProducerError(CacheError):
 
 
 class ProducerTimeout(ProducerError, TimeoutError):
-    """A producer is alive but did not finish its request in time."""
-
-
-# --------------------------------------------------------------------------- samples
+    """Notebook 07, section 7: a producer is alive but did not finish its request in time."""
 
 
 def sample_name(request: int, producer: int, number: int, label: int) -> str:
-    """The file name of one sample: ``r00003-p01-0002-c7.npy`` (sorting by name = oldest first)."""
-    return f"r{request:05d}-p{producer:02d}-{number:04d}-c{label}{SUFFIX}"
+    """Notebook 07, section 7: a sample's file name, ``r00003-p01-0002-c7.npy``; sorted by name = oldest first."""
+    return f"r{request:05d}-p{producer:02d}-{number:04d}-c{label}.npy"
 
 
 def parse_name(name: str) -> tuple[int, int, int, int]:
-    """``(request, producer, number, label)`` of a sample file name."""
+    """Notebook 07, section 7: ``(request, producer, number, label)`` of a sample file name."""
     m = _NAME.match(name)
     if m is None:
         raise ValueError(f"{name!r} is not a cache sample name (like {sample_name(3, 1, 2, 7)!r})")
@@ -109,7 +69,7 @@ def parse_name(name: str) -> tuple[int, int, int, int]:
 
 
 def make_sample(seed: int, producer: int, request: int, number: int, image_size: int = 32) -> tuple[np.ndarray, int]:
-    """One sample ``(image as uint8 H×W×3, label)``: a shape drawn from ``(seed, producer, request, number)``."""
+    """Notebook 07, section 7: one sample ``(uint8 H×W×3 image, label)``, seeded by ``(seed, producer, request, number)``."""
     rng = np.random.default_rng([seed, producer, request, number])
     label = int(rng.integers(len(CLASSES)))
     return np.asarray(draw_shape(label, rng, image_size)), label
@@ -122,89 +82,67 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def sample_nbytes(image_size: int) -> int:
-    """The size in bytes of one sample file (all samples of one image size have the same)."""
+    """Notebook 07, section 7: the size in bytes of one sample file (the same for all samples of one image size)."""
     return len(_npy_bytes(np.zeros((image_size, image_size, 3), dtype=np.uint8)))
 
 
-def _producer_main(
-    producer: int, folder: str, seed: int, image_size: int, commands: Any, done: Any, fail_at: int | None
-) -> None:
-    """A producer process: write the samples asked for, report, repeat; stop on ``None``.
-
-    Reports ``(producer, request, None)`` when a request is written. On an error it reports
-    ``(producer, request, "Type: message")``, writes the traceback to file descriptor 2 (the
-    process's standard error, where logs go) and exits with code 1.
-    """
-    parent = mp.parent_process()
+def _producer_main(producer: int, folder: str, seed: int, image_size: int, commands: Any, done: Any,
+                   fail_at: int | None) -> None:
+    """A producer process: write ``count`` samples per command ``(request, count)`` and report; ``None`` stops it."""
     request = -1
     try:
         while True:
             try:
                 command = commands.get(timeout=1.0)
             except queue.Empty:
-                if parent is not None and not parent.is_alive():
+                if not mp.parent_process().is_alive():
                     return  # the consumer died without stopping us: do not linger
                 continue
             if command is None:
                 return
             request, count = command
             for number in range(count):
-                if fail_at is not None and request == fail_at and number == count // 2:
-                    # a simulated failure halfway through a request, like a lost connection
+                if request == fail_at and number == count // 2:  # a simulated failure, like a lost connection
                     raise ConnectionError(f"producer {producer}: the remote store went away (simulated)")
                 array, label = make_sample(seed, producer, request, number, image_size)
                 # a temporary name, then a rename: a reader lists and opens complete files only
                 write_atomic(Path(folder) / sample_name(request, producer, number, label), _npy_bytes(array))
             done.put((producer, request, None))
     except Exception as exc:
-        import traceback
-
         done.put((producer, request, f"{type(exc).__name__}: {exc}"))
-        text = f"Process cache-producer-{producer} failed:\n" + traceback.format_exc()
-        os.write(2, text.encode(errors="replace"))  # the descriptor, not sys.stderr, which Jupyter may redirect
-        sys.exit(1)
-
-
-# --------------------------------------------------------------------------- eviction
+        text = f"Process cache-producer-{producer} failed:\n{traceback.format_exc()}"
+        os.write(2, text.encode(errors="replace"))  # the descriptor: Jupyter may redirect sys.stderr
+        raise SystemExit(1) from None
 
 
 def evict_oldest(entries: Sequence[tuple[str, int]], budget_bytes: int) -> list[str]:
-    """The names to delete so that the rest fits in ``budget_bytes``: as few as possible, oldest first.
-
-    ``entries`` are ``(name, size in bytes)``, oldest first.
-    """
-    total = sum(size for _, size in entries)
-    out = []
+    """Notebook 07, section 7: which of ``entries`` ``(name, bytes)``, oldest first, to delete (the fewest) to fit."""
+    total, chosen = sum(size for _, size in entries), []
     for name, size in entries:
         if total <= budget_bytes:
             break
-        out.append(name)
+        chosen.append(name)
         total -= size
-    return out
-
-
-# --------------------------------------------------------------------------- what one epoch reads
+    return chosen
 
 
 class CacheSnapshot(Dataset):
-    """The cache's samples at one moment: a map-style dataset over a fixed list of files.
+    """Notebook 07, section 7: the cache's samples at one moment: a map-style dataset over a fixed list of files.
 
-    ``dataset[i]`` is ``(image as float tensor C×H×W in 0..1, label)`` (or ``transform(image
-    as uint8 H×W×3 array)`` with a transform). The file list is a NumPy array: shared by forked
-    workers without copies.
+    ``dataset[i]`` is ``(float image C×H×W in 0..1, label)``, or ``(transform(uint8 image H×W×3), label)``.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Callable[[np.ndarray], Any] | None = None) -> None:
-        self.folder = Path(folder)
-        self.names = np.array(sorted(names), dtype=str)
-        self.transform = transform
+    def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Transform | None = None
+                 ) -> None:
+        self.folder, self.transform = Path(folder), transform
+        self.names = np.array(sorted(names), dtype=str)  # a NumPy array: forked workers share it without copies
 
     def __len__(self) -> int:
         return len(self.names)
 
     @property
     def requests(self) -> np.ndarray:
-        """The request number each sample was produced in (its age)."""
+        """The request each sample was produced in (its age)."""
         return np.array([parse_name(n)[0] for n in self.names], dtype=np.int64)
 
     @property
@@ -216,14 +154,11 @@ class CacheSnapshot(Dataset):
         try:
             array = np.load(self.folder / name)
         except FileNotFoundError:
-            raise CacheError(
-                f"{name} is in this epoch's snapshot but no longer in the cache: something deleted it "
-                "during the epoch. Evict only between epochs (GrowingCache.next_epoch does)."
-            ) from None
-        label = parse_name(name)[3]
+            raise CacheError(f"{name} is in this epoch's snapshot but no longer in the cache: something deleted it "
+                             "during the epoch. Evict only between epochs (GrowingCache.next_epoch does).") from None
         if self.transform is not None:
-            return self.transform(array), label
-        return torch.from_numpy(array).permute(2, 0, 1).float() / 255, label
+            return self.transform(array), parse_name(name)[3]
+        return torch.from_numpy(array).permute(2, 0, 1).float() / 255, parse_name(name)[3]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(samples={len(self)})"
@@ -231,12 +166,12 @@ class CacheSnapshot(Dataset):
 
 @dataclass
 class EpochStats:
-    """What one epoch of a :class:`GrowingCache` started with."""
+    """Notebook 07, section 7: what one epoch of a :class:`GrowingCache` starts with."""
 
     epoch: int
     added: int  # samples written since the previous epoch started
     evicted: int  # samples deleted before this epoch
-    samples: int  # samples in the cache (and in this epoch's snapshot)
+    samples: int  # samples in the cache, and in this epoch's snapshot
     nbytes: int  # their size
     dataset: CacheSnapshot = field(repr=False)
 
@@ -245,304 +180,191 @@ class EpochStats:
                 f"{self.samples} samples ({self.nbytes / 1024:.1f} KiB) to train on")
 
 
-# --------------------------------------------------------------------------- the cache
-
-
-def _stop(procs: list[Any], commands: list[Any], timeout: float) -> None:
-    """Ask producers to stop, then terminate and kill what is left; every join has a timeout."""
-    for q in commands:
-        try:
+def _stop(procs: list[Any], queues: list[Any], timeout: float) -> None:
+    """Ask the producers to stop, then terminate and kill what is left; every join has a timeout."""
+    for q in queues:
+        with contextlib.suppress(ValueError, OSError):  # already closed
             q.put(None)
-        except (ValueError, OSError):  # queue already closed
-            pass
     deadline = time.monotonic() + timeout
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            p.join(2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(2.0)
-    for q in commands:
+        for end in (p.terminate, p.kill):
+            if p.is_alive():
+                end()
+                p.join(2.0)
+    for q in queues:
         q.close()
         q.join_thread()
 
 
 class GrowingCache:
-    """A local cache folder that ``producers`` processes fill while training reads it.
+    """Notebook 07, section 7: a local cache folder that ``producers`` processes fill while training reads it.
 
-    Use it as a context manager (``with GrowingCache(...) as cache:``), which starts the
-    producers and stops them, with timeouts, on the way out. Each epoch::
-
-        stats = cache.next_epoch()     # wait for new samples, evict past the budget, list, ask for more
-        loader = DataLoader(stats.dataset, batch_size=..., shuffle=True, num_workers=2)
-
-    ``per_request`` samples per producer per epoch; ``budget_bytes`` the cache's size limit
-    (at least one sample); ``policy(entries, budget_bytes)`` picks the files to evict
-    (:func:`evict_oldest`). ``timeout`` bounds every wait for producers. ``fail_at=r`` makes
-    producer 1 (or 0, if it is the only one) crash halfway through request ``r``: for
-    demonstrations and tests. ``clear=True`` empties a folder that already holds samples.
+    ``with GrowingCache(folder, budget_bytes=...) as cache:`` starts and stops the producers; each epoch,
+    ``stats = cache.next_epoch()`` and a new ``DataLoader(stats.dataset, ...)``. ``per_request``: samples per
+    producer per epoch; ``policy(entries, budget_bytes)`` picks the files to evict; ``timeout`` bounds every
+    wait; ``fail_at=r`` crashes producer 1 (0 if alone) in request ``r``; ``clear=True`` empties an old cache.
     """
 
-    def __init__(
-        self,
-        folder: str | os.PathLike[str],
-        *,
-        budget_bytes: int,
-        producers: int = 2,
-        per_request: int = 4,
-        image_size: int = 32,
-        seed: int = 0,
-        timeout: float = 60.0,
-        policy: EvictionPolicy = evict_oldest,
-        start_method: str | None = None,
-        fail_at: int | None = None,
-        clear: bool = False,
-    ) -> None:
-        for name, value, low in (("producers", producers, 1), ("per_request", per_request, 1), ("image_size", image_size, 8)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    def __init__(self, folder: str | os.PathLike[str], *, budget_bytes: int, producers: int = 2, per_request: int = 4,
+                 image_size: int = 32, seed: int = 0, timeout: float = 60.0, policy: EvictionPolicy = evict_oldest,
+                 start_method: str | None = None, fail_at: int | None = None, clear: bool = False) -> None:
+        self.producers = check_int(producers, "producers", 1)
+        self.per_request = check_int(per_request, "per_request", 1)
+        self.image_size = check_int(image_size, "image_size", 8)
         if producers > 99 or per_request > 9999:
             raise ValueError("at most 99 producers and 9999 samples per request (file names have fixed widths)")
         self.sample_bytes = sample_nbytes(image_size)
         if budget_bytes < self.sample_bytes:
-            raise ValueError(
-                f"budget_bytes={budget_bytes} is smaller than one sample ({self.sample_bytes} bytes for "
-                f"{image_size}x{image_size} images): the cache could hold nothing. Give at least "
-                f"{self.sample_bytes * producers * per_request} bytes to keep one epoch's worth."
-            )
-        self.folder = Path(folder)
-        self.budget_bytes, self.producers, self.per_request = int(budget_bytes), producers, per_request
-        self.image_size, self.seed, self.timeout, self.policy = image_size, seed, timeout, policy
-        self.fail_at = fail_at
+            raise ValueError(f"budget_bytes={budget_bytes} is smaller than one sample ({self.sample_bytes} bytes for "
+                             f"{image_size}x{image_size} images): the cache could hold nothing. Give at least "
+                             f"{self.sample_bytes * producers * per_request} bytes to keep one epoch's worth.")
+        self.folder, self.budget_bytes, self.seed, self.timeout = Path(folder), int(budget_bytes), seed, timeout
+        self.policy, self.fail_at, self.closed = policy, fail_at, False
         self._ctx = mp.get_context(start_method) if start_method else fork_context()
-        self._check_folder(clear)
-        self._procs: list[Any] = []
-        self._commands: list[Any] = []
-        self._done: Any = None
-        self._next_request = 0
-        self._pending: int | None = None
-        self._broken: ProducerError | None = None
-        self._listed: set[str] = set()
-        self.history: list[EpochStats] = []
-        self._finalizer: weakref.finalize | None = None
-        self.closed = False
-
-    def _check_folder(self, clear: bool) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheError(f"cannot create the cache folder {self.folder.name!r}: {exc.strerror or exc}") from None
-        probe = self.folder / f".probe-{uuid.uuid4().hex[:8]}"
+        probe = self.folder / f".probe-{os.getpid()}"
         try:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise CacheError(
-                f"the cache folder {self.folder.name!r} is not writable ({exc.strerror or exc}); "
-                "producers could not store anything there. Choose a folder on local, writable storage."
-            ) from None
-        old = self._names()
+            raise CacheError(f"the cache folder {self.folder.name!r} is not writable ({exc.strerror or exc}); producers "
+                             "could not store anything there. Choose a folder on local, writable storage.") from None
+        old = [name for name, _ in self.entries()]
         if old and not clear:
-            raise CacheError(
-                f"the cache folder {self.folder.name!r} already holds {len(old)} samples of an earlier run; "
-                "pass an empty folder, or clear=True to delete them."
-            )
+            raise CacheError(f"the cache folder {self.folder.name!r} already holds {len(old)} samples of an earlier "
+                             "run; pass an empty folder, or clear=True to delete them.")
         for name in old:
             (self.folder / name).unlink()
+        self._procs, self._commands, self._done, self._finalizer = [], [], None, None  # set by start()
+        self._next_request, self._pending, self._broken, self._listed = 0, None, None, set()
+        self.history: list[EpochStats] = []
 
-    # ------------------------------------------------------------------ producers
-
-    def start(self) -> "GrowingCache":
-        """Start the producer processes (done by ``with``)."""
+    def start(self) -> GrowingCache:
+        """Start the producer processes (``with`` does)."""
         if self.closed:
             raise CacheError("this cache was closed; make a new GrowingCache")
-        if self._procs:
-            return self
-        self._done = self._ctx.Queue()
-        for p in range(self.producers):
-            commands = self._ctx.Queue()
-            fail = self.fail_at if p == min(1, self.producers - 1) else None
-            proc = self._ctx.Process(
-                target=_producer_main,
-                args=(p, str(self.folder), self.seed, self.image_size, commands, self._done, fail),
-                name=f"cache-producer-{p}",
-                daemon=True,
-            )
-            proc.start()
-            self._procs.append(proc)
-            self._commands.append(commands)
-        self._finalizer = weakref.finalize(self, _stop, self._procs, self._commands, 5.0)
+        if not self._procs:
+            self._done = self._ctx.Queue()
+            for p in range(self.producers):
+                self._commands.append(self._ctx.Queue())
+                fail = self.fail_at if p == min(1, self.producers - 1) else None
+                args = (p, str(self.folder), self.seed, self.image_size, self._commands[p], self._done, fail)
+                self._procs.append(self._ctx.Process(target=_producer_main, args=args, name=f"cache-producer-{p}",
+                                                     daemon=True))
+                self._procs[p].start()
+            self._finalizer = weakref.finalize(self, _stop, self._procs, [*self._commands, self._done], 5.0)
         return self
 
     def request(self, count: int | None = None) -> int:
-        """Ask every producer for ``count`` (default ``per_request``) new samples; return the request number."""
+        """Ask every producer for ``count`` (default ``per_request``) new samples; return the request's number."""
         if not self._procs:
             raise CacheError("the producers are not running: use `with GrowingCache(...) as cache:` or call start()")
         if self._broken is not None:
             raise CacheError(f"this cache's producers failed earlier: {self._broken}")
         if self._pending is not None:
             raise CacheError(f"request {self._pending} is still being written; wait() for it first")
-        count = self.per_request if count is None else count
-        request = self._next_request
+        self._pending, self._next_request = self._next_request, self._next_request + 1
         for q in self._commands:
-            q.put((request, count))
-        self._pending, self._next_request = request, request + 1
-        return request
+            q.put((self._pending, self.per_request if count is None else count))
+        return self._pending
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every producer has written the pending request; raise if one died or is late."""
-        if self._pending is None:
-            return
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        waiting = set(range(self.producers))
-        while waiting:
+        timeout = self.timeout if timeout is None else timeout
+        deadline, waiting = time.monotonic() + timeout, set(range(self.producers))
+        while waiting and self._pending is not None:
             try:
                 producer, request, error = self._done.get(timeout=0.05)
             except queue.Empty:
-                pass
-            else:
-                if error is not None:
-                    self._failed(producer, error)
-                if request == self._pending:
-                    waiting.discard(producer)
+                for p in sorted(waiting):
+                    if self._procs[p].exitcode is not None:
+                        self._failed(p, None)
+                if time.monotonic() > deadline:
+                    p = min(waiting)
+                    raise ProducerTimeout(f"producer {p} did not finish request {self._pending} within {timeout:g} "
+                                          "seconds (still running: the storage may be slow or full)", p, None)
                 continue
-            for p in sorted(waiting):
-                if self._procs[p].exitcode is not None:
-                    self._failed(p, None)
-            if time.monotonic() > deadline:
-                p = min(waiting)
-                raise ProducerTimeout(
-                    f"producer {p} did not finish request {self._pending} within "
-                    f"{self.timeout if timeout is None else timeout:g} seconds (still running: the storage may be slow or full)",
-                    producer=p,
-                    exitcode=None,
-                )
+            if error is not None:
+                self._failed(producer, error)
+            if request == self._pending:
+                waiting.discard(producer)
         self._pending = None
 
     def _failed(self, producer: int, error: str | None) -> None:
-        """Raise the ProducerError for a producer that reported an error or exited."""
         proc = self._procs[producer]
         proc.join(5.0)  # it is on its way out: collect its exit code
-        while error is None:  # it may have said why before it exited
-            try:
-                who, _, error = self._done.get(timeout=0.2)
-            except queue.Empty:
-                break
-            if who != producer:
-                error = None
-        self._remove_temps()
+        with contextlib.suppress(queue.Empty):  # it may have said why before it exited
+            while error is None:
+                who, _, said = self._done.get(timeout=0.2)
+                error = said if who == producer else None
         cause = f" ({error})" if error else " (its traceback, if any, went to this process's standard error)"
         self._broken = ProducerError(
-            f"producer {producer} failed while writing request {self._pending}{cause} and exited with "
-            f"code {proc.exitcode}. The samples it finished are in the cache; close() this cache and start a new one.",
-            producer=producer,
-            exitcode=proc.exitcode,
-        )
+            f"producer {producer} failed while writing request {self._pending}{cause} and exited with code "
+            f"{proc.exitcode}. The samples it finished are in the cache; close() this cache and start a new one.",
+            producer, proc.exitcode)
         self._pending = None
         raise self._broken
 
-    # ------------------------------------------------------------------ the folder
-
-    def _names(self) -> list[str]:
-        return sorted(e.name for e in os.scandir(self.folder) if _NAME.match(e.name) and e.is_file())
-
     def entries(self) -> list[tuple[str, int]]:
         """``(name, bytes)`` of every complete sample in the cache, oldest first."""
-        out = []
-        for name in self._names():
-            try:
-                out.append((name, (self.folder / name).stat().st_size))
-            except FileNotFoundError:  # evicted in between by someone else
-                continue
-        return out
+        with os.scandir(self.folder) as found:
+            return sorted((e.name, e.stat().st_size) for e in found if _NAME.match(e.name) and e.is_file())
 
     def nbytes(self) -> int:
+        """The size of the samples in the cache now."""
         return sum(size for _, size in self.entries())
 
     def evict(self, policy: EvictionPolicy | None = None) -> list[str]:
-        """Delete what ``policy`` (default: the cache's) picks so the cache fits its budget; return the names.
-
-        Call it only between epochs, when no DataLoader worker reads the cache (``next_epoch`` does).
-        """
-        entries = self.entries()
-        chosen = list((policy or self.policy)(entries, self.budget_bytes))
-        known = {name for name, _ in entries}
-        unknown = [n for n in chosen if n not in known]
+        """Delete what ``policy`` (default: the cache's) picks; return the names. Call it between epochs only."""
+        sizes = dict(self.entries())
+        chosen = list((policy or self.policy)(list(sizes.items()), self.budget_bytes))
+        unknown = [n for n in chosen if n not in sizes]
         if unknown:
-            raise CacheError(f"the eviction policy chose {unknown[:3]}, which the cache does not hold; nothing was deleted")
+            raise CacheError(f"the eviction policy chose {unknown[:3]}, which the cache does not hold; "
+                             "nothing was deleted")
         if len(set(chosen)) != len(chosen):
             raise CacheError("the eviction policy chose a file twice; nothing was deleted")
-        left = sum(size for name, size in entries if name not in set(chosen))
+        left = sum(sizes.values()) - sum(sizes[n] for n in chosen)
         if left > self.budget_bytes:
-            raise CacheError(
-                f"after the policy's choice the cache would still hold {left} bytes, over its budget of "
-                f"{self.budget_bytes}; nothing was deleted"
-            )
+            raise CacheError(f"after the policy's choice the cache would still hold {left} bytes, over its budget of "
+                             f"{self.budget_bytes}; nothing was deleted")
         for name in chosen:
             (self.folder / name).unlink()
         return chosen
 
-    def snapshot(self, transform: Callable[[np.ndarray], Any] | None = None) -> CacheSnapshot:
-        """A map-style dataset over the samples in the cache now."""
-        return CacheSnapshot(self.folder, self._names(), transform)
-
-    def next_epoch(self, transform: Callable[[np.ndarray], Any] | None = None) -> EpochStats:
-        """Start an epoch: wait for the samples asked for last time, evict, list, ask for the next ones.
-
-        The first call asks for samples and waits, so that epoch 0 has something to train on.
-        """
-        if not self._procs:
-            self.start()
-        if self._pending is None and not self.history:
+    def next_epoch(self, transform: Transform | None = None) -> EpochStats:
+        """Start an epoch: wait for the samples asked for last time, evict, list, and ask for the next ones."""
+        self.start()
+        if self._pending is None and not self.history:  # the first epoch: ask, and wait, for something to train on
             self.request()
         self.wait()
-        evicted = self.evict()
-        dataset = self.snapshot(transform)
-        names = set(dataset.names.tolist())
-        added = len(names - self._listed) + len([n for n in evicted if n not in self._listed])
-        self._listed = names
-        stats = EpochStats(len(self.history), added, len(evicted), len(dataset), sum(
-            (self.folder / n).stat().st_size for n in dataset.names), dataset)
+        evicted, sizes = self.evict(), dict(self.entries())  # no producer writes until the next request
+        added = len(sizes.keys() - self._listed) + len(set(evicted) - self._listed)  # kept, or evicted unlisted
+        dataset, self._listed = CacheSnapshot(self.folder, list(sizes), transform), set(sizes)
+        stats = EpochStats(len(self.history), added, len(evicted), len(sizes), sum(sizes.values()), dataset)
         self.history.append(stats)
         self.request()  # the producers write while this epoch trains
         return stats
 
-    # ------------------------------------------------------------------ shutdown
-
-    def _remove_temps(self) -> None:
-        for e in os.scandir(self.folder):
-            if e.name.startswith(".") and ".tmp-" in e.name:
-                try:
-                    os.unlink(e.path)
-                except FileNotFoundError:
-                    pass
-
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the producers (asked, then terminated, then killed; joins have timeouts) and remove temp files.
-
-        The samples stay in the folder: it is a cache. Calling ``close`` twice is harmless.
-        """
-        if self.closed:
-            return
-        self.closed = True
-        if self._finalizer is not None:
+        """Stop the producers (ask, terminate, kill; joins have timeouts), remove temporary files; the samples stay."""
+        if not self.closed and self._finalizer is not None:
             self._finalizer.detach()
-        _stop(self._procs, self._commands, timeout)
-        if self._done is not None:
-            self._done.close()
-            self._done.join_thread()
-        self._remove_temps()
-        self._pending = None
+            _stop(self._procs, [*self._commands, self._done], timeout)
+        self.closed, self._pending = True, None
+        for tmp in self.folder.glob(".*.tmp-*"):  # left by a producer killed while writing
+            tmp.unlink(missing_ok=True)
 
     @property
     def exitcodes(self) -> list[int | None]:
         """Each producer's exit code (``None`` while it runs)."""
         return [p.exitcode for p in self._procs]
 
-    def __enter__(self) -> "GrowingCache":
+    def __enter__(self) -> GrowingCache:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -554,57 +376,36 @@ class GrowingCache:
                 f"budget={self.budget_bytes // self.sample_bytes} samples, {state})")
 
 
-# --------------------------------------------------------------------------- pictures
-
-
 def reuse_counts(history: Sequence[EpochStats]) -> dict[str, int]:
-    """For every sample that has been evicted by the last epoch of ``history``: in how many epochs it was trained."""
-    seen: dict[str, int] = {}
-    for stats in history:
-        for name in stats.dataset.names.tolist():
-            seen[name] = seen.get(name, 0) + 1
+    """Notebook 07, section 7: in how many epochs each sample evicted by the last of ``history`` was trained."""
+    seen = Counter(name for stats in history for name in stats.dataset.names.tolist())
     still = set(history[-1].dataset.names.tolist()) if history else set()
     return {name: n for name, n in seen.items() if name not in still}
 
 
 def plot_growth(history: Sequence[EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
-    """Three panels: cache size and samples per epoch; which requests each epoch trained on; reuse per sample."""
+    """Notebook 07, section 7: three panels: samples per epoch; the requests each epoch trained on; reuse per sample."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.1), dpi=80, gridspec_kw={"width_ratios": [1.2, 1.1, 0.8]})
-    epochs = np.array([s.epoch for s in history])
-    samples = np.array([s.samples for s in history])
-    budget = budget_bytes // sample_bytes
-    ax = axes[0]
-    ax.bar(epochs, samples, color="tab:blue", label="in the cache = trained on")
-    ax.bar(epochs, [-s.evicted for s in history], color="tab:red", label="evicted before the epoch")
-    ax.plot(epochs, [s.added for s in history], "o-", color="tab:green", label="new since the last epoch")
-    ax.axhline(budget, color="k", ls="--", lw=1, label=f"budget ({budget} samples)")
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("samples")
-    ax.set_title("the cache, epoch by epoch", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", frameon=False, ncols=2)
-    ax.set_ylim(top=max(samples.max(), budget) * 1.55)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.1), dpi=80,
+                                              gridspec_kw={"width_ratios": [1.2, 1.1, 0.8]})
+    epochs, samples, budget = [s.epoch for s in history], [s.samples for s in history], budget_bytes // sample_bytes
+    left.bar(epochs, samples, color="tab:blue", label="in the cache = trained on")
+    left.bar(epochs, [-s.evicted for s in history], color="tab:red", label="evicted before the epoch")
+    left.plot(epochs, [s.added for s in history], "o-", color="tab:green", label="new since the last epoch")
+    left.axhline(budget, color="k", ls="--", lw=1, label=f"budget ({budget} samples)")
+    left.axhline(0, color="k", lw=0.5)
+    left.set(xlabel="epoch", ylabel="samples", ylim=(None, max([*samples, budget]) * 1.55))
+    left.set_title("the cache, epoch by epoch", fontsize=10)
+    left.legend(fontsize=7, loc="upper left", frameon=False, ncols=2)
     requests = max(int(s.dataset.requests.max()) for s in history if len(s.dataset)) + 1
-    grid = np.zeros((len(history), requests))
-    for row, s in enumerate(history):
-        r, counts = np.unique(s.dataset.requests, return_counts=True)
-        grid[row, r] = counts
-    ax = axes[1]
-    im = ax.imshow(grid, cmap="Blues", aspect="auto", vmin=0)
-    ax.set_xlabel("request (left = oldest)")
-    ax.set_ylabel("epoch")
-    ax.set_title("samples of each request, per epoch", fontsize=10)
-    fig.colorbar(im, ax=ax, label="samples")
-    ax = axes[2]
-    reuse = np.array(list(reuse_counts(history).values()), dtype=np.int64)
-    if reuse.size:
-        values, counts = np.unique(reuse, return_counts=True)
-        ax.bar(values, counts, color="tab:purple")
-        ax.set_xticks(values)
-    ax.set_xlabel("epochs trained in")
-    ax.set_ylabel("evicted samples")
-    ax.set_title("how often a sample was used", fontsize=10)
+    grid = np.array([np.bincount(s.dataset.requests, minlength=requests) for s in history])
+    fig.colorbar(middle.imshow(grid, cmap="Blues", aspect="auto", vmin=0), ax=middle, label="samples")
+    middle.set(xlabel="request (left = oldest)", ylabel="epoch")
+    middle.set_title("samples of each request, per epoch", fontsize=10)
+    values, counts = np.unique(list(reuse_counts(history).values()), return_counts=True)
+    right.bar(values, counts, color="tab:purple")
+    right.set(xticks=values, xlabel="epochs trained in", ylabel="evicted samples")
+    right.set_title("how often a sample was used", fontsize=10)
     fig.tight_layout()
     return fig

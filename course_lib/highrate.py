@@ -1,32 +1,22 @@
 """Notebook 09, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
-The question (asked about scientific data at 300-600 MB/s): can PyTorch feed a training loop that
-fast when the GIL is in the way? Notebook 09 answers it by measuring, in one run, on the same
-bytes:
-
-* the physical limit: :func:`_read_sequential` with ``reuse=True``, a plain sequential read from
-  the page cache into one reused buffer of one sample (small enough to stay in the CPU cache:
-  the fastest a process copies bytes out of the page cache);
-* the same read into a reused buffer of one **batch** (as large as what the loop receives), and
-  into a **fresh** batch buffer every time (``reuse=False``): the cost of allocating, and of the
-  kernel zeroing new pages;
-* a plain ``DataLoader`` over :class:`RawTensorDataset` with worker processes: each sample read
-  into a fresh array, stacked into a fresh shared-memory batch, handed to the main process;
-* :class:`RingLoader`: worker processes read straight into a small ring of shared-memory batch
-  slots allocated once, the way FFCV and DALI reuse their buffers. One copy (page cache to slot),
-  no allocation per batch, no pickling of data.
-
-Built on the standard library and torch only; :func:`compare` runs them all and
-``python -m course_lib bench highrate`` runs it from a shell on any file system.
+Can PyTorch feed a training loop at 300-600 MB/s of raw float32 samples with the GIL in the way?
+:func:`compare` measures it, in one run, on the same bytes: a sequential read into a reused buffer
+(the limit), the same into a fresh buffer per batch, a plain ``DataLoader`` over
+:class:`RawTensorDataset` with workers (fresh arrays, stacked into a fresh shared batch), and
+:class:`RingLoader`, whose workers read straight into a few shared-memory batch slots allocated once,
+as FFCV and DALI do. :func:`compare_shards` does the same for ``.npy`` members of tar shards.
+Standard library and torch only; ``python -m course_lib bench highrate`` runs it from a shell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -34,7 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ._support import new_file, write_atomic
+from ._support import check_int, new_file, write_atomic
+from .shards import brace_urls, load_npy
 from .timing import medians
 
 __all__ = ["RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_shards", "gbps", "index_tensor_shards",
@@ -48,14 +39,26 @@ class RawDataError(RuntimeError):
     """A raw tensor file is missing, truncated or does not match its description."""
 
 
-# --------------------------------------------------------------------------- the data
-
-
+@dataclass(frozen=True)
 class _Float32Samples:
-    """What a RingLoader needs of a sample source: ``n`` samples of ``sample_bytes`` float32 bytes."""
+    """``n`` float32 samples of ``sample_bytes`` each; sample ``i`` lies at ``locations[i] = (file number, offset)``.
 
-    n: int
+    A raw tensor file (:func:`write_raw_tensors`) is one file of samples back to back; an index of tar
+    shards (:func:`index_tensor_shards`) finds the ``.npy`` payloads of many. A :class:`RingLoader` reads either.
+    """
+
+    files: tuple[str, ...]
+    locations: tuple[tuple[int, int], ...]
     sample_bytes: int
+    seed: int = 0
+
+    @property
+    def path(self) -> str:  # the (first) file
+        return self.files[0]
+
+    @property
+    def n(self) -> int:
+        return len(self.locations)
 
     @property
     def nbytes(self) -> int:
@@ -67,37 +70,28 @@ class _Float32Samples:
         return self.sample_bytes // 4
 
 
-@dataclass(frozen=True)
-class _RawTensorFile(_Float32Samples):
-    """A file of ``n`` float32 samples of ``sample_bytes`` each, back to back, and its JSON sidecar."""
-
-    path: str
-    n: int
-    sample_bytes: int
-    seed: int = 0
+def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int = 0) -> _Float32Samples:
+    return _Float32Samples((str(path),), tuple((0, i * sample_bytes) for i in range(n)), sample_bytes, seed)
 
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _RawTensorFile:
+def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _Float32Samples:
     """Notebook 09, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
-    Written to a temporary name and renamed, the sidecar last, so a killed run never leaves a
+    Written to a temporary name and renamed, the ``.json`` sidecar last, so a killed run never leaves a
     file that looks complete. Same arguments, same bytes.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
+    check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:
         raise ValueError(f"sample_bytes must be a positive multiple of 4 (float32), got {sample_bytes}")
     path = Path(path)
-    want = _RawTensorFile(str(path), n, sample_bytes, seed)
-    try:
+    want = _raw_file(path, n, sample_bytes, seed)
+    with contextlib.suppress(RawDataError):
         if _open_raw(path) == want:
             return want
-    except RawDataError:
-        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     try:
@@ -106,36 +100,44 @@ def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = 
                 f.write(rng.random(sample_bytes // 4, dtype=np.float32).tobytes())
     except OSError as exc:
         raise RawDataError(f"could not write {path.name} ({n * sample_bytes / 2**20:.0f} MiB): {exc}") from exc
-    write_atomic(_sidecar(path), json.dumps({k: v for k, v in asdict(want).items() if k != "path"}))
+    write_atomic(_sidecar(path), json.dumps({"n": n, "sample_bytes": sample_bytes, "seed": seed}))
     return want
 
 
-def _open_raw(path: str | os.PathLike[str]) -> _RawTensorFile:
+def _open_raw(path: str | os.PathLike[str]) -> _Float32Samples:
     """Describe an existing raw tensor file, checking its size against its sidecar."""
     path = Path(path)
-    side = _sidecar(path)
-    if not path.is_file() or not side.is_file():
+    if not path.is_file() or not _sidecar(path).is_file():
         raise RawDataError(
             f"no raw tensor file {path.name} (with its .json description) in {path.parent.name or '.'}: write one with "
             f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
-    meta = json.loads(side.read_text())
-    raw = _RawTensorFile(str(path), int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
-    size = path.stat().st_size
-    if size != raw.nbytes:
-        raise RawDataError(f"{path.name} holds {size} bytes but its description says {raw.nbytes}: truncated? Write it again.")
+    meta = json.loads(_sidecar(path).read_text())
+    raw = _raw_file(path, int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
+    if path.stat().st_size != raw.nbytes:
+        raise RawDataError(f"{path.name} holds {path.stat().st_size} bytes but its description says {raw.nbytes}: "
+                           "truncated? Write it again.")
     return raw
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from ``fd`` at ``offset``: one ``preadv`` system call (repeated if the OS returns less)."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise RawDataError(f"unexpected end of file at byte {offset + done}: the file is shorter than described")
+        done += n
 
 
 class RawTensorDataset(Dataset):
     """Notebook 09, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
 
-    Each call reads 1 sample with ``os.pread`` into a **fresh** array. The file is opened lazily
-    in each process (a descriptor inherited through ``fork`` would share its offset; ``pread``
-    needs no offset, but a fresh open also works under ``spawn``).
+    Each call reads 1 sample with ``os.preadv`` into a **fresh** array. The file is opened lazily in
+    each process: a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none.
     """
 
-    def __init__(self, raw: _RawTensorFile) -> None:
+    def __init__(self, raw: _Float32Samples) -> None:
         self.raw = raw
         self._fd: int | None = None
         self._pid = -1
@@ -143,324 +145,209 @@ class RawTensorDataset(Dataset):
     def __len__(self) -> int:
         return self.raw.n
 
-    def _file(self) -> int:
+    def _read(self, out: torch.Tensor, first: int) -> torch.Tensor:
+        """Fill ``out`` with the samples from number ``first`` on, in one system call."""
         if self._fd is None or self._pid != os.getpid():
             self._fd, self._pid = os.open(self.raw.path, os.O_RDONLY), os.getpid()
-        return self._fd
+        _read_into(self._fd, memoryview(out.numpy()).cast("B"), first * self.raw.sample_bytes)
+        return out
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.raw.n:
             raise IndexError(f"index {index} is out of range for {self.raw.n} samples")
-        out = np.empty(self.raw.sample_len, dtype=np.float32)
-        _read_into(self._file(), memoryview(out).cast("B"), index * self.raw.sample_bytes)
-        return torch.from_numpy(out)
+        return self._read(torch.empty(self.raw.sample_len, dtype=torch.float32), index)
 
     def __getstate__(self) -> dict:
-        return {"raw": self.raw, "_fd": None, "_pid": -1}  # a descriptor means nothing in another process
-
-
-def _read_into(fd: int, view: memoryview, offset: int) -> None:
-    """Fill ``view`` from ``fd`` at ``offset`` (one system call when the OS has ``preadv``)."""
-    done = 0
-    while done < len(view):
-        if hasattr(os, "preadv"):
-            n = os.preadv(fd, [view[done:]], offset + done)
-        else:  # pragma: no cover - Windows: no positional read into a buffer
-            os.lseek(fd, offset + done, os.SEEK_SET)
-            n = os.readv(fd, [view[done:]])
-        if n == 0:
-            raise RawDataError(f"unexpected end of file at byte {offset + done}: the file is shorter than described")
-        done += n
+        return {**self.__dict__, "_fd": None, "_pid": -1}  # a descriptor means nothing in another process
 
 
 def _shared_empty(nbytes: int) -> torch.Tensor:
-    """A float32 tensor of ``nbytes`` allocated directly in shared memory, as ``default_collate`` does in a
-    worker (``torch.UntypedStorage._new_shared``: private, checked with torch 2.14 and 2.15). The public
-    ``torch.empty(...).share_memory_()`` would allocate, then copy into shared memory."""
+    """A float32 tensor of ``nbytes`` born in shared memory, as ``default_collate`` makes one in a worker
+    (``UntypedStorage._new_shared``: private, checked with torch 2.14 and 2.15; ``share_memory_()`` would copy)."""
     return torch.empty(0, dtype=torch.float32).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
-def _touch(batch: torch.Tensor) -> float:
-    """The least a training loop does with a batch: read one value per 4 KiB page.
+class _RawBatchDataset(RawTensorDataset):
+    """Batch ``b`` of a raw tensor file, read whole with one system call: use it with ``batch_size=None``.
 
-    It forces every page of the batch into this process (a page handed over from another process
-    costs a page fault on first _touch) without spending time on arithmetic.
+    No per-sample arrays, no collate; in a worker the batch is born in shared memory, as ``default_collate``
+    makes it, so it crosses to the main process without another copy, but still **fresh** for every batch.
     """
+
+    def __init__(self, raw: _Float32Samples, batch_size: int) -> None:
+        super().__init__(raw)
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+
+    def __len__(self) -> int:
+        return -(-self.raw.n // self.batch_size)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
+        count = min(self.batch_size, self.raw.n - index * self.batch_size)
+        in_worker = torch.utils.data.get_worker_info() is not None  # then born in shared memory: no copy on the way out
+        out = _shared_empty(count * self.raw.sample_bytes) if in_worker else torch.empty(count * self.raw.sample_len, dtype=torch.float32)
+        return self._read(out, index * self.batch_size).view(count, self.raw.sample_len)
+
+
+def _touch(batch: torch.Tensor) -> float:
+    """The least a training loop does with a batch: read one value per 4 KiB page, which brings every page
+    into this process (a page handed over from another one costs a page fault on first touch)."""
     flat = batch.reshape(-1)
     return float(flat[:: PAGE // flat.element_size()].sum())
 
 
-class _RawBatchDataset(Dataset):
-    """Batch ``b`` of a raw tensor file, read whole with one system call: use it with ``batch_size=None``.
-
-    The per-sample :class:`RawTensorDataset` reads ``batch_size`` small arrays and lets collate
-    copy them into the batch; here the samples go straight into the batch tensor. In a worker the
-    tensor is allocated in shared memory, as ``default_collate`` does, so that it crosses to the
-    main process without another copy; but it is still a **fresh** allocation for every batch.
-    """
-
-    def __init__(self, raw: _RawTensorFile, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.samples, self.batch_size = RawTensorDataset(raw), batch_size
-
-    def __len__(self) -> int:
-        return -(-self.samples.raw.n // self.batch_size)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        raw = self.samples.raw
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} is out of range for {len(self)} batches")
-        count = min(self.batch_size, raw.n - index * self.batch_size)
-        if torch.utils.data.get_worker_info() is not None:  # born in shared memory: no copy on the way out
-            out = _shared_empty(count * raw.sample_bytes).view(count, raw.sample_len)
-        else:
-            out = torch.empty(count, raw.sample_len, dtype=torch.float32)
-        _read_into(self.samples._file(), memoryview(out.numpy()).cast("B"), index * self.batch_size * raw.sample_bytes)
-        return out
-
-
-# --------------------------------------------------------------------------- the same samples in tar shards
-
-
-@dataclass(frozen=True)
-class _TensorShardIndex(_Float32Samples):
-    """Where the float32 payload of every ``.npy`` member of some tar shards lies.
-
-    Tar stores members uncompressed, and a ``.npy`` file is a short header followed by the raw
-    array: so sample ``i`` is ``sample_bytes`` contiguous bytes at ``locations[i] = (file number,
-    offset)``. Built once by :func:`index_tensor_shards`; a :class:`RingLoader` reads by it.
-    """
-
-    files: tuple[str, ...]
-    locations: tuple[tuple[int, int], ...]
-    sample_bytes: int
-
-    @property
-    def n(self) -> int:  # type: ignore[override]
-        return len(self.locations)
-
-
-def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _TensorShardIndex:
+def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samples:
     """Notebook 09, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
-    Reads only the tar and ``.npy`` headers. Every array must be a little-endian float32 array in
-    C order, all of the same size: anything else is a :class:`RawDataError` naming the member.
+    Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample
+    ``i`` is ``sample_bytes`` contiguous bytes at ``locations[i]``. Reads only the tar and ``.npy``
+    headers; anything but same-sized little-endian float32 arrays in C order is a :class:`RawDataError`.
     """
     import tarfile
 
     import numpy.lib.format as npformat
 
-    files: list[str] = []
+    files = [str(p) for p in paths]
     locations: list[tuple[int, int]] = []
-    sample_bytes = None
-    for number, path in enumerate(paths):
-        files.append(str(path))
+    sample_bytes = 0
+    for number, path in enumerate(files):
         with tarfile.open(path) as tar, open(path, "rb") as f:
             for member in tar:
                 if not member.isfile() or not member.name.endswith(".npy"):
                     continue
+                where = f"{Path(path).name}: {member.name}"
                 f.seek(member.offset_data)
                 try:
                     version = npformat.read_magic(f)
                     read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
                     shape, fortran, dtype = read_header(f)
                 except ValueError as exc:
-                    raise RawDataError(f"{Path(path).name}: {member.name} is not a .npy array ({exc})") from None
+                    raise RawDataError(f"{where} is not a .npy array ({exc})") from None
                 if dtype != np.dtype("<f4") or (fortran and len(shape) > 1):
-                    raise RawDataError(f"{Path(path).name}: {member.name} holds {dtype} (fortran order: {fortran}); "
+                    raise RawDataError(f"{where} holds {dtype} (fortran order: {fortran}); "
                                        "this index reads little-endian float32 arrays in C order only")
                 size = int(np.prod(shape)) * 4
-                if sample_bytes is None:
-                    sample_bytes = size
-                elif size != sample_bytes:
-                    raise RawDataError(f"{Path(path).name}: {member.name} holds {size} bytes, the first array {sample_bytes}: "
+                if locations and size != sample_bytes:
+                    raise RawDataError(f"{where} holds {size} bytes, the first array {sample_bytes}: "
                                        "a batch of slots needs samples of one size")
+                sample_bytes = size
                 locations.append((number, f.tell()))
-    if sample_bytes is None:
+    if not locations:
         raise RawDataError("no .npy members in the shards given: write them with shards.write_tensor_shards(...)")
-    return _TensorShardIndex(tuple(files), tuple(locations), sample_bytes)
+    return _Float32Samples(tuple(files), tuple(locations), sample_bytes)
 
 
 def _npy_tensor(sample: dict) -> torch.Tensor:
     """A webdataset sample's ``.npy`` member as a tensor (never unpickled: ``allow_pickle=False``)."""
-    from .shards import load_npy
-
     return torch.from_numpy(load_npy(sample["npy"]))
 
 
-def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
-    """Collate a list of equal-sized tensors into a batch (what ``default_collate`` does to tensors)."""
-    return torch.stack(samples)
-
-
 def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
-    """The plain webdataset way: workers read the shards, decode ``.npy``, _stack batches, send them over.
-
-    Shards are split among the workers, so give it at least ``num_workers`` shards.
-    """
+    """The plain webdataset way: workers read their shards (at least one each), decode ``.npy``, stack batches."""
     import webdataset as wds
 
-    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_npy_tensor).batched(batch_size, collation_fn=_stack)
-    return wds.WebLoader(dataset, batch_size=None, num_workers=num_workers, **loader_options)
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_npy_tensor)
+    return wds.WebLoader(dataset.batched(batch_size, collation_fn=torch.stack), batch_size=None,
+                         num_workers=num_workers, **loader_options)
 
 
-def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int) -> Iterator[torch.Tensor]:
-    """Read whole files front to back into one reused ``chunk_bytes`` buffer: the limit for shards."""
+def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse: bool = True) -> Iterator[torch.Tensor]:
+    """Read files front to back in one process, ``chunk_bytes`` at a time: into one reused buffer (``reuse=True``,
+    overwritten by the next chunk), or into a fresh buffer per chunk, as ``np.empty`` in a loop would."""
     buffer = np.empty(chunk_bytes, dtype=np.uint8)
     for path in paths:
         with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(memoryview(buffer)):
-                yield torch.from_numpy(buffer[:n])
+            while True:
+                buf = buffer if reuse else np.empty(chunk_bytes, dtype=np.uint8)
+                n = f.readinto(memoryview(buf))
+                if not n:
+                    break
+                yield torch.from_numpy(buf[:n])
 
 
-# --------------------------------------------------------------------------- the physical limit
-
-
-def _read_sequential(raw: _RawTensorFile, batch_size: int, reuse: bool = True) -> Iterator[torch.Tensor]:
-    """Read the file front to back, ``batch_size`` samples at a time, in one process.
-
-    ``reuse=True`` reads every batch into the same buffer (the yielded tensor is overwritten by
-    the next batch); ``reuse=False`` allocates a fresh one per batch, as ``torch.empty`` in a
-    loop would.
-    """
-    batch_bytes = batch_size * raw.sample_bytes
-    buffer = np.empty(batch_bytes, dtype=np.uint8) if reuse else None
-    with open(raw.path, "rb", buffering=0) as f:
-        while True:
-            buf = buffer if reuse else np.empty(batch_bytes, dtype=np.uint8)
-            n = f.readinto(memoryview(buf))
-            if not n:
-                return
-            yield torch.from_numpy(buf[:n].view(np.float32)).view(-1, raw.sample_len)
-
-
-# --------------------------------------------------------------------------- the reused-buffer loader
-
-
-def _ring_worker(files: tuple[str, ...], locations: np.ndarray, sample_bytes: int, slots: torch.Tensor,
-                 tasks: Any, done: Any) -> None:
+def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any) -> None:
     """Worker process: read the samples of each task straight into its slot of the shared ring.
 
-    ``locations[i]`` is ``(file number, byte offset)`` of sample ``i``; samples that lie back to
-    back in one file are read with one system call.
+    A task is ``(batch number, slot, sample indices)``; ``None`` means stop. Sample ``i`` lies in
+    file number ``raw.locations[i][0]``, at byte ``raw.locations[i][1]``.
     """
-    memory = memoryview(slots.numpy()).cast("B")
-    slot_bytes = len(memory) // slots.shape[0]
-    fds: dict[int, int] = {}
-    try:
-        while (task := tasks.get()) is not None:
-            number, slot, indices = task
-            try:
-                base = slot * slot_bytes
-                start = 0
-                while start < len(indices):
-                    file, offset = (int(v) for v in locations[indices[start]])
-                    end = start + 1
-                    while (end < len(indices) and locations[indices[end], 0] == file
-                           and locations[indices[end], 1] == offset + (end - start) * sample_bytes):
-                        end += 1
-                    if file not in fds:
-                        fds[file] = os.open(files[file], os.O_RDONLY)
-                    _read_into(fds[file], memory[base + start * sample_bytes: base + end * sample_bytes], offset)
-                    start = end
-                done.put((number, slot, None))
-            except Exception as exc:  # report, don't die: the main process raises it with context
-                done.put((number, slot, f"{type(exc).__name__}: {exc}"))
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    size = raw.sample_bytes
+    fds = {}  # file number -> open file descriptor
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        number, slot, indices = task
+        memory = memoryview(slots[slot].numpy()).cast("B")  # the slot's bytes, shared with the main process
+        try:
+            for i, index in enumerate(indices):
+                file, offset = raw.locations[index]
+                if file not in fds:
+                    fds[file] = os.open(raw.files[file], os.O_RDONLY)
+                _read_into(fds[file], memory[i * size:(i + 1) * size], offset)
+            done.put((number, slot, None))
+        except Exception as exc:  # report, don't die: the main process raises it
+            done.put((number, slot, f"{type(exc).__name__}: {exc}"))
+    for fd in fds.values():
+        os.close(fd)
 
 
 class RingLoader:
     """Notebook 09, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
 
-    ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared
-    memory. Workers read each batch's samples straight into a free slot; the main process yields a
-    tensor that **is** the slot, without a copy. The slot goes back to the workers when the next
-    batch is requested, so a yielded batch is valid until then: ``.clone()`` it to keep it (FFCV
-    and DALI make the same contract). Batches come in order; ``shuffle`` draws a new sample order
-    every epoch from ``seed + epoch``.
-
-    ``raw`` is a raw tensor file, or a :class:`_TensorShardIndex` of the ``.npy`` members of tar
-    shards: the same reads, at the offsets the index found (the way MDS and FFCV read: an index
-    of where each sample's bytes lie, then positional reads).
+    ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared memory.
+    Workers read each batch's samples straight into a free slot; the main process yields a tensor
+    that **is** the slot, without a copy. The slot goes back to the workers when the next batch is
+    requested, so a yielded batch is valid until then: ``.clone()`` it to keep it (FFCV and DALI make
+    the same contract). Batches come in order; ``shuffle`` draws a new order every epoch from
+    ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`): the
+    same reads, at the offsets the index found (the way MDS and FFCV read).
     """
 
-    def __init__(
-        self,
-        raw: "_RawTensorFile | _TensorShardIndex",
-        batch_size: int,
-        num_workers: int = 2,
-        slots: int | None = None,
-        shuffle: bool = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        timeout: float = 60.0,
-        start_method: str | None = None,
-    ) -> None:
-        if batch_size < 1 or num_workers < 1:
-            raise ValueError(f"batch_size and num_workers must be at least 1, got {batch_size} and {num_workers}")
-        self.raw, self.batch_size, self.num_workers = raw, batch_size, num_workers
+    def __init__(self, raw: _Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, timeout: float = 60.0,
+                 start_method: str | None = None) -> None:
+        self.raw, self.batch_size = raw, check_int(batch_size, "batch_size", 1)
+        self.num_workers = check_int(num_workers, "num_workers", 1)
         self.n_slots = slots or 2 * num_workers + 1
         if self.n_slots < 2:
             raise ValueError("a ring needs at least 2 slots: one for the loop, one being filled")
         self.shuffle, self.seed, self.drop_last, self.timeout = shuffle, seed, drop_last, timeout
         self.epoch = 0
-        need = self.n_slots * batch_size * raw.sample_bytes
+        self._procs: list[Any] = []
         try:
-            self._slots = torch.empty(self.n_slots, batch_size * raw.sample_len, dtype=torch.float32).share_memory_()
+            self._slots = _shared_empty(self.n_slots * batch_size * raw.sample_bytes).view(self.n_slots, -1)
         except (RuntimeError, OSError) as exc:
             raise RuntimeError(
-                f"could not allocate {need / 2**20:.0f} MiB of shared memory for {self.n_slots} batch slots ({exc}). "
-                "Check `df -h /dev/shm` (containers default to 64 MB: docker run --shm-size=...), or use fewer "
-                "slots or smaller batches."
+                f"could not allocate {self.n_slots * batch_size * raw.sample_bytes / 2**20:.0f} MiB of shared memory "
+                f"for {self.n_slots} batch slots ({exc}). Check `df -h /dev/shm` (containers default to 64 MB: "
+                "docker run --shm-size=...), or use fewer slots or smaller batches."
             ) from None
-        if isinstance(raw, _TensorShardIndex):
-            files, locations = raw.files, np.asarray(raw.locations, dtype=np.int64).reshape(-1, 2)
-        else:
-            files = (raw.path,)
-            locations = np.stack([np.zeros(raw.n, np.int64), np.arange(raw.n, dtype=np.int64) * raw.sample_bytes], 1)
         ctx = torch.multiprocessing.get_context(start_method)
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         self._in_flight = 0  # tasks sent to the workers whose completion has not been received
-        self._procs = [
-            ctx.Process(target=_ring_worker, args=(files, locations, raw.sample_bytes, self._slots, self._tasks, self._done),
-                        daemon=True)
-            for _ in range(num_workers)
-        ]
+        args = (raw, self._slots, self._tasks, self._done)
+        self._procs = [ctx.Process(target=_ring_worker, args=args, daemon=True) for _ in range(num_workers)]
         for p in self._procs:
             p.start()
 
     def __len__(self) -> int:
-        full, rest = divmod(self.raw.n, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def _batches(self) -> list[list[int]]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.raw.n, generator=g).tolist()
-        else:
-            order = list(range(self.raw.n))
-        return [order[i: i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)]
-
-    def _receive(self, timeout: float) -> tuple[int, int, str | None]:
-        got = self._done.get(timeout=timeout)
-        self._in_flight -= 1
-        return got
+        return self.raw.n // self.batch_size if self.drop_last else -(-self.raw.n // self.batch_size)
 
     def _wait(self, number: int, ready: dict[int, tuple[int, str | None]]) -> int:
+        """The slot holding batch ``number``, once a worker has read it."""
         deadline = time.monotonic() + self.timeout
         while number not in ready:
             try:
-                got, slot, error = self._receive(timeout=1.0)
+                got, slot, error = self._done.get(timeout=1.0)
+                self._in_flight -= 1
                 ready[got] = (slot, error)
             except queue.Empty:
                 dead = [p for p in self._procs if not p.is_alive()]
                 if dead:
-                    raise RuntimeError(
-                        f"a RingLoader worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}; see its error above"
-                    ) from None
+                    raise RuntimeError(f"a RingLoader worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}; "
+                                       "see its error above") from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"batch {number} not read after {self.timeout:.0f} s") from None
         slot, error = ready.pop(number)
@@ -471,45 +358,36 @@ class RingLoader:
     def __iter__(self) -> Iterator[torch.Tensor]:
         if not self._procs:
             raise RuntimeError("this RingLoader is closed")
-        batches = self._batches()
-        free = list(range(self.n_slots))
-        ready: dict[int, tuple[int, str | None]] = {}
-        submitted = 0
-        held: int | None = None
-
-        def submit() -> None:
-            nonlocal submitted
-            while free and submitted < len(batches):
-                self._tasks.put((submitted, free.pop(), batches[submitted]))
-                self._in_flight += 1
-                submitted += 1
-
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.raw.n, generator=g).tolist() if self.shuffle else list(range(self.raw.n))
+        batches = [order[i:i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)]
+        free, ready, sent, held = list(range(self.n_slots)), {}, 0, None
         try:
-            submit()
             for number, indices in enumerate(batches):
-                slot = self._wait(number, ready)
-                if held is not None:  # the loop asked for the next batch: the previous slot is free again
+                if held is not None:  # the loop asked for the next batch: the slot it held is free again
                     free.append(held)
-                    submit()
-                held = slot
-                yield self._slots[slot, : len(indices) * self.raw.sample_len].view(len(indices), self.raw.sample_len)
+                while free and sent < len(batches):
+                    self._tasks.put((sent, free.pop(), batches[sent]))
+                    self._in_flight += 1
+                    sent += 1
+                held = self._wait(number, ready)
+                yield self._slots[held, : len(indices) * self.raw.sample_len].view(len(indices), self.raw.sample_len)
         finally:
-            # a loop that stopped early leaves reads in flight: collect them, so that the next
-            # epoch starts with every slot free and no stale completion in the queue
-            while self._in_flight > 0:
-                try:
-                    self._receive(timeout=self.timeout)
-                except queue.Empty:
-                    self.close()  # a worker is stuck or gone: this loader cannot be trusted any more
-                    break
+            # a loop that stopped early leaves reads in flight: collect them, so that the next epoch
+            # starts with every slot free and no stale completion in the queue
+            try:
+                while self._in_flight > 0:
+                    self._done.get(timeout=self.timeout)
+                    self._in_flight -= 1
+            except queue.Empty:
+                self.close()  # a worker is stuck or gone: this loader cannot be trusted any more
             self.epoch += 1
 
     def close(self) -> None:
         """Stop the workers and release the shared memory."""
-        procs = getattr(self, "_procs", [])
-        for _ in procs:
+        for _ in self._procs:
             self._tasks.put(None)
-        for p in procs:
+        for p in self._procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
@@ -523,13 +401,8 @@ class RingLoader:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
-
-
-# --------------------------------------------------------------------------- measuring
 
 
 def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None) -> float:
@@ -551,112 +424,77 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
     return nbytes / seconds / 1e9
 
 
-def _warm_page_cache(paths: "_RawTensorFile | Iterable[str | os.PathLike[str]]") -> None:
-    """Read the files once, so every method reads from memory and none pays the disk."""
-    for path in [paths.path] if isinstance(paths, _RawTensorFile) else paths:
-        with open(path, "rb", buffering=0) as f:
-            buf = bytearray(1 << 24)
-            while f.readinto(buf):
-                pass
-
-
-def _one_thread(batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    """Iterate ``batches`` with torch's intra-op threads set to 1, as in a DataLoader worker.
-
-    Workers run with one thread each; in the main process ``torch.stack`` would otherwise start a
-    thread per core, whose waiting spins against the workers and other jobs, and the single-process
-    measurement would swing by several times from run to run.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield from batches
-    finally:
-        torch.set_num_threads(before)
-
-
 def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
              cpu: dict[str, list[float]] | None) -> dict[str, list[float]]:
-    """Every method once per round, in turn, so that drift of the machine hits them all alike."""
-    results: dict[str, list[float]] = {name: [] for name in methods}
-    for _ in range(rounds):
-        for name, (make, nbytes) in methods.items():
-            per_round = None if cpu is None else cpu.setdefault(name, [])
-            results[name].append(gbps(make, nbytes, per_round))
-    return results
+    """One untimed pass of every method (fills the page cache, starts workers, maps slots), then each method
+    once per round, in turn, so that drift of the machine hits them all alike. On one torch thread, as in a
+    worker: ``torch.stack`` here would start a thread per core, whose spinning makes the results swing."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for make, nbytes in methods.values():
+            gbps(make, nbytes)
+        results: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(rounds):
+            for name, (make, nbytes) in methods.items():
+                results[name].append(gbps(make, nbytes, None if cpu is None else cpu.setdefault(name, [])))
+        return results
+    finally:
+        torch.set_num_threads(threads)
 
 
-def compare(raw: _RawTensorFile, batch_size: int = 64, workers: int = 2, rounds: int = 3,
+def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Notebook 09, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
-    Returns ``{method: [GB/s per round]}``, the limit first (a read one sample at a time into one
-    reused buffer); ``cpu``, if given, receives the main
-    process's CPU seconds per GB for each method and round. Loaders with workers are built once
-    and kept across rounds (persistent workers), so start-up is not counted.
+    Returns ``{method: [GB/s per round]}``, the limit first (one sample at a time into one reused buffer);
+    ``cpu``, if given, receives the main process's CPU seconds per GB for each method and round. Workers
+    persist across rounds, so start-up is not counted.
     """
-    _warm_page_cache(raw)
     plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
     whole = DataLoader(_RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
     single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
+    batch_bytes = batch_size * raw.sample_bytes
     with RingLoader(raw, batch_size, num_workers=workers) as ring:
-        for loader in (plain, whole, ring):  # one untimed pass each: start the workers, map the slots
-            for b in loader:
-                _touch(b)
-        methods = {
-            "raw read, sample-sized reused buffer": (lambda: _read_sequential(raw, 1, True), raw.nbytes),
-            "raw read, batch-sized reused buffer": (lambda: _read_sequential(raw, batch_size, True), raw.nbytes),
-            "raw read, fresh batch buffer": (lambda: _read_sequential(raw, batch_size, False), raw.nbytes),
-            "DataLoader, 0 workers": (lambda: _one_thread(single), raw.nbytes),
+        return _measure({
+            "raw read, sample-sized reused buffer": (lambda: _read_files(raw.files, raw.sample_bytes), raw.nbytes),
+            "raw read, batch-sized reused buffer": (lambda: _read_files(raw.files, batch_bytes), raw.nbytes),
+            "raw read, fresh batch buffer": (lambda: _read_files(raw.files, batch_bytes, reuse=False), raw.nbytes),
+            "DataLoader, 0 workers": (lambda: single, raw.nbytes),
             f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
             f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
             f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
-        }
-        results = _measure(methods, rounds, cpu)
-    del plain, whole  # stops their persistent workers
-    return results
+        }, rounds, cpu)
 
 
 def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Notebook 09, section 9: the same comparison for float32 samples stored as ``.npy`` members of tar shards.
 
-    The limit is a read of the shard files themselves, one sample's size at a time, into a reused
-    buffer (headers included: well under 1 % more bytes for 1 MiB samples); the plain way is webdataset with workers
-    (:func:`_shard_loader`); the fix is a :class:`RingLoader` reading at the offsets of
-    :func:`index_tensor_shards`.
+    The limit reads the shard files (headers included: under 1 % more bytes for 1 MiB samples) into a
+    sample-sized reused buffer; the plain way is webdataset with workers; the fix, a :class:`RingLoader`
+    reading at the offsets of :func:`index_tensor_shards`.
     """
-    from .shards import brace_urls
-
     paths = [str(p) for p in paths]
     if len(paths) < workers:
         raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
     index = index_tensor_shards(paths)
-    file_bytes = sum(os.path.getsize(p) for p in paths)
-    _warm_page_cache(paths)
     plain = _shard_loader(brace_urls(paths), batch_size, workers, persistent_workers=True)
     with RingLoader(index, batch_size, num_workers=workers) as ring:
-        for loader in (plain, ring):
-            for b in loader:
-                _touch(b)
-        methods = {
-            "shard files read, sample-sized reused buffer": (lambda: _read_files(paths, index.sample_bytes), file_bytes),
+        return _measure({
+            "shard files read, sample-sized reused buffer": (lambda: _read_files(paths, index.sample_bytes),
+                                                             sum(os.path.getsize(p) for p in paths)),
             f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
             f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
-        }
-        results = _measure(methods, rounds, cpu)
-    del plain
-    return results
+        }, rounds, cpu)
 
 
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
     """Notebook 09, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
-    In one process the costs add up, so differences between neighbouring methods isolate them:
-    the copy from the page cache (the reused-buffer read), a fresh buffer per batch, per-sample
-    arrays plus collate's ``torch.stack`` copy. With workers, what the main process pays is its own
-    CPU time: receiving each fresh shared-memory batch (IPC, mapping it, faulting its pages in),
-    against a RingLoader whose slots are mapped once.
+    In one process costs add up, so differences between neighbouring methods isolate them. With workers,
+    the main process pays its own CPU time: receiving each fresh shared-memory batch (IPC, mapping it,
+    faulting its pages in), against a RingLoader whose slots are mapped once.
     """
     wall = {k: 1 / v for k, v in medians(results).items()}
     busy = medians(cpu)
@@ -670,22 +508,18 @@ def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], work
 
 
 def _colour(name: str) -> str:
-    if name.startswith(("raw read, sample", "shard files")):
-        return "#444444"
-    if name.startswith("raw read, batch"):
-        return "#777777"
-    if name.startswith("raw read"):
-        return "#AAAAAA"
-    return "#DD8452" if name.startswith("RingLoader") else "#4C72B0"
+    shades = {"raw read, sample": "#444444", "shard files": "#444444", "raw read, batch": "#777777", "raw read": "#AAAAAA",
+              "RingLoader": "#DD8452"}
+    return next((c for prefix, c in shades.items() if name.startswith(prefix)), "#4C72B0")
 
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
     """Notebook 09, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
-    from .viz import relative_bars
+    from .viz import _relative_bars
 
     med = medians(results)
     first = next(iter(med))
-    return relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
+    return _relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
                          [_colour(n) for n in med], ax=ax, width=7, pad=0.5)
 
 

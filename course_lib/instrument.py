@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from .iterable import worker_slot
 
-__all__ = ["EpochRecord", "InstrumentedLoader", "measure", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
+__all__ = ["BatchRecord", "EpochRecord", "InstrumentedLoader", "measure", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
 
 MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
 clock = time.perf_counter
@@ -154,7 +154,7 @@ class _TimedWorkerInit:
 
 @dataclass
 class BatchRecord:
-    """What happened to one batch. Times are seconds since the epoch started (``iter(loader)``)."""
+    """Notebook 04, section 2: what happened to one batch. Times are seconds since the epoch started (``iter(loader)``)."""
 
     number: int  # position in the epoch, in the order the loop received it
     worker: int  # worker id, or MAIN (-1) for the main process

@@ -11,11 +11,13 @@ from typing import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+__all__ = ["pad_collate"]
+
 
 def pad_collate(
     batch: Sequence[tuple[torch.Tensor, int]], padding_value: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Collate ``(sequence, label)`` samples of different lengths into padded tensors.
+    """Notebook 03, section 4: collate ``(sequence, label)`` samples of different lengths into padded tensors.
 
     Returns ``(padded, lengths, labels)``: ``padded`` is ``[batch, longest]`` with
     ``padding_value`` after each sequence's end, ``lengths`` the true lengths (so a model can

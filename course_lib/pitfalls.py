@@ -1,9 +1,11 @@
-"""Reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
+"""Notebooks 01-10: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
+
+__all__ = ["capture_stderr_fd", "expect_error"]
 
 
 class PitfallDidNotHappen(AssertionError):
@@ -12,7 +14,7 @@ class PitfallDidNotHappen(AssertionError):
 
 @contextlib.contextmanager
 def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
-    """Run a block that is *meant* to fail, and print the error as a learner would meet it.
+    """Notebook 01, section 1: run a block that is *meant* to fail, and print the error as a learner would meet it.
 
     Prints ``TypeError: <first line of the message>`` (``lines`` lines of it). If the block
     does not raise one of ``kinds`` (default: any ``Exception``), this raises
@@ -30,7 +32,7 @@ def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
         raise PitfallDidNotHappen(f"expected {names}, but the code ran without error")
 
 
-class CapturedStderr:
+class _CapturedStderr:
     """What child processes wrote to standard error inside :func:`capture_stderr_fd`."""
 
     text: str = ""
@@ -41,8 +43,8 @@ class CapturedStderr:
 
 
 @contextlib.contextmanager
-def capture_stderr_fd() -> Iterator[CapturedStderr]:
-    """Collect what is written to file descriptor 2 (also by child processes) in the block.
+def capture_stderr_fd() -> Iterator[_CapturedStderr]:
+    """Notebook 04, section 9: collect what is written to file descriptor 2 (also by child processes) in the block.
 
     A worker process that crashes while starting writes its traceback to the operating
     system's standard error, not to Python's ``sys.stderr``: in Jupyter it lands in the
@@ -54,7 +56,7 @@ def capture_stderr_fd() -> Iterator[CapturedStderr]:
     import sys
     import tempfile
 
-    captured = CapturedStderr()
+    captured = _CapturedStderr()
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as tmp:

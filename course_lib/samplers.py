@@ -1,11 +1,9 @@
 """Notebook 05: samplers, which indices a DataLoader asks for, and in which order.
 
-The samplers themselves are PyTorch's (``SequentialSampler``, ``RandomSampler``,
-``SubsetRandomSampler``, ``WeightedRandomSampler``, ``BatchSampler``). This module adds what a
-lesson needs around them: the orders a sampler yields over several epochs and a picture of
-them, class counts and per-sample balancing weights for ``WeightedRandomSampler``, an imbalanced
-view of a labelled set built from its labels alone, and one batch sampler that PyTorch does not
-have, :class:`BucketBatchSampler`, which puts sequences of similar length in the same batch.
+The samplers themselves are PyTorch's; this module adds what a lesson needs around them: the
+orders a sampler yields over epochs and their picture, class counts, per-sample balancing weights,
+coverage of an epoch, padding of batches by length, and one batch sampler PyTorch lacks,
+:class:`BucketBatchSampler` (sequences of similar length in the same batch).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Custom transforms taught in notebook 02.
+"""Notebook 02: custom transforms are callables.
 
-A transform is just a callable: ``Compose`` (torchvision's, v1 or v2) calls each one on the
-output of the previous. ``Add`` and ``Mult`` are classes, not lambdas, so they pickle into
-DataLoader workers under every start method, and they have a readable ``repr`` so a printed
-pipeline says what it does. ``decode_augment`` is the realistic CPU-bound image pipeline that
+``Compose`` (torchvision's v1 or v2) calls each one on the output of the previous. ``Add`` and
+``Mult`` are classes, not lambdas, so they pickle into DataLoader workers under every start method,
+and their ``repr`` says what they do. ``decode_augment`` is the realistic CPU-bound image pipeline
 notebook 04 and ``python -m course_lib bench`` load JPEG files with.
 """
 
@@ -17,7 +16,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-T = TypeVar("T", torch.Tensor, np.ndarray, int, float, complex)
+__all__ = ["Add", "Mult", "OneHot", "decode_augment"]
+
+_T = TypeVar("_T", torch.Tensor, np.ndarray, int, float, complex)
 
 
 def _check_input(name: str, sample: object) -> None:
@@ -31,14 +32,14 @@ def _check_input(name: str, sample: object) -> None:
 
 
 class Add:
-    """Add a constant to every element: ``Add(2)(x) == x + 2``."""
+    """Notebook 02, section 2: add a constant to every element: ``Add(2)(x) == x + 2``."""
 
     def __init__(self, value: float) -> None:
         if not isinstance(value, numbers.Number):
             raise TypeError(f"Add needs a number, got {type(value).__name__}")
         self.value = value
 
-    def __call__(self, sample: T) -> T:
+    def __call__(self, sample: _T) -> _T:
         _check_input("Add", sample)
         return sample + self.value
 
@@ -47,14 +48,14 @@ class Add:
 
 
 class Mult:
-    """Multiply every element by a constant: ``Mult(3)(x) == x * 3``."""
+    """Notebook 02, section 2: multiply every element by a constant: ``Mult(3)(x) == x * 3``."""
 
     def __init__(self, value: float) -> None:
         if not isinstance(value, numbers.Number):
             raise TypeError(f"Mult needs a number, got {type(value).__name__}")
         self.value = value
 
-    def __call__(self, sample: T) -> T:
+    def __call__(self, sample: _T) -> _T:
         _check_input("Mult", sample)
         return sample * self.value
 
@@ -63,7 +64,7 @@ class Mult:
 
 
 class OneHot:
-    """Target transform: class index -> one-hot float vector of length ``num_classes``."""
+    """Notebook 02, section 3: target transform: class index -> one-hot float vector of length ``num_classes``."""
 
     def __init__(self, num_classes: int) -> None:
         if num_classes < 1:
@@ -83,7 +84,7 @@ class OneHot:
 
 
 def decode_augment(size: int = 128) -> nn.Module:
-    """A typical training augmentation of decoded images: random crop, flip, colour jitter, to uint8 tensor.
+    """Notebook 04, section 1: a typical training augmentation of decoded images: random crop, flip, colour jitter, to uint8 tensor.
 
     All four steps work on the PIL image, single-threaded on the CPU, as in real JPEG training
     pipelines: loading is then bound by the CPU, which is what DataLoader workers speed up.

@@ -16,9 +16,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
+__all__ = ["class_histogram", "show_batch_order", "show_images", "show_padded_batch"]
 
-def to_display(img: Any) -> np.ndarray:
-    """PIL image, CHW tensor (uint8 or float in [0, 1]) or HWC array -> HWC array for ``imshow``."""
+
+def _to_display(img: Any) -> np.ndarray:
+    """Notebook 01, section 2: PIL image, CHW tensor (uint8 or float in [0, 1]) or HWC array -> HWC array for ``imshow``."""
     if isinstance(img, Image.Image):
         return np.asarray(img)
     if isinstance(img, torch.Tensor):
@@ -42,7 +44,7 @@ def show_images(
     size: float = 1.3,
     suptitle: str | None = None,
 ) -> Figure:
-    """Draw images in a grid, one optional title under each."""
+    """Notebook 01, section 2: draw images in a grid, one optional title under each."""
     n = len(images)
     if n == 0:
         raise ValueError("show_images needs at least one image")
@@ -52,7 +54,7 @@ def show_images(
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
         if k < n:
-            ax.imshow(to_display(images[k]), cmap="gray" if to_display(images[k]).ndim == 2 else None)
+            ax.imshow(_to_display(images[k]), cmap="gray" if _to_display(images[k]).ndim == 2 else None)
             if titles is not None:
                 ax.set_title(str(titles[k]), fontsize=8)
     if suptitle:
@@ -66,7 +68,7 @@ def class_histogram(
     classes: Sequence[str],
     title: str = "Samples per class",
 ) -> Figure:
-    """Bar chart of samples per class; ``counts`` may map a label (e.g. a split) to counts."""
+    """Notebook 01, section 4: bar chart of samples per class; ``counts`` may map a label (e.g. a split) to counts."""
     series = counts if isinstance(counts, dict) else {"samples": counts}
     fig, ax = plt.subplots(figsize=(8, 2.8))
     width = 0.8 / len(series)
@@ -83,7 +85,7 @@ def class_histogram(
 
 
 def show_padded_batch(padded: torch.Tensor, lengths: torch.Tensor, title: str = "A padded batch") -> Figure:
-    """Draw a ``[batch, time]`` padded batch: real tokens blue, padding grey."""
+    """Notebook 03, section 4: draw a ``[batch, time]`` padded batch: real tokens blue, padding grey."""
     b, t = padded.shape
     real = torch.arange(t)[None, :] < lengths[:, None]
     fig, ax = plt.subplots(figsize=(min(12, 1 + t * 0.35), 0.6 + b * 0.3))
@@ -99,7 +101,7 @@ def show_padded_batch(padded: torch.Tensor, lengths: torch.Tensor, title: str = 
 
 
 def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which samples land in which batch") -> Figure:
-    """Draw sample indices per batch: one row per batch, one cell per position."""
+    """Notebook 03, section 3: draw sample indices per batch: one row per batch, one cell per position."""
     width = max(len(b) for b in batches)
     grid = np.full((len(batches), width), np.nan)
     for r, b in enumerate(batches):
@@ -117,9 +119,9 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
     return fig
 
 
-def relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
+def _relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
                   ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
-    """Horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line).
+    """Notebook 09, section 4: horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line).
 
     Notebook 09 draws its measurements this way: a ratio to a reference measured in the same run
     means the same on every machine, where absolute rates do not.

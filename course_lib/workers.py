@@ -1,20 +1,9 @@
 """Notebook 04: what happens inside DataLoader worker processes, made visible.
 
-Each piece here reproduces one behaviour a learner meets once ``num_workers > 0``:
-
-* seeding: :class:`RandomnessProbe` (what PyTorch seeds in each worker) and
-  :class:`NoisyDataset` (a generator made in ``__init__`` is copied into every worker);
-* state and persistent workers: :class:`EpochTagged` (a plain attribute: stale in persistent
-  workers) and :class:`SharedEpochTagged` (a shared-memory tensor: seen by every worker);
-* the GIL: :func:`ppm_payloads` / :func:`decode_ppm` (Python parses the bytes, holding the GIL)
-  vs :func:`jpeg_payloads` / :func:`decode_jpeg` (C decodes them, releasing it), and
-  :func:`parallel_speedups`, which runs either with threads and with processes;
-* memory: :func:`private_memory_growth` measures copy-on-read in a forked worker;
-* operating-system limits: :func:`open_files_demo` hits the open-file limit in a child process,
-  and :func:`limits` reports ``/dev/shm``, the open-file limit and the sharing strategy.
-
-They live in a module, not in notebook cells, because workers started with ``spawn`` or
-``forkserver`` import what they run by name.
+Each piece reproduces one behaviour a learner meets once ``num_workers > 0``: seeding in workers,
+state that persistent workers do not see, the GIL (Python parsing vs C decoding, with threads and
+with processes), copy-on-read memory growth, and the operating system's limits (``/dev/shm``, open
+files). They live in a module because ``spawn``/``forkserver`` workers import what they run by name.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ passes, which cancels slow drift better than comparing two best cases.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
@@ -44,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from course_lib import alternatives as alt
 from course_lib import data
-from course_lib._support import new_folder
+from course_lib._support import fork_context, new_folder
 from course_lib.datasets import DataNotFoundError, ImageFileDataset
 from course_lib.instrument import InstrumentedLoader
 from course_lib.timing import medians
@@ -217,6 +218,30 @@ def write_mds(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str],
     return Path(out_dir)
 
 
+def write_litdata(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str], chunk_bytes: str | int = "1MB",
+                  num_workers: int = 2, start_method: str | None = None) -> Path:
+    """Write ``items`` as litdata chunks with ``litdata.optimize(fn=alt.encoded_sample, ...)``.
+
+    ``optimize`` runs ``course_lib.alternatives.encoded_sample`` in ``num_workers`` processes and, as a side effect, sets
+    the **process-wide** multiprocessing start method (``fork`` in a notebook, ``spawn`` in a
+    script); this function puts the previous one back. ``start_method`` defaults to ``fork`` where
+    it exists: ``spawn`` would start every worker by importing torch again. ``keep_data_ordered``
+    gives each worker a fixed slice, so sample ``i`` of the output is ``items[i]`` on every run.
+    """
+    litdata = alt._require("litdata", "litdata")
+    method = start_method or fork_context().get_start_method()
+    previous = multiprocessing.get_start_method(allow_none=True)
+    with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
+        try:
+            litdata.optimize(fn=alt.encoded_sample, inputs=list(items), output_dir=str(tmp), chunk_bytes=chunk_bytes,
+                             num_workers=num_workers, keep_data_ordered=True, verbose=False, start_method=method)
+        finally:
+            multiprocessing.set_start_method(previous, force=True)
+        if not list(tmp.glob("*.bin")):
+            raise alt.FormatError(f"litdata.optimize wrote no chunks for {Path(out_dir).name}/: see the worker errors above")
+    return Path(out_dir)
+
+
 def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Write the images as WebDataset, MDS and litdata, then :func:`course_lib.alternatives.compare_formats`."""
     import tempfile
@@ -242,7 +267,7 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
         write_mds(items, out / "mds", size_limit=per_shard * 2500)
         written["MDS"] = time.perf_counter() - start
         start = time.perf_counter()
-        alt.write_litdata(items, out / "litdata", chunk_bytes=per_shard * 2500, num_workers=2)
+        write_litdata(items, out / "litdata", chunk_bytes=per_shard * 2500, num_workers=2)
         written["litdata"] = time.perf_counter() - start
         disk = {"WebDataset": sum(p.stat().st_size for p in wds_set.paths), "MDS": alt.folder_bytes(out / "mds"),
                 "litdata": alt.folder_bytes(out / "litdata")}

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from course_lib import alternatives as alt
 from course_lib import data, shards
 from course_lib.datasets import image_tensor
-from course_tools.bench import write_mds
+from course_tools.bench import write_litdata, write_mds
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 48
@@ -30,7 +30,7 @@ def items() -> list[tuple[str, int]]:
 def written(items, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("formats")
     return {"mds": write_mds(items, out / "mds", size_limit=20_000),
-            "lit": alt.write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2)}
+            "lit": write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2)}
 
 
 def expected(items: list[tuple[str, int]]) -> list[tuple[torch.Tensor, int]]:
@@ -71,7 +71,7 @@ def test_readers_split_among_dataloader_workers(items, written) -> None:
 @pytest.mark.timeout(120)
 def test_write_litdata_restores_the_start_method(items, tmp_path: Path) -> None:
     before = multiprocessing.get_start_method(allow_none=True)
-    alt.write_litdata(items[:8], tmp_path / "lit", num_workers=1, start_method="fork")
+    write_litdata(items[:8], tmp_path / "lit", num_workers=1, start_method="fork")
     assert multiprocessing.get_start_method(allow_none=True) == before
 
 
@@ -95,7 +95,7 @@ def test_compare_formats_counts_every_sample(items, written, tmp_path: Path) -> 
 def test_missing_folders_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(alt.FormatError, match="MDSWriter"):
         alt.mds_images(tmp_path, batch_size=8)
-    with pytest.raises(alt.FormatError, match="write_litdata"):
+    with pytest.raises(alt.FormatError, match="litdata.optimize"):
         alt.litdata_images(tmp_path)
     with pytest.raises(alt.FormatError, match="pip install nothing-such"):
         alt._require("nothing_such_module", "nothing-such")
@@ -154,7 +154,7 @@ def test_writers_never_replace_a_folder_the_course_did_not_write(items, tmp_path
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    for write in (lambda: write_mds(items[:4], mine), lambda: alt.write_litdata(items[:4], mine, num_workers=1)):
+    for write in (lambda: write_mds(items[:4], mine), lambda: write_litdata(items[:4], mine, num_workers=1)):
         with pytest.raises(alt.FormatError, match="did not write"):
             write()
         assert (mine / "thesis.tex").read_text() == "years of work" and len(list(tmp_path.iterdir())) == 1

@@ -1,19 +1,15 @@
-"""course_lib.capstone: the shard pipeline, a real 2-rank torchrun training, the Slurm script."""
+"""course_lib.capstone: the shard pipeline, a real 2-rank torchrun training, CPUs per task."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
 from course_lib import capstone, shards
-from course_lib.distributed import launch, read_reports
+from course_lib.distributed import read_reports
+from course_tools.launch import launch
 from course_lib.shards import ShardError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,12 +109,12 @@ def test_a_reader_without_shards_says_so(shard_set) -> None:
 
 
 def test_one_pass_needs_a_manifest(shard_set, tmp_path) -> None:
-    assert capstone.one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
+    assert capstone._one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "a-000000.tar").write_bytes(shard_set.paths[0].read_bytes())
     with pytest.raises(ShardError, match="--epoch-batches"):
-        capstone.one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
+        capstone._one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
 
 
 def test_cli_check(shard_set, capsys) -> None:
@@ -169,87 +165,6 @@ def test_cpus_per_task() -> None:
     assert capstone.cpus_per_task(4, 7) == 32 and capstone.cpus_per_task(1, 0) == 1 and capstone.cpus_per_task(2, 2) == 6
     with pytest.raises(ValueError):
         capstone.cpus_per_task(0, 2)
-
-
-@pytest.mark.parametrize("nodes", [1, 3])
-def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) -> None:
-    path = capstone.write_slurm_script(tmp_path / "runs" / "capstone" / "train.sbatch", shards="/scratch/$USER/shards",
-                                       num_workers=3, prefetch_factor=4, nodes=nodes, gpus_per_node=4)
-    text = path.read_text()
-    assert os.access(path, os.X_OK)
-    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
-    options = capstone.sbatch_options(text)
-    assert options["nodes"] == str(nodes) and options["ntasks-per-node"] == "1" and options["gres"] == "gpu:4"
-    assert options["cpus-per-task"] == "16"  # 4 ranks × (3 workers + 1)
-    assert options["account"] == options["partition"] == "CHANGE_ME"
-    settings = capstone.script_settings(text)
-    assert settings["WORKERS"] == "3" and settings["PREFETCH_FACTOR"] == "4" and settings["CPUS_PER_TASK"] == "16"
-    assert 'SHARDS="${SHARDS:-/scratch/$USER/shards}"' in text and "/dev/shm" in text
-    assert ("--standalone" in text) == (nodes == 1) and ("--rdzv-endpoint" in text) == (nodes > 1)
-    assert "-m course_lib.capstone train" in text and "course_lib.capstone check" in text
-
-
-def test_script_refuses_plain_bash(tmp_path) -> None:
-    path = capstone.write_slurm_script(tmp_path / "x.sbatch", shards="/data/shards", num_workers=1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode != 0 and "submit this script with sbatch" in done.stderr
-
-
-@pytest.mark.parametrize("settings, message", [
-    (dict(num_workers=7, cpus_per_node=24), r"32 CPUs, but a node has 24: use at most 5 workers"),
-    (dict(num_workers=-1), "num_workers must be a whole number >= 0"),
-    (dict(num_workers=2.5), "num_workers must be a whole number"),
-    (dict(num_workers=2, nodes=0), "nodes must be"),
-    (dict(num_workers=2, shards="/my data/shards"), "without spaces or quotes"),
-    (dict(num_workers=2, shards='x"; rm -rf ~'), "without spaces or quotes"),
-    (dict(num_workers=2, time_limit="20 minutes"), "HH:MM:SS"),
-])
-def test_bad_script_settings(settings, message) -> None:
-    settings = {"shards": "/scratch/shards", **settings}
-    with pytest.raises(ValueError, match=message):
-        capstone.render_slurm_script(**settings)
-
-
-def test_script_name_must_end_in_sbatch(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"\*\.sbatch"):
-        capstone.write_slurm_script(tmp_path / "train.sh", shards="/s", num_workers=1)
-    assert not (tmp_path / "train.sh").exists()
-
-
-FAKE_SRUN = """#!/bin/sh
-# fake srun for one node: drop srun's own options, run the command once
-while [ $# -gt 0 ]; do case "$1" in --*) shift ;; *) break ;; esac; done
-exec "$@"
-"""
-
-
-def test_one_node_script_runs_end_to_end_with_a_fake_srun(shard_set, tmp_path) -> None:
-    """The rendered 1-node script under a fake srun: 2 CPU ranks, 1 worker each, its own final check passes."""
-    path = capstone.write_slurm_script(tmp_path / "job.sbatch", shards=str(shard_set.folder), num_workers=1,
-                                       gpus_per_node=2)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in {"srun": FAKE_SRUN, "python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
-                       "torchrun": f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n'}.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    drop = re.compile(r"^(SLURM_|TORCHELASTIC_|RANK$|LOCAL_RANK$|WORLD_SIZE$|MASTER_|VIRTUAL_ENV$)")
-    env = {k: v for k, v in os.environ.items() if not drop.match(k)}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NAME="capstone-test",
-               SLURM_NNODES="1", SLURM_CPUS_PER_TASK="4", COURSE_VENV="", RUNS_DIR=str(tmp_path / "runs"),
-               TRAIN_ARGS="--epochs 1 --batch-size 4 --epoch-batches 3", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(["bash", str(path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the script still ran after 150 s\n{out}\n{err}")
-    assert proc.returncode == 0, out + err
-    assert "check: 2 rank reports, [3] batches per rank" in out and "weights identical: True" in out
-    assert len(read_reports(tmp_path / "runs" / "capstone-test-4242")) == 2
 
 
 def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:

@@ -1,4 +1,4 @@
-"""course_lib.distributed: who-am-I from torchrun/Slurm, DistributedSampler shares, torchrun launches."""
+"""course_lib.distributed: who-am-I from torchrun/Slurm, DistributedSampler shares, reports."""
 
 from __future__ import annotations
 
@@ -13,16 +13,14 @@ from hypothesis import strategies as st
 
 from course_lib.distributed import (
     DistEnvError,
-    LaunchError,
-    coverage,
     dist_env,
     expand_nodelist,
-    launch,
     padding_report,
     plot_shares,
     read_reports,
     sampler_shares,
 )
+from course_lib.samplers import coverage
 
 # --------------------------------------------------------------------------- every index once per epoch
 
@@ -54,7 +52,7 @@ def test_sampler_shares_cover_every_index_once_or_the_padded_multiset(n, world, 
         assert counts.min() >= 1 and counts.sum() == n + pad
         assert (counts == 2).sum() == pad or n < pad  # tiny sets wrap around more than once
     if not drop_last or n % world == 0:
-        assert coverage(list(shares), n)["missing"] == []
+        assert coverage(list(shares), n).missing == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,10 +76,10 @@ def test_padding_report_and_coverage() -> None:
     shares = sampler_shares(10, 4, shuffle=False)
     assert padding_report(shares, 10) == {"samples": 10, "drawn": 12, "seen once": 8, "seen twice or more": 2, "never seen": 0}
     cov = coverage(list(shares), 10)
-    assert cov["repeated"] == [0, 1] and not cov["exact"]
-    assert coverage([[0, 2], [1, 3]], 4)["exact"]
-    assert coverage([[0], [0]], 3)["missing"] == [1, 2]
-    with pytest.raises(ValueError, match="outside"):
+    assert cov.repeated == [0, 1] and not cov.exact
+    assert coverage([[0, 2], [1, 3]], 4).exact
+    assert coverage([[0], [0]], 3).missing == [1, 2]
+    with pytest.raises(ValueError, match="must lie in 0..2"):
         coverage([[0, 5]], 3)
 
 
@@ -171,70 +169,6 @@ def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width
     hi = lo + span
     hosts = expand_nodelist(f"{prefix}[{str(lo).zfill(width)}-{str(hi).zfill(width)}]")
     assert hosts == [f"{prefix}{str(i).zfill(width)}" for i in range(lo, hi + 1)]
-
-
-# --------------------------------------------------------------------------- launching torchrun
-
-SCRIPT_OK = """
-import os, torch, torch.distributed as dist
-from course_lib.distributed import init_process_group
-env = init_process_group("gloo", timeout_s=20)
-t = torch.tensor([env.rank + 1.0]); dist.all_reduce(t)
-print(f"rank {env.rank} of {env.world_size}: sum {t.item():.0f}", flush=True)
-dist.destroy_process_group()
-"""
-
-SCRIPT_FAILS = """
-import os, sys, time
-if os.environ["RANK"] == "1":
-    raise KeyError("rank 1 lost its key")
-time.sleep(30)
-"""
-
-SCRIPT_HANGS = """
-import time
-print("started", flush=True)
-time.sleep(600)
-"""
-
-
-def write(tmp_path: Path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-@pytest.mark.timeout(120)
-def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90)
-    assert result.ok and result.summary() == "2 ranks finished"
-    assert result.ranks == {0: ["rank 0 of 2: sum 3"], 1: ["rank 1 of 2: sum 3"]}
-    out = capsys.readouterr().out
-    assert out.index("── rank 0 ──") < out.index("rank 0 of 2") < out.index("── rank 1 ──") < out.index("rank 1 of 2")
-
-
-@pytest.mark.timeout(120)
-def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError, match="rank 1 failed first: KeyError: 'rank 1 lost its key'") as info:
-        launch(write(tmp_path, "fails.py", SCRIPT_FAILS), nproc=2, timeout=90, show=False)
-    assert info.value.result.returncode != 0 and not info.value.result.timed_out
-
-
-@pytest.mark.timeout(120)
-def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path) -> None:
-    result = launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=8, check=False, show=False)
-    assert result.timed_out and not result.ok and result.seconds < 30
-    assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
-    assert "timed out" in result.summary()
-    with pytest.raises(LaunchError, match="timed out"):
-        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=1, timeout=5, show=False)
-
-
-def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="nproc"):
-        launch("course_lib.train", nproc=0)
-    with pytest.raises(FileNotFoundError, match="no script"):
-        launch(str(tmp_path / "missing.py"))
 
 
 def test_read_reports_says_what_to_run(tmp_path: Path) -> None:

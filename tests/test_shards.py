@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from course_lib import data, shards
 from course_lib.datasets import ImageFileDataset
-from course_lib.distributed import coverage, launch, read_reports
+from course_lib.distributed import read_reports
+from course_lib.samplers import coverage
+from course_tools.launch import launch
 
 warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")
 
@@ -372,7 +374,7 @@ def test_shard_reader_under_torchrun(image_shards: shards.ShardSet, tmp_path: Pa
     reports = read_reports(tmp_path / "a")
     index = {k: i for i, k in enumerate(image_shards.all_keys())}
     readers = [keys for r in reports for keys in r["keys_by_worker"].values()]
-    assert len(readers) == 4 and coverage([[index[k] for k in keys] for keys in readers], 80)["exact"]
+    assert len(readers) == 4 and coverage([[index[k] for k in keys] for keys in readers], 80).exact
     assert [r["batches"] for r in reports] == [10, 10] and run.ok
     run = launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
                  nproc=2, timeout=90, show=False)
@@ -385,7 +387,7 @@ def test_shard_reader_arguments() -> None:
     from course_lib import shard_reader
 
     with pytest.raises(SystemExit):
-        shard_reader.parse_args(["--urls", "x.tar", "--resampled"])
+        shard_reader._parse_args(["--urls", "x.tar", "--resampled"])
     with pytest.raises(SystemExit):
-        shard_reader.parse_args(["--urls", "x.tar", "--workers", "-1"])
-    assert shard_reader.parse_args(["--urls", "x.tar"]).workers == 2
+        shard_reader._parse_args(["--urls", "x.tar", "--workers", "-1"])
+    assert shard_reader._parse_args(["--urls", "x.tar"]).workers == 2

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from course_lib import train
-from course_lib.distributed import coverage, launch, read_reports, sampler_shares
+from course_lib.distributed import read_reports, sampler_shares
+from course_lib.samplers import coverage
+from course_tools.launch import launch
 
 
 def args(root: Path, *extra: str) -> list[str]:
@@ -38,7 +40,7 @@ def test_two_ranks_under_torchrun_split_each_epoch_and_keep_identical_weights(ti
         # exactly the padded multiset torch's DistributedSampler hands out
         assert shares == sampler_shares(41, 2, epoch=e).tolist()
         cov = coverage(shares, 41)
-        assert cov["missing"] == [] and len(cov["repeated"]) == 1
+        assert cov.missing == [] and len(cov.repeated) == 1
     assert len({r["weights_sha256"] for r in reports}) == 1
 
 
@@ -54,7 +56,7 @@ def test_uneven_inputs_time_out_and_join_fixes_them(tiny_root: Path, tmp_path: P
     assert joined.ok
     reports = read_reports(tmp_path)
     for e in range(2):
-        assert coverage([r["epochs"][e]["indices"] for r in reports], 41)["exact"]
+        assert coverage([r["epochs"][e]["indices"] for r in reports], 41).exact
     assert [r["epochs"][0]["batches"] for r in reports] == [3, 2]
     assert len({r["weights_sha256"] for r in reports}) == 1
 
@@ -83,7 +85,7 @@ def test_half_set_slurm_environment_is_one_clear_line(tiny_root: Path) -> None:
 @pytest.mark.parametrize("bad", [["--epochs", "0"], ["--batch-size", "0"], ["--workers", "-1"], ["--sharding", "x"]])
 def test_bad_arguments_are_argparse_errors(bad: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        train.parse_args(bad)
+        train._parse_args(bad)
     assert info.value.code == 2
 
 

@@ -16,11 +16,11 @@ from course_lib import viz  # noqa: E402
 
 
 def test_to_display_handles_every_image_kind() -> None:
-    assert viz.to_display(Image.new("RGB", (5, 4))).shape == (4, 5, 3)
-    assert viz.to_display(torch.rand(3, 4, 5)).shape == (4, 5, 3)
-    assert viz.to_display(torch.rand(1, 4, 5)).shape == (4, 5)
-    assert viz.to_display(torch.full((3, 2, 2), 2.0)).max() == 1.0  # floats are clipped to [0, 1]
-    assert viz.to_display(np.zeros((4, 5, 3), dtype=np.uint8)).shape == (4, 5, 3)
+    assert viz._to_display(Image.new("RGB", (5, 4))).shape == (4, 5, 3)
+    assert viz._to_display(torch.rand(3, 4, 5)).shape == (4, 5, 3)
+    assert viz._to_display(torch.rand(1, 4, 5)).shape == (4, 5)
+    assert viz._to_display(torch.full((3, 2, 2), 2.0)).max() == 1.0  # floats are clipped to [0, 1]
+    assert viz._to_display(np.zeros((4, 5, 3), dtype=np.uint8)).shape == (4, 5, 3)
 
 
 def test_show_images_grid() -> None:

@@ -1,0 +1,71 @@
+"""course_tools.launch: torchrun jobs started from a notebook, their output by rank, failures and hangs."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_tools.launch import LaunchError, launch
+
+
+SCRIPT_OK = """
+import torch, torch.distributed as dist
+from course_lib import distributed
+env, _ = distributed.start("cpu", timeout_s=20)
+t = torch.tensor([env.rank + 1.0]); dist.all_reduce(t)
+print(f"rank {env.rank} of {env.world_size}: sum {t.item():.0f}", flush=True)
+distributed.finish()
+"""
+
+SCRIPT_FAILS = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    raise KeyError("rank 1 lost its key")
+time.sleep(30)
+"""
+
+SCRIPT_HANGS = """
+import time
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90)
+    assert result.ok and result.summary() == "2 ranks finished"
+    assert result.ranks == {0: ["rank 0 of 2: sum 3"], 1: ["rank 1 of 2: sum 3"]}
+    out = capsys.readouterr().out
+    assert out.index("── rank 0 ──") < out.index("rank 0 of 2") < out.index("── rank 1 ──") < out.index("rank 1 of 2")
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="rank 1 failed first: KeyError: 'rank 1 lost its key'") as info:
+        launch(write(tmp_path, "fails.py", SCRIPT_FAILS), nproc=2, timeout=90, show=False)
+    assert info.value.result.returncode != 0 and not info.value.result.timed_out
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="timed out") as info:
+        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=6, show=False)
+    result = info.value.result
+    assert result.timed_out and not result.ok and result.seconds < 20
+    assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
+
+
+def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nproc"):
+        launch("course_lib.train", nproc=0)
+    with pytest.raises(FileNotFoundError, match="no script"):
+        launch(str(tmp_path / "missing.py"))

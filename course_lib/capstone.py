@@ -119,15 +119,8 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
     )
 
 
-def make_loader(
-    urls: str | Sequence[str],
-    num_workers: int = 0,
-    prefetch_factor: int = 2,
-    batch_size: int = BATCH_SIZE,
-    decode_ms: float = DECODE_MS,
-    seed: int = 0,
-    pin_memory: bool = False,
-) -> InstrumentedLoader:
+def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
+                decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False) -> InstrumentedLoader:
     """Notebook 10, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
     orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
@@ -160,16 +153,8 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
     return record, [b.worker for b in record.batches]
 
 
-def measure(
-    urls: str | Sequence[str],
-    num_workers: int = 0,
-    prefetch_factor: int = 2,
-    batches: int = 20,
-    step_ms: float = STEP_MS,
-    decode_ms: float = DECODE_MS,
-    batch_size: int = BATCH_SIZE,
-    seed: int = 0,
-) -> EpochRecord:
+def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
+            step_ms: float = STEP_MS, decode_ms: float = DECODE_MS, batch_size: int = BATCH_SIZE, seed: int = 0) -> EpochRecord:
     """Notebook 10, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))

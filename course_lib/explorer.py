@@ -1,8 +1,7 @@
-"""An ipywidgets explorer of DataLoader settings (notebook 04).
+"""Notebook 04, section 11: an ipywidgets explorer of DataLoader settings.
 
-Sliders for the number of workers, the batch size, the prefetch factor and the length of the
-simulated training step; a button measures one epoch with :mod:`course_lib.instrument` and draws
-its timeline. Measuring takes a second or two, so it runs on the button, not on every slider move.
+Sliders for the workers, batch size, prefetch factor and simulated step; a button measures one
+epoch with :mod:`course_lib.instrument` and draws its timeline (on the button, not on every move).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Helpers for batching with ``torch.utils.data.DataLoader`` (notebook 03).
-
-The DataLoader's default ``collate_fn`` stacks samples, which needs them to have the same
-shape. ``pad_collate`` is the usual answer for variable-length samples such as token sequences.
+"""Notebook 03: batching helpers; ``pad_collate`` batches variable-length samples (the default collate needs equal shapes).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Notebook 08, section 7: read tar shards on every rank of a job, ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
 
-Each rank joins the process group (gloo), reads the shards through ``wds.WebDataset`` split by
-node (``split_by_node``) and by worker (``split_by_worker``), with a ``WebLoader`` of its own
-worker processes, and records which sample keys it saw, and from which worker. After every batch
-the ranks meet in an ``all_reduce``, as DDP's gradient averaging would make them: a rank that runs
-out of batches early leaves the others waiting (the collectives' ``--timeout`` turns that hang into
-an error).
-
-* default: one pass over the shards, no resampling: over all ranks and workers every sample
-  should be seen exactly once;
-* ``--resampled --epoch-batches N``: shards drawn with replacement, and the loader cut at ``N``
-  batches (``with_epoch`` on the loader), so every rank takes the same number of steps;
-* ``--no-nodesplitter``: leave webdataset's default node splitter in place, which refuses to run
-  on more than one rank (the pitfall notebook 08 reproduces).
-
-With ``--report FOLDER`` each rank writes ``rankN.json`` (keys per worker, batches, shards).
-Notebook 08 starts it with :func:`course_lib.distributed.launch`.
+Each rank reads the shards through ``wds.WebDataset`` split by node and by worker, with a
+``WebLoader`` of its own workers, records which keys it saw from which worker, and meets the other
+ranks in an ``all_reduce`` after every batch, as DDP would (``--timeout`` turns a hang into an
+error). ``--resampled --epoch-batches N`` draws shards with replacement and cuts each rank at N
+batches; ``--no-nodesplitter`` reproduces webdataset's refusal to run on several ranks.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Notebook 06, section 5: the course's data-parallel training script, ``torchrun --nproc-per-node=N -m course_lib.train``.
 
-Every rank loads its share of the shapes images through a real DataLoader with worker processes,
-trains a small CNN wrapped in ``DistributedDataParallel`` (gloo on CPU, NCCL on GPUs), and reports
-what it saw. Notebook 06 launches it under torchrun; the Slurm scripts in ``hpc/`` run the same
-module on a cluster (under torchrun, or one task per GPU with ranks read from Slurm's variables).
-
-How each rank gets its share (``--sharding``):
-
-* ``sampler`` (the default): torch's ``DistributedSampler``; every rank gets the same number of
-  samples (the sampler pads by repeating a few, or drops them with ``--drop-last``);
-* ``by-hand``: ``indices[rank::world_size]``, the tempting do-it-yourself split. When the length
-  does not divide, ranks get different numbers of batches, and DDP's collectives wait for a rank
-  that has already finished: the "uneven inputs" hang. ``--join`` (torch's ``Join`` context)
-  fixes it; ``--drop-last`` only when both shares give the same number of full batches.
-
-With ``--report FOLDER`` each rank writes ``rankN.json``: the indices it loaded per epoch, its
-batch counts and losses, and a SHA-256 of its model weights (identical on every rank if DDP did
-its job). ``python -m course_lib.train --help`` lists the options.
+Every rank loads its share of the shapes images through a DataLoader with worker processes, trains
+a small CNN under ``DistributedDataParallel`` (gloo on CPU, NCCL on GPUs) and, with ``--report
+FOLDER``, writes ``rankN.json``: the indices it loaded per epoch and a digest of its weights.
+``--sharding sampler`` (default) uses ``DistributedSampler``; ``--sharding by-hand`` takes
+``indices[rank::world_size]``, whose uneven shares hang DDP's collectives unless ``--join`` (or
+``--drop-last`` when it evens them) fixes it. The Slurm scripts in ``hpc/`` run the same module.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The course's pictures, drawn with matplotlib: sample grids, class histograms, batch layouts.
+"""Notebooks 01-05: the course's pictures, drawn with matplotlib (sample grids, class histograms, batch layouts).
 
-Every function returns the matplotlib ``Figure`` it drew (and leaves it to the notebook to
-show it), so a notebook's stored output is the picture plus one ``<Figure ...>`` line.
+Every function returns the ``Figure`` it drew, so a notebook's stored output is the picture plus
+one ``<Figure ...>`` line.
 """
 
 from __future__ import annotations

@@ -126,6 +126,12 @@ def run_loader_bench(args: argparse.Namespace, log: Callable[[str], None] = lamb
                 for label, kind in kinds if (r + i) % 2 == 0 else kinds[::-1]:  # alternate who goes first
                     rounds[w][label].append(throughput(make(kind, w)))
 
+    return {"facts": facts, **summarize(rounds)}
+
+
+def summarize(rounds: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
+    """From ``{workers: {"plain": [samples/s per round], "instrumented": [...]}}``: medians, the median
+    of the back-to-back ratios, scaling over 0 workers, and the goals met."""
     per_workers = {}
     for w, got in rounds.items():
         plain, instrumented = statistics.median(got["plain"]), statistics.median(got["instrumented"])
@@ -136,7 +142,7 @@ def run_loader_bench(args: argparse.Namespace, log: Callable[[str], None] = lamb
         r["ratio"] >= GOAL_OVERHEAD for r in per_workers.values())}
     if 2 in scaling:
         goals[f"2 workers >= {GOAL_SCALING}× the throughput of 0"] = scaling[2] >= GOAL_SCALING
-    return {"facts": facts, "workers": per_workers, "scaling": scaling, "goals": goals}
+    return {"workers": per_workers, "scaling": scaling, "goals": goals}
 
 
 def report(result: dict[str, Any]) -> list[str]:

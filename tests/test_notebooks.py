@@ -109,18 +109,28 @@ def test_notebooks_stay_small(path: Path) -> None:
     assert path.stat().st_size < 1_500_000, "keep figures small (fewer images, smaller figsize)"
 
 
-def test_sanitize_patterns_only_mask_varying_text() -> None:
-    """The sanitize file must not be so broad that a wrong output could pass."""
+def test_sanitize_patterns_only_mask_what_is_measured() -> None:
+    """The sanitize file must not be so broad that a wrong deterministic output could pass."""
     from nbval.plugin import get_sanitize_patterns  # read the file exactly as nbval does
 
     patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text())
-    assert len(patterns) >= 6
     regexes = [re.compile(regex) for regex, _ in patterns]
-    for text in ("✅ Exercise 01.1 solved", "shapes-small-seed0: 800 train + 200 val images", "[44, 633, 667]", "True",
-                 "under 10 %", "25 batches, 800 samples", "epochs the workers saw: [[0], [0], [0]]"):
+    deterministic = (
+        "✅ Exercise 01.1 solved", "shapes-small-seed0: 800 train + 200 val images", "[44, 633, 667]", "True",
+        "under 10 %", "25 batches, 800 samples", "epochs the workers saw: [[0], [0], [0]]",
+        "accuracy on 200 held-out points: 99%", "buckets of 64 sequences: 31% padding, 5% of batch-mates together",
+        "padding: random batches 47%, bucketed 11%", "simulated latency 1 ms per open", "(9 ms decode per sample,",
+        "bucketing: 1.7 times fewer padded tokens", "WebDataset on disk 3.79 MB", "under the 15 % target: True",
+    )
+    for text in deterministic:
         assert not any(r.search(text) for r in regexes), text
-    for text in ("12.5×", "420 µs", "0x7f3a2b1c0d", "3.2 ms", "1297 samples/s", "35.9 MB/s", "54%",
-                 "worker (pid(s) 1234, 5678) exited", "pid=42"):
+    measured = (
+        "12.5×", "420 µs per sample", "0x7f3a2b1c0d", "in 1.10 s: 726", "first batch after 26.6 ms",
+        "after 73 ms, 84 ms, 84 ms", "185 ms per GB", "1297 samples/s", "35.9 MB/s", "waiting for data: 54% of",
+        "busy: main 53%", "w1 50%", "the loop waits 31% of", "waiting 59% of the time", "worker (pid(s) 1234, 5678) exited",
+        "pid=42",
+    )
+    for text in measured:
         assert any(r.search(text) for r in regexes), text
 
 

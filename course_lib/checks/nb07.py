@@ -16,7 +16,6 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data._utils import worker as _worker
 
 from .. import iterable
 from ._core import Hint, attempted, exercise, require, whole_number
@@ -24,7 +23,14 @@ from ._core import Hint, attempted, exercise, require, whole_number
 
 @contextlib.contextmanager
 def as_worker(worker_id: int, num_workers: int, dataset: Any) -> Iterator[None]:
-    """Make ``get_worker_info()`` in this process answer as worker ``worker_id`` of ``num_workers``."""
+    """Make ``get_worker_info()`` in this process answer as worker ``worker_id`` of ``num_workers``.
+
+    It sets what ``get_worker_info()`` returns, the private ``torch.utils.data._utils.worker._worker_info``
+    (checked with torch 2.14 and 2.15), so that a check can run the learner's class as each of 1-4
+    workers in milliseconds; the real DataLoader runs that follow confirm it with worker processes.
+    """
+    from torch.utils.data._utils import worker as _worker
+
     saved = _worker._worker_info
     _worker._worker_info = _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=worker_id, dataset=dataset)
     try:

@@ -90,10 +90,14 @@ def test_build_executes_both_versions(tmp_path: Path) -> None:
     assert learner.cells[0].execution_count == 1
 
 
-def test_cli_check_on_the_repository(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    assert authoring.main(["check"]) == 0
-    assert "up to date" in capsys.readouterr().out
+def test_cli_check_exits_1_on_a_stale_learner_notebook(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(The repository's own notebooks are checked by tests/test_notebooks.py.)"""
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell(SOLUTION)]), tmp_path / "solutions" / "01_demo.ipynb")
+    authoring.build(tmp_path, run=False)
+    assert authoring.main(["--notebooks", str(tmp_path), "check"]) == 0 and "up to date" in capsys.readouterr().out
+    (tmp_path / "01_demo.ipynb").write_text((tmp_path / "01_demo.ipynb").read_text().replace("answer", "answr"))
+    assert authoring.main(["--notebooks", str(tmp_path), "check"]) == 1 and "differs" in capsys.readouterr().out
 
 
 def test_cli_needs_a_solutions_folder(tmp_path: Path) -> None:

@@ -84,6 +84,20 @@ def test_bad_numbers_are_refused(bad: list[str], capsys: pytest.CaptureFixture[s
     assert stop.value.code == 2 and "error: argument" in capsys.readouterr().err
 
 
+def test_summary_of_known_rounds() -> None:
+    """Medians per loader, the median of the *paired* ratios (not the ratio of medians), scaling, goals."""
+    rounds = {0: {"plain": [100.0, 110.0, 90.0], "instrumented": [95.0, 88.0, 108.0]},
+              2: {"plain": [170.0, 150.0, 160.0], "instrumented": [168.0, 150.0, 150.0]}}
+    result = bench.summarize(rounds)
+    zero, two = result["workers"][0], result["workers"][2]
+    assert (zero["plain"], zero["instrumented"]) == (100.0, 95.0)
+    assert zero["ratio"] == pytest.approx(0.95)  # pairs 0.95, 0.8, 1.2
+    assert two["ratio"] == pytest.approx(168 / 170)  # pairs 0.988, 1.0, 0.9375; the ratio of medians would be 0.9375
+    assert result["scaling"] == {2: pytest.approx(1.6)}
+    assert result["goals"] == {"instrumented/plain >= 0.97 for every worker count": False,
+                               "2 workers >= 1.6× the throughput of 0": True}
+
+
 def test_check_turns_a_missed_goal_into_exit_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     fake = {"facts": {}, "workers": {0: {"plain": 10.0, "instrumented": 9.0, "ratio": 0.9}}, "scaling": {},
             "goals": {"instrumented/plain >= 0.97 for every worker count": False}}

@@ -10,6 +10,7 @@ import pytest
 from course_lib import capstone, shards
 from course_lib.checks import Status, nb10
 from course_lib.instrument import BatchRecord, EpochRecord
+from course_tools import slurm
 
 STALLS = {0: 0.6, 1: 0.35, 2: 0.03, 3: 0.02}  # the shape measured on 2 cores
 
@@ -119,7 +120,7 @@ def test_cpus_per_task_stub() -> None:
 
 def write(tmp_path: Path, **settings) -> Path:
     base = dict(shards=nb10.CLUSTER_SHARDS, num_workers=2, nodes=2, gpus_per_node=4, cpus_per_node=32)
-    return capstone.write_slurm_script(tmp_path / "runs" / "capstone" / "train_capstone.sbatch", **{**base, **settings})
+    return slurm.write_slurm_script(tmp_path / "runs" / "capstone" / "train_capstone.sbatch", **{**base, **settings})
 
 
 def test_slurm_script_right_answer(tmp_path) -> None:
@@ -151,7 +152,7 @@ def test_slurm_script_edited_by_hand(tmp_path) -> None:
 
 
 def test_slurm_script_elsewhere_or_missing(tmp_path) -> None:
-    other = capstone.write_slurm_script(tmp_path / "train_capstone.sbatch", shards=nb10.CLUSTER_SHARDS, num_workers=2,
+    other = slurm.write_slurm_script(tmp_path / "train_capstone.sbatch", shards=nb10.CLUSTER_SHARDS, num_workers=2,
                                         nodes=2)
     assert "runs/capstone/" in status(nb10.slurm_script, other, sweep())[1]
     assert "no file" in status(nb10.slurm_script, tmp_path / "runs" / "capstone" / "nope.sbatch", sweep())[1]

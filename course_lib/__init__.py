@@ -1,12 +1,9 @@
 """course_lib: the lesson library of the course "Feeding PyTorch with data".
 
-What the notebooks and their DataLoader workers import, one module per lesson: ``data`` and
-``datasets`` (notebook 01), ``transforms`` (02), ``loaders`` (03), ``instrument``, ``workers`` and
-``explorer`` (04), ``samplers`` (05), ``distributed`` and ``train`` (06), ``iterable`` and
-``growing`` (07), ``shards`` and ``shard_reader`` (08), ``alternatives`` and ``highrate`` (09),
-``capstone`` (10); ``viz``, ``timing`` and ``pitfalls`` serve them all, ``checks`` holds the
-exercises' checks. Every public name's docstring says which notebook teaches it. The
-instructors' and maintainers' tools are in :mod:`course_tools`.
+What the notebooks and their DataLoader workers import, one module per lesson (``data``/``datasets`` 01,
+``transforms`` 02, ``loaders`` 03, ``instrument``/``workers``/``explorer`` 04, ``samplers`` 05,
+``distributed``/``train`` 06, ``iterable``/``growing`` 07, ``shards``/``shard_reader`` 08,
+``alternatives``/``highrate`` 09, ``capstone`` 10) and ``checks``; the tools are in :mod:`course_tools`.
 """
 
 __version__ = "0.1.0"

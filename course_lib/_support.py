@@ -1,10 +1,6 @@
-"""Internal support for the lesson modules: one helper per idea, none of them a lesson of its own.
-
-* files and folders written so that a reader never sees half of one (a temporary name, then a
-  rename), and never deleting a folder the course did not write;
-* the ``fork`` start method where the platform has it;
-* argument checks that say what was wrong.
-"""
+"""Internal support for the lesson modules, one helper per idea: files and folders written under a temporary
+name and renamed (a reader never sees half of one; a folder the course did not write is never replaced),
+the ``fork`` context where the platform has it, and argument checks that say what was wrong."""
 
 from __future__ import annotations
 

@@ -91,13 +91,9 @@ def webdataset_images(urls: str) -> IterableDataset:
 
 
 def _streaming_dataset(**kwargs: Any) -> Any:
-    """``streaming.StreamingDataset(**kwargs)``, retried when two processes pick the same ``/dev/shm`` prefix.
-
-    mosaicml-streaming 0.13.0 scans ``/dev/shm`` for the first free prefix number, then creates its
-    segment under it: two processes doing that at the same moment (two notebooks on one machine) can
-    pick the same number, and the slower one fails with ``FileExistsError``; looking again finds the
-    next free one.
-    """
+    """``streaming.StreamingDataset(**kwargs)``, retried when two processes pick the same ``/dev/shm`` prefix:
+    mosaicml-streaming 0.13.0 scans for the first free number, then creates it, so two processes at once (two
+    notebooks) can collide, and the slower fails with ``FileExistsError``; looking again finds the next one."""
     streaming = _require("streaming", "mosaicml-streaming")
     for attempt in range(10):
         try:
@@ -145,10 +141,9 @@ def _shared_memory_of(dataset: Any) -> list[Any]:
 def release_mds(*datasets: Any) -> int:
     """Notebook 09, section 2: unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
 
-    Each ``StreamingDataset`` creates small named segments in ``/dev/shm`` and unlinks them at
-    interpreter exit, which a Jupyter kernel that is shut down or killed may never reach: they stay
-    until the machine reboots. Call this when done with ``datasets`` (wrapped or not) and with every
-    dataset :func:`mds_images` made; none of them can be iterated afterwards.
+    Each creates named segments in ``/dev/shm`` and unlinks them at interpreter exit, which a stopped Jupyter
+    kernel may never reach. Call this when done with ``datasets`` (wrapped or not) and every dataset
+    :func:`mds_images` made; none of them can be iterated afterwards.
     """
     segments = {id(s): s for d in [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE] for s in _shared_memory_of(d)}
     _MDS_MADE.clear()

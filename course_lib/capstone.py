@@ -1,13 +1,9 @@
 """Notebook 10, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
 
-One pipeline (:func:`build_dataset`), three uses: :func:`measure` and :func:`sweep` time it in the
-notebook's process through notebook 04's ``InstrumentedLoader``; ``torchrun -m course_lib.capstone
-train --shards DIR`` trains on every rank and writes ``rankN.json`` (what it read, how long it
-waited); :func:`cpus_per_task` sizes the Slurm job (``course_tools.slurm`` writes the script).
-Every reader (a worker of a rank) gets shards of its own and cycles through them, and every rank
-takes the same number of steps per epoch, so DDP's all-reduce never waits for a rank that ran dry.
-``decode_ms`` and ``step_ms`` are simulated costs (sleeps, which leave the cores to the workers);
-on a cluster both are 0 and the real work takes their place.
+One pipeline (:func:`build_dataset`): every reader (a worker of a rank) cycles through shards of its own,
+and every rank takes the same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
+notebook; ``torchrun -m course_lib.capstone train --shards DIR`` trains on every rank and writes
+``rankN.json``; ``decode_ms``/``step_ms`` are simulated costs (sleeps), 0 on a cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import torch
 from . import distributed
 from .datasets import image_tensor
 from .instrument import EpochRecord, InstrumentedLoader, simulated_step
-from .shards import ShardError, check_enough_shards, find_shards, read_shardset
+from .shards import ShardError, _find_shards, check_enough_shards, read_shardset
 
 __all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "STALL_TARGET", "STEP_MS", "SimulatedDecode", "build_dataset",
            "check_job", "cpus_per_task", "make_loader", "measure", "plot_stall", "run_epoch", "sweep"]
@@ -45,9 +41,9 @@ STALL_TARGET = 0.15
 class EndlessShardCycle:
     """Notebook 10, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
-    It comes after ``split_by_node`` and ``split_by_worker``, so it only ever sees this reader's
-    own shards. Each call (one per epoch on a persistent worker) draws new orders from ``seed``,
-    the rank, the worker and the call count: reproducible, and different on every reader.
+    After ``split_by_node`` and ``split_by_worker`` it sees this reader's own shards only; each call (one per
+    epoch on a persistent worker) draws orders from ``seed``, rank, worker and call count: reproducible, and
+    different on every reader.
     """
 
     def __init__(self, seed: int = 0) -> None:
@@ -60,10 +56,8 @@ class EndlessShardCycle:
         urls = [d["url"] for d in src]
         rank, world, worker, workers = wds.utils.pytorch_worker_info()
         if not urls:
-            raise ShardError(
-                f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
-                "write more shards or use fewer workers"
-            )
+            raise ShardError(f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
+                             "write more shards or use fewer workers")
         rng = random.Random(f"{self.seed}-{rank}-{worker}-{self.calls}")  # str seeds are stable across runs
         self.calls += 1
         while True:
@@ -76,9 +70,8 @@ class EndlessShardCycle:
 class SimulatedDecode:
     """Notebook 10, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
 
-    The cost is accrued and paid in sleeps of at least ``chunk_ms``, counting the time actually
-    slept: on a busy machine every wake-up comes late, and a sleep per sample would add up those
-    delays instead of the cost asked for.
+    Paid in sleeps of at least ``chunk_ms``, counting the time actually slept: on a busy machine every wake-up
+    comes late, and a sleep per sample would add up those delays instead of the cost asked for.
     """
 
     def __init__(self, ms: float, chunk_ms: float = 10.0) -> None:
@@ -172,11 +165,8 @@ def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: 
 
 
 def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
-    """Notebook 10, section 3: the steady data stall of each measured setting as bars, green under ``target``, and the target line.
-
-    The steady stall leaves out the first batch (start-up), which in a short measurement would
-    otherwise weigh as much as a long job's whole warm-up.
-    """
+    """Notebook 10, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
+    much as a long job's warm-up) of each setting as bars, green under ``target``, and the target line."""
     import matplotlib.pyplot as plt
 
     if not results:
@@ -242,7 +232,7 @@ def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int)
     """Notebook 10, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
-    paths = find_shards(shards)  # ShardError naming what is missing
+    paths = _find_shards(shards)  # ShardError naming what is missing
     try:
         check_enough_shards(len(paths), world_size, num_workers)
     except ShardError as exc:

@@ -1,22 +1,10 @@
 """Notebook 01: the course's offline data set, coloured geometric shapes as real JPEG files.
 
-Nothing is downloaded. ``prepare_data()`` draws a small image-classification set (10 shape
-classes, with deterministic variation in size, position, rotation, colour and noise) into an
-ImageFolder layout::
-
-    <data dir>/shapes-<size>-seed<seed>/
-        manifest.json                 # counts, seed, checksums: written last
-        train/<class>/<id>.jpg
-        val/<class>/<id>.jpg
-
-The set is written into a temporary folder and renamed into place only when complete, so an
-interrupted run never leaves a half-made set that later looks finished. A second call finds the
-manifest and reuses the set.
-
-Where the data lives: the ``root`` argument, else the ``COURSE_DATA_DIR`` environment variable,
-else ``$XDG_CACHE_HOME/pytorch-data-course`` (``~/.cache/pytorch-data-course``), which is
-writable on JupyterHub, Binder and a laptop. On a cluster, point ``COURSE_DATA_DIR`` at a shared
-or scratch file system and prepare the data once on a login node.
+``prepare_data()`` draws a small image-classification set (10 shape classes, deterministic variation in
+size, position, rotation, colour and noise) into ``<data dir>/shapes-<size>-seed<seed>/{train,val}/<class>/``
+with a ``manifest.json`` (counts, seed, checksums) written last, in a temporary folder renamed into place
+when complete: a set with a manifest is a finished one, and a second call reuses it. The data dir is the
+``root`` argument, else ``$COURSE_DATA_DIR``, else ``$XDG_CACHE_HOME/pytorch-data-course`` (``~/.cache/...``).
 """
 
 from __future__ import annotations
@@ -32,13 +20,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ._support import new_folder
+from ._support import check_int, new_folder
 
 __all__ = ["CLASSES", "data_dir", "dataset_name", "describe", "draw_shape", "prepare_data", "read_manifest", "verify"]
 
 ENV_VAR = "COURSE_DATA_DIR"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+_FORMAT_VERSION = 1
+_MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 # Sorted, so that label i here is label i for torchvision's ImageFolder (which sorts folders).
 CLASSES = ("arrow", "circle", "crescent", "cross", "hexagon", "pentagon", "ring", "square", "star", "triangle")
@@ -71,7 +59,10 @@ DEFAULT_SIZE = "small"
 
 
 def data_dir(root: str | os.PathLike[str] | None = None) -> Path:
-    """Notebook 01, section 0: the folder that holds the course's data sets (argument, then env var, then cache)."""
+    """Notebook 01, section 0: the folder that holds the course's data sets (argument, then env var, then cache).
+
+    On a cluster, point ``COURSE_DATA_DIR`` at a shared or scratch file system and prepare the data once on a login node.
+    """
     if root is not None:
         return Path(root).expanduser()
     env = os.environ.get(ENV_VAR, "").strip()
@@ -87,27 +78,16 @@ def dataset_name(size: str = DEFAULT_SIZE, seed: int = 0) -> str:
 
 
 # --------------------------------------------------------------------------- drawing
-
-
-def _regular_polygon(cx: float, cy: float, r: float, n: int, angle: float) -> list[tuple[float, float]]:
-    return [
-        (cx + r * math.cos(angle + 2 * math.pi * k / n), cy + r * math.sin(angle + 2 * math.pi * k / n))
-        for k in range(n)
-    ]
+def _polygon(cx: float, cy: float, radii: list[float], angle: float) -> list[tuple[float, float]]:
+    """Corners at ``radii[k]`` from the centre, evenly spaced around it starting at ``angle``."""
+    n = len(radii)
+    return [(cx + rk * math.cos(angle + 2 * math.pi * k / n), cy + rk * math.sin(angle + 2 * math.pi * k / n))
+            for k, rk in enumerate(radii)]
 
 
 def _rotate(points: list[tuple[float, float]], cx: float, cy: float, angle: float) -> list[tuple[float, float]]:
     c, s = math.cos(angle), math.sin(angle)
     return [(cx + c * x - s * y, cy + s * x + c * y) for x, y in points]
-
-
-def _star(cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
-    pts = []
-    for k in range(10):
-        rr = r if k % 2 == 0 else r * 0.45
-        a = angle + math.pi * k / 5
-        pts.append((cx + rr * math.cos(a), cy + rr * math.sin(a)))
-    return pts
 
 
 def _cross(r: float) -> list[tuple[float, float]]:
@@ -155,9 +135,9 @@ def draw_shape(label: int, rng: np.random.Generator, image_size: int = 64) -> Im
         draw.ellipse((cx - r + dx, cy - r + dy, cx + r + dx, cy + r + dy), fill=bg)
     elif name in ("triangle", "square", "pentagon", "hexagon"):
         sides = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6}[name]
-        draw.polygon(_regular_polygon(cx, cy, r, sides, angle), fill=fg)
+        draw.polygon(_polygon(cx, cy, [r] * sides, angle), fill=fg)
     elif name == "star":
-        draw.polygon(_star(cx, cy, r, angle), fill=fg)
+        draw.polygon(_polygon(cx, cy, [r, r * 0.45] * 5, angle), fill=fg)
     elif name == "cross":
         draw.polygon(_rotate(_cross(r), cx, cy, angle), fill=fg)
     else:  # arrow
@@ -175,8 +155,6 @@ def _image_rng(seed: int, split: str, label: int, index: int) -> np.random.Gener
 
 
 # --------------------------------------------------------------------------- writing
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -184,52 +162,36 @@ def _sha256(path: Path) -> str:
 def _generate_into(target: Path, spec: _SizeSpec, size: str, seed: int, progress: bool) -> dict:
     from tqdm.auto import tqdm
 
-    files: dict[str, str] = {}
-    counts: dict[str, dict[str, int]] = {}
+    files: dict[str, str] = {}  # path in the set -> its sha256
     total_bytes = 0
     per_split = {"train": spec.train_per_class, "val": spec.val_per_class}
     with tqdm(total=spec.total, desc=f"Generating {dataset_name(size, seed)}", unit="img", disable=not progress) as bar:
         for split in SPLITS:
-            counts[split] = {}
             for label, cls in enumerate(CLASSES):
-                folder = target / split / cls
-                folder.mkdir(parents=True, exist_ok=True)
+                (target / split / cls).mkdir(parents=True, exist_ok=True)
                 for i in range(per_split[split]):
                     img = draw_shape(label, _image_rng(seed, split, label, i), spec.image_size)
-                    path = folder / f"{i:05d}.jpg"
+                    path = target / split / cls / f"{i:05d}.jpg"
                     img.save(path, format="JPEG", quality=90)
-                    rel = f"{split}/{cls}/{path.name}"
-                    files[rel] = _sha256(path)
+                    files[f"{split}/{cls}/{path.name}"] = _sha256(path)
                     total_bytes += path.stat().st_size
                     bar.update(1)
-                counts[split][cls] = per_split[split]
     digest = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
-    return {
-        "name": "shapes",
-        "format_version": FORMAT_VERSION,
-        "size": size,
-        "seed": seed,
-        **asdict(spec),
-        "classes": list(CLASSES),
-        "counts": counts,
-        "total_images": len(files),
-        "total_bytes": total_bytes,
-        "digest": digest,
-        "files": files,
-    }
+    counts = {split: dict.fromkeys(CLASSES, n) for split, n in per_split.items()}
+    return {"name": "shapes", "format_version": _FORMAT_VERSION, "size": size, "seed": seed, **asdict(spec),
+            "classes": list(CLASSES), "counts": counts, "total_images": len(files), "total_bytes": total_bytes,
+            "digest": digest, "files": files}
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> dict:
     """Notebook 01, section 0: load ``manifest.json`` of a generated set; a clear ``DataError`` if it is not there."""
-    path = Path(folder) / MANIFEST
+    path = Path(folder) / _MANIFEST
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise DataError(
-            f"{Path(folder).name}/ has no {MANIFEST}, so it is not a complete generated set. "
-            "If you made it yourself, use it directly with ImageFileDataset(path); if it is a "
-            "leftover, delete it and run course_lib.data.prepare_data() again."
-        ) from None
+        raise DataError(f"{Path(folder).name}/ has no {_MANIFEST}, so it is not a complete generated set. If you made it "
+                        "yourself, use it directly with ImageFileDataset(path); if it is a leftover, delete it and run "
+                        "course_lib.data.prepare_data() again.") from None
     except json.JSONDecodeError as exc:
         raise DataError(f"{path.name} in {Path(folder).name}/ is damaged ({exc}); run prepare_data(force=True).") from None
 
@@ -243,34 +205,20 @@ def verify(folder: str | os.PathLike[str], checksums: bool = False) -> dict:
     manifest = read_manifest(folder)
     missing, damaged = [], []
     for rel, digest in manifest["files"].items():
-        path = folder / rel
-        if not path.is_file():
+        if not (folder / rel).is_file():
             missing.append(rel)
-        elif checksums and _sha256(path) != digest:
+        elif checksums and _sha256(folder / rel) != digest:
             damaged.append(rel)
-    if missing or damaged:
-        what = []
-        if missing:
-            what.append(f"{len(missing)} missing (e.g. {missing[0]})")
-        if damaged:
-            what.append(f"{len(damaged)} damaged (e.g. {damaged[0]})")
-        raise DataError(
-            f"{folder.name}/ is incomplete: {', '.join(what)} of {len(manifest['files'])} files. "
-            f"Re-create it with prepare_data(size={manifest['size']!r}, seed={manifest['seed']}, force=True) "
-            f"or `python -m course_lib prepare --size {manifest['size']} --force`."
-        )
+    what = [f"{len(found)} {kind} (e.g. {found[0]})" for kind, found in (("missing", missing), ("damaged", damaged)) if found]
+    if what:
+        raise DataError(f"{folder.name}/ is incomplete: {', '.join(what)} of {len(manifest['files'])} files. "
+                        f"Re-create it with prepare_data(size={manifest['size']!r}, seed={manifest['seed']}, force=True) "
+                        f"or `python -m course_lib prepare --size {manifest['size']} --force`.")
     return manifest
 
 
-def prepare_data(
-    size: str = DEFAULT_SIZE,
-    seed: int = 0,
-    root: str | os.PathLike[str] | None = None,
-    *,
-    progress: bool = True,
-    force: bool = False,
-    checksums: bool = False,
-) -> Path:
+def prepare_data(size: str = DEFAULT_SIZE, seed: int = 0, root: str | os.PathLike[str] | None = None, *,
+                 progress: bool = True, force: bool = False, checksums: bool = False) -> Path:
     """Notebook 01, section 0: generate the shapes set (or reuse it if it is already there) and return its folder.
 
     ``size`` is one of ``SIZES`` (``"small"`` takes a second or two, ``"workshop"`` is for
@@ -279,28 +227,24 @@ def prepare_data(
     """
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    base = data_dir(root)
-    name = dataset_name(size, seed)
+    seed = check_int(seed, "seed")
+    base, name = data_dir(root), dataset_name(size, seed)
     final = base / name
-    if final.exists() and not force:
-        if read_manifest(final).get("format_version") == FORMAT_VERSION:
-            verify(final, checksums=checksums)
-            return final
-        force = True  # written by another version of the generator: it is derived data, redo it
+    # a set written by another version of the generator is derived data: it is made again
+    if final.exists() and not force and read_manifest(final).get("format_version") == _FORMAT_VERSION:
+        verify(final, checksums=checksums)
+        return final
+    if base.exists() and not base.is_dir():
+        raise DataError(f"cannot create the data folder: {base.name} is a file. Set {ENV_VAR} to a folder, or pass root=...")
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        with new_folder(final, MANIFEST, DataError) as tmp:
+        with new_folder(final, _MANIFEST, DataError) as tmp:
             manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
             # The manifest is written last: a folder with a manifest is a finished one.
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     except OSError as exc:  # read-only shared folder, full disk, quota...
-        raise DataError(
-            f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
-            f"folder with free space; if an instructor prepared a shared folder, ask for "
-            f"`python -m course_lib prepare --size {size}` there."
-        ) from exc
+        raise DataError(f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
+                        f"folder with free space; if an instructor prepared a shared folder, ask for "
+                        f"`python -m course_lib prepare --size {size}` there.") from exc
     verify(final)
     return final
 
@@ -310,7 +254,5 @@ def describe(folder: str | os.PathLike[str]) -> str:
     m = read_manifest(folder)
     n_train = sum(m["counts"]["train"].values())
     n_val = sum(m["counts"]["val"].values())
-    return (
-        f"{Path(folder).name}: {n_train} train + {n_val} val images of "
-        f"{m['image_size']}x{m['image_size']} px, {len(m['classes'])} classes, seed {m['seed']}"
-    )
+    return (f"{Path(folder).name}: {n_train} train + {n_val} val images of "
+            f"{m['image_size']}x{m['image_size']} px, {len(m['classes'])} classes, seed {m['seed']}")

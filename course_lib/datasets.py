@@ -19,11 +19,12 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from . import data as _data
+from ._support import check_int
 
 __all__ = ["DataNotFoundError", "ImageFileDataset", "InMemoryDataset", "RandomSequences", "WithIndex",
            "check_index", "image_tensor", "shapes"]
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -39,10 +40,8 @@ def check_index(index: Any, length: int) -> int:
     try:
         i = operator.index(index)  # accepts int, numpy ints and 0-d integer tensors
     except TypeError:
-        raise TypeError(
-            f"dataset indices must be integers, got {type(index).__name__}; "
-            "to take several samples use torch.utils.data.Subset or a DataLoader"
-        ) from None
+        raise TypeError(f"dataset indices must be integers, got {type(index).__name__}; "
+                        "to take several samples use torch.utils.data.Subset or a DataLoader") from None
     if i < 0:
         i += length
     if not 0 <= i < length:
@@ -53,17 +52,13 @@ def check_index(index: Any, length: int) -> int:
 class InMemoryDataset(Dataset):
     """Notebook 01, section 1: samples (and optional targets) already held in memory, the classic first Dataset.
 
-    ``dataset[i]`` returns ``transform(data[i])``, or ``(transform(data[i]),
-    target_transform(targets[i]))`` when targets are given.
+    ``dataset[i]`` is ``transform(data[i])``, or ``(transform(data[i]), target_transform(targets[i]))`` with targets.
     """
 
-    def __init__(
-        self,
-        data: Sequence[Any] | torch.Tensor | np.ndarray,
-        targets: Sequence[Any] | torch.Tensor | np.ndarray | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        target_transform: Callable[[Any], Any] | None = None,
-    ) -> None:
+    def __init__(self, data: Sequence[Any] | torch.Tensor | np.ndarray,
+                 targets: Sequence[Any] | torch.Tensor | np.ndarray | None = None,
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None) -> None:
         if targets is not None and len(targets) != len(data):
             raise ValueError(f"data has {len(data)} samples but targets has {len(targets)}; they must match")
         self.data = data
@@ -93,41 +88,28 @@ class InMemoryDataset(Dataset):
 class ImageFileDataset(Dataset):
     """Notebook 01, section 2: images stored one file per sample, ``root/<split>/<class>/<file>``.
 
-    Only the file list is built in ``__init__``; each image is opened and decoded in
-    ``__getitem__``, so memory stays small however large the set is. ``root`` is the folder
-    that holds the splits: a generated set (``course_lib.data.prepare_data()``) or a real one
-    with the same layout (e.g. ImageNet's ``train/``, ``val/`` on a cluster). Pass
-    ``split=None`` when ``root`` already holds the class folders.
-
-    Paths and targets are kept as NumPy arrays rather than lists of Python objects: forked
-    DataLoader workers then share them without copying (notebook 04 shows why).
+    Only the file list is built in ``__init__``; ``__getitem__`` opens and decodes one image, so memory stays small.
+    ``root`` holds the splits (a generated set, or a real one such as ImageNet's ``train/``, ``val/``); ``split=None``
+    when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 04).
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        split: str | None = "train",
-        transform: Callable[[Image.Image], Any] | None = None,
-        target_transform: Callable[[int], Any] | None = None,
-        extensions: Sequence[str] = IMG_EXTENSIONS,
-    ) -> None:
+    def __init__(self, root: str | os.PathLike[str], split: str | None = "train",
+                 transform: Callable[[Image.Image], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 extensions: Sequence[str] = _IMG_EXTENSIONS) -> None:
         self.root = Path(root).expanduser()
         self.split = split
         self.transform = transform
         self.target_transform = target_transform
         folder = self.root if split is None else self.root / split
         if not self.root.is_dir():
-            raise DataNotFoundError(
-                f"no data folder at {str(self.root)!r}. Create the course data with "
-                "course_lib.data.prepare_data() (or `python -m course_lib prepare`), or pass the "
-                "path of an existing ImageFolder-style dataset."
-            )
+            raise DataNotFoundError(f"no data folder at {str(self.root)!r}. Create the course data with "
+                                    "course_lib.data.prepare_data() (or `python -m course_lib prepare`), "
+                                    "or pass the path of an existing ImageFolder-style dataset.")
         if not folder.is_dir():
             splits = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
-            raise DataNotFoundError(
-                f"{self.root.name}/ has no {split!r} split; it holds: {', '.join(splits) or 'nothing'}. "
-                "Pass split=... (or split=None if the class folders are directly inside)."
-            )
+            raise DataNotFoundError(f"{self.root.name}/ has no {split!r} split; it holds: {', '.join(splits) or 'nothing'}. "
+                                    "Pass split=... (or split=None if the class folders are directly inside).")
         self.classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         exts = tuple(e.lower() for e in extensions)
@@ -138,10 +120,8 @@ class ImageFileDataset(Dataset):
                     paths.append(f"{cls}/{f.name}")
                     targets.append(self.class_to_idx[cls])
         if not paths:
-            raise DataNotFoundError(
-                f"no images ({', '.join(exts)}) in class folders under {folder.name}/. "
-                "Generate the course data with course_lib.data.prepare_data(), or check the path."
-            )
+            raise DataNotFoundError(f"no images ({', '.join(exts)}) in class folders under {folder.name}/. "
+                                    "Generate the course data with course_lib.data.prepare_data(), or check the path.")
         self.folder = folder
         self.paths = np.array(paths)  # relative to self.folder
         self.targets = np.array(targets, dtype=np.int64)
@@ -157,10 +137,8 @@ class ImageFileDataset(Dataset):
             with Image.open(self.folder / rel) as img:
                 return img.convert("RGB")
         except (UnidentifiedImageError, OSError) as exc:
-            raise _data.DataError(
-                f"cannot decode image {i} ({self.split or '.'}/{rel}): {exc}. The file is damaged; "
-                "re-create the generated set with prepare_data(force=True) or replace the file."
-            ) from None
+            raise _data.DataError(f"cannot decode image {i} ({self.split or '.'}/{rel}): {exc}. The file is damaged; "
+                                  "re-create the generated set with prepare_data(force=True) or replace the file.") from None
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         img = self.load_image(index)
@@ -172,10 +150,8 @@ class ImageFileDataset(Dataset):
         return img, target
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self.root.name}/{self.split or ''}, n={len(self)}, "
-            f"classes={len(self.classes)}, transform={self.transform!r})"
-        )
+        return (f"{type(self).__name__}({self.root.name}/{self.split or ''}, n={len(self)}, "
+                f"classes={len(self.classes)}, transform={self.transform!r})")
 
 
 def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int | None = None) -> torch.Tensor:
@@ -193,39 +169,30 @@ def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int 
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).float().div_(255)
 
 
-def shapes(
-    split: str = "train",
-    transform: Callable[[Image.Image], Any] | None = None,
-    target_transform: Callable[[int], Any] | None = None,
-    *,
-    size: str = _data.DEFAULT_SIZE,
-    seed: int = 0,
-    root: str | os.PathLike[str] | None = None,
-) -> ImageFileDataset:
+def shapes(split: str = "train", transform: Callable[[Image.Image], Any] | None = None,
+           target_transform: Callable[[int], Any] | None = None, *, size: str = _data.DEFAULT_SIZE, seed: int = 0,
+           root: str | os.PathLike[str] | None = None) -> ImageFileDataset:
     """Notebook 01, section 2: the generated shapes set as an :class:`ImageFileDataset` (prepare it first)."""
     folder = _data.data_dir(root) / _data.dataset_name(size, seed)
     if not folder.is_dir():
-        raise DataNotFoundError(
-            f"the {_data.dataset_name(size, seed)} data set has not been generated yet. Run "
-            f"course_lib.data.prepare_data(size={size!r}, seed={seed}) or "
-            f"`python -m course_lib prepare --size {size}` (set {_data.ENV_VAR} to choose where)."
-        )
+        raise DataNotFoundError(f"the {folder.name} data set has not been generated yet. Run "
+                                f"course_lib.data.prepare_data(size={size!r}, seed={seed}) or "
+                                f"`python -m course_lib prepare --size {size}` (set {_data.ENV_VAR} to choose where).")
     return ImageFileDataset(folder, split, transform, target_transform)
 
 
 class RandomSequences(Dataset):
     """Notebook 03, section 4: integer token sequences of varying length, for batching variable-length samples.
 
-    Sample ``i`` is ``(tokens, label)``: ``tokens`` a 1-D ``int64`` tensor of length between
-    ``min_len`` and ``max_len`` with values in ``1..vocab-1`` (0 is kept free for padding), and
-    ``label`` 1 when the sequence is longer than the midpoint length, else 0. Sample ``i`` is
-    the same on every call and in every worker: it is drawn from its own seeded generator.
+    Sample ``i`` is ``(tokens, label)``: ``tokens`` a 1-D ``int64`` tensor of ``min_len`` to ``max_len`` values in
+    ``1..vocab-1`` (0 is kept free for padding), ``label`` 1 if it is longer than the midpoint length, else 0. Sample
+    ``i`` is the same on every call and in every worker: it is drawn from its own seeded generator.
     """
 
     def __init__(self, n: int = 100, min_len: int = 3, max_len: int = 20, vocab: int = 50, seed: int = 0) -> None:
-        if n < 0 or not 1 <= min_len <= max_len or vocab < 2:
-            raise ValueError("need n >= 0, 1 <= min_len <= max_len and vocab >= 2")
-        self.n, self.min_len, self.max_len, self.vocab, self.seed = n, min_len, max_len, vocab, seed
+        self.n, self.vocab, self.seed = check_int(n, "n"), check_int(vocab, "vocab", 2), seed
+        self.min_len = check_int(min_len, "min_len", 1)
+        self.max_len = check_int(max_len, "max_len", self.min_len)  # at least min_len
 
     def __len__(self) -> int:
         return self.n
@@ -241,8 +208,7 @@ class RandomSequences(Dataset):
 class WithIndex(Dataset):
     """Notebook 06, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
 
-    The index rides through the DataLoader with the sample, so which indices a rank or a worker
-    actually loaded need not be guessed from the sampler.
+    The index rides through the DataLoader with the sample: which indices a rank or a worker loaded is then known.
     """
 
     def __init__(self, dataset: Dataset) -> None:

@@ -51,23 +51,18 @@ class DistEnv:
     source: str  # "torchrun", "slurm" or "single"
 
     @property
-    def is_main(self) -> bool:
-        """True on the one process (rank 0) that should print, save and plot."""
+    def is_main(self) -> bool:  # the one process (rank 0) that should print, save and plot
         return self.rank == 0
 
     def __str__(self) -> str:
-        return (
-            f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}), "
-            f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}"
-        )
+        return (f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}), "
+                f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}")
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """Notebook 06, section 4: expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
 
-    Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames``
-    does. Only what is needed to find the first host and count nodes; nested brackets are rare
-    and rejected.
+    Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames`` does.
     """
     hosts: list[str] = []
     # split on commas that are not inside brackets
@@ -129,11 +124,9 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     if any(name in env for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
         missing = [name for name in TORCHRUN_VARS if name not in env]
         if missing:
-            raise DistEnvError(
-                f"torchrun-style environment is half set: {', '.join(missing)} missing "
-                f"(found {', '.join(n for n in TORCHRUN_VARS if n in env)}). Start the script with "
-                "torchrun, which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process."
-            )
+            raise DistEnvError(f"torchrun-style environment is half set: {', '.join(missing)} missing "
+                               f"(found {', '.join(n for n in TORCHRUN_VARS if n in env)}). Start the script with torchrun, "
+                               "which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process.")
         rank, local, world = (_int_var(env, n) for n in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         _check_ranks(rank, local, world, ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         return DistEnv(rank, local, world, env["MASTER_ADDR"], _int_var(env, "MASTER_PORT"), "torchrun")
@@ -142,11 +135,8 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         if not any(name in env for name in SLURM_NODELIST_VARS) and "MASTER_ADDR" not in env:
             missing.append(" or ".join(SLURM_NODELIST_VARS))
         if missing:
-            raise DistEnvError(
-                f"Slurm environment is half set: {', '.join(missing)} missing. Start one task per "
-                "process with srun inside an sbatch/salloc allocation (srun sets them all), or run "
-                "the script under torchrun instead."
-            )
+            raise DistEnvError(f"Slurm environment is half set: {', '.join(missing)} missing. Start one task per process "
+                               "with srun inside an sbatch/salloc allocation (srun sets them all), or use torchrun.")
         rank, local, world = (_int_var(env, n) for n in SLURM_VARS)
         _check_ranks(rank, local, world, SLURM_VARS)
         if "MASTER_ADDR" in env:

@@ -1,10 +1,9 @@
 """Notebook 07: a dataset that grows from epoch to epoch (section 7).
 
-Producer processes write samples (one ``.npy`` file each, atomically) into a local cache folder when
-asked, once per epoch; each epoch trains on what the cache holds when it starts, and past a size budget
-the oldest samples are evicted, between epochs only. A sample depends only on ``(seed, producer,
-request, number)``, so every epoch is exact and repeatable. A producer that dies is named with its
-exit code; one that is late times out.
+Producer processes write samples (one ``.npy`` file each, atomically) into a local cache folder, once
+per epoch when asked; each epoch trains on what the cache holds when it starts; past a size budget the
+oldest samples are evicted, between epochs only. Every epoch is exact and repeatable. A producer that
+dies is named with its exit code; one that is late times out.
 """
 
 from __future__ import annotations
@@ -31,12 +30,10 @@ from ._support import check_int, fork_context, write_atomic
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 
-__all__ = ["CacheError", "CacheSnapshot", "EpochStats", "GrowingCache", "ProducerError", "ProducerTimeout",
-           "evict_oldest", "make_sample", "parse_name", "plot_growth", "reuse_counts", "sample_name", "sample_nbytes"]
+__all__ = ["CacheSnapshot", "GrowingCache", "ProducerError", "evict_oldest", "plot_growth", "reuse_counts", "sample_nbytes"]
 
 _NAME = re.compile(r"^r(\d{5})-p(\d{2})-(\d{4})-c(\d+)\.npy$")
 EvictionPolicy = Callable[[Sequence[tuple[str, int]], int], Sequence[str]]
-Transform = Callable[[np.ndarray], Any]
 
 
 class CacheError(RuntimeError):
@@ -55,29 +52,27 @@ class ProducerTimeout(ProducerError, TimeoutError):
     """Notebook 07, section 7: a producer is alive but did not finish its request in time."""
 
 
-def sample_name(request: int, producer: int, number: int, label: int) -> str:
-    """Notebook 07, section 7: a sample's file name, ``r00003-p01-0002-c7.npy``; sorted by name = oldest first."""
+def _sample_name(request: int, producer: int, number: int, label: int) -> str:
+    """A sample's file name, ``r00003-p01-0002-c7.npy``; sorted by name = oldest first."""
     return f"r{request:05d}-p{producer:02d}-{number:04d}-c{label}.npy"
 
 
-def parse_name(name: str) -> tuple[int, int, int, int]:
-    """Notebook 07, section 7: ``(request, producer, number, label)`` of a sample file name."""
-    m = _NAME.match(name)
-    if m is None:
-        raise ValueError(f"{name!r} is not a cache sample name (like {sample_name(3, 1, 2, 7)!r})")
+def _parse_name(name: str) -> tuple[int, int, int, int]:
+    """``(request, producer, number, label)`` of a sample file name."""
+    if (m := _NAME.match(name)) is None:
+        raise ValueError(f"{name!r} is not a cache sample name (like {_sample_name(3, 1, 2, 7)!r})")
     return tuple(int(g) for g in m.groups())  # type: ignore[return-value]
 
 
-def make_sample(seed: int, producer: int, request: int, number: int, image_size: int = 32) -> tuple[np.ndarray, int]:
-    """Notebook 07, section 7: one sample ``(uint8 H×W×3 image, label)``, seeded by ``(seed, producer, request, number)``."""
+def _make_sample(seed: int, producer: int, request: int, number: int, image_size: int = 32) -> tuple[np.ndarray, int]:
+    """One sample ``(uint8 H×W×3 image, label)``, always the same for the same four numbers."""
     rng = np.random.default_rng([seed, producer, request, number])
     label = int(rng.integers(len(CLASSES)))
     return np.asarray(draw_shape(label, rng, image_size)), label
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
+    np.save(buf := io.BytesIO(), array)
     return buf.getvalue()
 
 
@@ -104,9 +99,8 @@ def _producer_main(producer: int, folder: str, seed: int, image_size: int, comma
             for number in range(count):
                 if request == fail_at and number == count // 2:  # a simulated failure, like a lost connection
                     raise ConnectionError(f"producer {producer}: the remote store went away (simulated)")
-                array, label = make_sample(seed, producer, request, number, image_size)
-                # a temporary name, then a rename: a reader lists and opens complete files only
-                write_atomic(Path(folder) / sample_name(request, producer, number, label), _npy_bytes(array))
+                array, label = _make_sample(seed, producer, request, number, image_size)
+                write_atomic(Path(folder) / _sample_name(request, producer, number, label), _npy_bytes(array))
             done.put((producer, request, None))
     except Exception as exc:
         done.put((producer, request, f"{type(exc).__name__}: {exc}"))
@@ -116,7 +110,7 @@ def _producer_main(producer: int, folder: str, seed: int, image_size: int, comma
 
 
 def evict_oldest(entries: Sequence[tuple[str, int]], budget_bytes: int) -> list[str]:
-    """Notebook 07, section 7: which of ``entries`` ``(name, bytes)``, oldest first, to delete (the fewest) to fit."""
+    """Notebook 07, section 7: the fewest names to delete, oldest first, so the rest of ``entries`` ``(name, bytes)`` fits."""
     total, chosen = sum(size for _, size in entries), []
     for name, size in entries:
         if total <= budget_bytes:
@@ -132,8 +126,7 @@ class CacheSnapshot(Dataset):
     ``dataset[i]`` is ``(float image C×H×W in 0..1, label)``, or ``(transform(uint8 image H×W×3), label)``.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Transform | None = None
-                 ) -> None:
+    def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Callable | None = None) -> None:
         self.folder, self.transform = Path(folder), transform
         self.names = np.array(sorted(names), dtype=str)  # a NumPy array: forked workers share it without copies
 
@@ -143,11 +136,11 @@ class CacheSnapshot(Dataset):
     @property
     def requests(self) -> np.ndarray:
         """The request each sample was produced in (its age)."""
-        return np.array([parse_name(n)[0] for n in self.names], dtype=np.int64)
+        return np.array([_parse_name(n)[0] for n in self.names], dtype=np.int64)
 
     @property
     def labels(self) -> np.ndarray:
-        return np.array([parse_name(n)[3] for n in self.names], dtype=np.int64)
+        return np.array([_parse_name(n)[3] for n in self.names], dtype=np.int64)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         name = str(self.names[check_index(index, len(self))])
@@ -157,16 +150,16 @@ class CacheSnapshot(Dataset):
             raise CacheError(f"{name} is in this epoch's snapshot but no longer in the cache: something deleted it "
                              "during the epoch. Evict only between epochs (GrowingCache.next_epoch does).") from None
         if self.transform is not None:
-            return self.transform(array), parse_name(name)[3]
-        return torch.from_numpy(array).permute(2, 0, 1).float() / 255, parse_name(name)[3]
+            return self.transform(array), _parse_name(name)[3]
+        return torch.from_numpy(array).permute(2, 0, 1).float() / 255, _parse_name(name)[3]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(samples={len(self)})"
 
 
 @dataclass
-class EpochStats:
-    """Notebook 07, section 7: what one epoch of a :class:`GrowingCache` starts with."""
+class _EpochStats:
+    """What one epoch of a :class:`GrowingCache` starts with."""
 
     epoch: int
     added: int  # samples written since the previous epoch started
@@ -180,11 +173,10 @@ class EpochStats:
                 f"{self.samples} samples ({self.nbytes / 1024:.1f} KiB) to train on")
 
 
-def _stop(procs: list[Any], queues: list[Any], timeout: float) -> None:
+def _stop(procs: list[Any], commands: list[Any], done: Any, timeout: float) -> None:
     """Ask the producers to stop, then terminate and kill what is left; every join has a timeout."""
-    for q in queues:
-        with contextlib.suppress(ValueError, OSError):  # already closed
-            q.put(None)
+    for q in commands:
+        q.put(None)
     deadline = time.monotonic() + timeout
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -192,7 +184,7 @@ def _stop(procs: list[Any], queues: list[Any], timeout: float) -> None:
             if p.is_alive():
                 end()
                 p.join(2.0)
-    for q in queues:
+    for q in [*commands, done]:  # never write to done: a killed producer may hold its lock
         q.close()
         q.join_thread()
 
@@ -200,10 +192,9 @@ def _stop(procs: list[Any], queues: list[Any], timeout: float) -> None:
 class GrowingCache:
     """Notebook 07, section 7: a local cache folder that ``producers`` processes fill while training reads it.
 
-    ``with GrowingCache(folder, budget_bytes=...) as cache:`` starts and stops the producers; each epoch,
-    ``stats = cache.next_epoch()`` and a new ``DataLoader(stats.dataset, ...)``. ``per_request``: samples per
-    producer per epoch; ``policy(entries, budget_bytes)`` picks the files to evict; ``timeout`` bounds every
-    wait; ``fail_at=r`` crashes producer 1 (0 if alone) in request ``r``; ``clear=True`` empties an old cache.
+    ``with GrowingCache(folder, budget_bytes=...) as cache:``, then each epoch ``stats = cache.next_epoch()`` and
+    a new ``DataLoader(stats.dataset, ...)``. ``per_request``: samples per producer per epoch; ``policy`` picks the
+    files to evict; ``fail_at=r`` crashes producer 1 (0 if alone) in request ``r``; ``clear=True`` empties an old cache.
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, budget_bytes: int, producers: int = 2, per_request: int = 4,
@@ -241,7 +232,7 @@ class GrowingCache:
             (self.folder / name).unlink()
         self._procs, self._commands, self._done, self._finalizer = [], [], None, None  # set by start()
         self._next_request, self._pending, self._broken, self._listed = 0, None, None, set()
-        self.history: list[EpochStats] = []
+        self.history: list[_EpochStats] = []
 
     def start(self) -> GrowingCache:
         """Start the producer processes (``with`` does)."""
@@ -256,7 +247,7 @@ class GrowingCache:
                 self._procs.append(self._ctx.Process(target=_producer_main, args=args, name=f"cache-producer-{p}",
                                                      daemon=True))
                 self._procs[p].start()
-            self._finalizer = weakref.finalize(self, _stop, self._procs, [*self._commands, self._done], 5.0)
+            self._finalizer = weakref.finalize(self, _stop, self._procs, self._commands, self._done, 5.0)
         return self
 
     def request(self, count: int | None = None) -> int:
@@ -324,8 +315,7 @@ class GrowingCache:
         chosen = list((policy or self.policy)(list(sizes.items()), self.budget_bytes))
         unknown = [n for n in chosen if n not in sizes]
         if unknown:
-            raise CacheError(f"the eviction policy chose {unknown[:3]}, which the cache does not hold; "
-                             "nothing was deleted")
+            raise CacheError(f"the policy chose {unknown[:3]}, which the cache does not hold; nothing was deleted")
         if len(set(chosen)) != len(chosen):
             raise CacheError("the eviction policy chose a file twice; nothing was deleted")
         left = sum(sizes.values()) - sum(sizes[n] for n in chosen)
@@ -336,7 +326,7 @@ class GrowingCache:
             (self.folder / name).unlink()
         return chosen
 
-    def next_epoch(self, transform: Transform | None = None) -> EpochStats:
+    def next_epoch(self, transform: Callable | None = None) -> _EpochStats:
         """Start an epoch: wait for the samples asked for last time, evict, list, and ask for the next ones."""
         self.start()
         if self._pending is None and not self.history:  # the first epoch: ask, and wait, for something to train on
@@ -345,16 +335,15 @@ class GrowingCache:
         evicted, sizes = self.evict(), dict(self.entries())  # no producer writes until the next request
         added = len(sizes.keys() - self._listed) + len(set(evicted) - self._listed)  # kept, or evicted unlisted
         dataset, self._listed = CacheSnapshot(self.folder, list(sizes), transform), set(sizes)
-        stats = EpochStats(len(self.history), added, len(evicted), len(sizes), sum(sizes.values()), dataset)
+        stats = _EpochStats(len(self.history), added, len(evicted), len(sizes), sum(sizes.values()), dataset)
         self.history.append(stats)
         self.request()  # the producers write while this epoch trains
         return stats
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the producers (ask, terminate, kill; joins have timeouts), remove temporary files; the samples stay."""
-        if not self.closed and self._finalizer is not None:
-            self._finalizer.detach()
-            _stop(self._procs, [*self._commands, self._done], timeout)
+        if self._finalizer is not None and self._finalizer.detach():  # detach() is None once stopped
+            _stop(self._procs, self._commands, self._done, timeout)
         self.closed, self._pending = True, None
         for tmp in self.folder.glob(".*.tmp-*"):  # left by a producer killed while writing
             tmp.unlink(missing_ok=True)
@@ -376,19 +365,18 @@ class GrowingCache:
                 f"budget={self.budget_bytes // self.sample_bytes} samples, {state})")
 
 
-def reuse_counts(history: Sequence[EpochStats]) -> dict[str, int]:
+def reuse_counts(history: Sequence[_EpochStats]) -> dict[str, int]:
     """Notebook 07, section 7: in how many epochs each sample evicted by the last of ``history`` was trained."""
     seen = Counter(name for stats in history for name in stats.dataset.names.tolist())
     still = set(history[-1].dataset.names.tolist()) if history else set()
     return {name: n for name, n in seen.items() if name not in still}
 
 
-def plot_growth(history: Sequence[EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
+def plot_growth(history: Sequence[_EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
     """Notebook 07, section 7: three panels: samples per epoch; the requests each epoch trained on; reuse per sample."""
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.1), dpi=80,
-                                              gridspec_kw={"width_ratios": [1.2, 1.1, 0.8]})
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.1), dpi=80, width_ratios=[1.2, 1.1, 0.8])
     epochs, samples, budget = [s.epoch for s in history], [s.samples for s in history], budget_bytes // sample_bytes
     left.bar(epochs, samples, color="tab:blue", label="in the cache = trained on")
     left.bar(epochs, [-s.evicted for s in history], color="tab:red", label="evicted before the epoch")
@@ -396,16 +384,16 @@ def plot_growth(history: Sequence[EpochStats], budget_bytes: int, sample_bytes: 
     left.axhline(budget, color="k", ls="--", lw=1, label=f"budget ({budget} samples)")
     left.axhline(0, color="k", lw=0.5)
     left.set(xlabel="epoch", ylabel="samples", ylim=(None, max([*samples, budget]) * 1.55))
-    left.set_title("the cache, epoch by epoch", fontsize=10)
     left.legend(fontsize=7, loc="upper left", frameon=False, ncols=2)
     requests = max(int(s.dataset.requests.max()) for s in history if len(s.dataset)) + 1
     grid = np.array([np.bincount(s.dataset.requests, minlength=requests) for s in history])
     fig.colorbar(middle.imshow(grid, cmap="Blues", aspect="auto", vmin=0), ax=middle, label="samples")
     middle.set(xlabel="request (left = oldest)", ylabel="epoch")
-    middle.set_title("samples of each request, per epoch", fontsize=10)
     values, counts = np.unique(list(reuse_counts(history).values()), return_counts=True)
     right.bar(values, counts, color="tab:purple")
     right.set(xticks=values, xlabel="epochs trained in", ylabel="evicted samples")
+    left.set_title("the cache, epoch by epoch", fontsize=10)
+    middle.set_title("samples of each request, per epoch", fontsize=10)
     right.set_title("how often a sample was used", fontsize=10)
     fig.tight_layout()
     return fig

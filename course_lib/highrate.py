@@ -1,12 +1,11 @@
 """Notebook 09, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
-Can PyTorch feed a training loop at 300-600 MB/s of raw float32 samples with the GIL in the way?
-:func:`compare` measures it, in one run, on the same bytes: a sequential read into a reused buffer
-(the limit), the same into a fresh buffer per batch, a plain ``DataLoader`` over
-:class:`RawTensorDataset` with workers (fresh arrays, stacked into a fresh shared batch), and
-:class:`RingLoader`, whose workers read straight into a few shared-memory batch slots allocated once,
-as FFCV and DALI do. :func:`compare_shards` does the same for ``.npy`` members of tar shards.
-Standard library and torch only; ``python -m course_lib bench highrate`` runs it from a shell.
+Can PyTorch feed a training loop at 300-600 MB/s of raw float32 samples, GIL and all? :func:`compare`
+measures every way of reading the same bytes in one run: a sequential read into a reused buffer (the
+limit) or a fresh one, a plain ``DataLoader`` over :class:`RawTensorDataset` with workers, and
+:class:`RingLoader`, whose workers read straight into a few shared-memory batch slots allocated once, as
+FFCV and DALI do; :func:`compare_shards` the same for ``.npy`` members of tar shards. Standard library
+and torch only; ``python -m course_lib bench highrate`` runs it from a shell.
 """
 
 from __future__ import annotations
@@ -15,37 +14,37 @@ import contextlib
 import json
 import os
 import queue
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
+import numpy.lib.format as npformat
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ._support import check_int, new_file, write_atomic
-from .shards import brace_urls, load_npy
+from .shards import _load_npy, brace_urls
+from .iterable import worker_slot
 from .timing import medians
 
 __all__ = ["RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_shards", "gbps", "index_tensor_shards",
            "plot_main_process", "plot_rates", "write_raw_tensors"]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
-PAGE = 4096
 
 
 class RawDataError(RuntimeError):
-    """A raw tensor file is missing, truncated or does not match its description."""
+    """Notebook 09, section 7: a raw tensor file is missing, truncated or does not match its description."""
 
 
 @dataclass(frozen=True)
 class _Float32Samples:
-    """``n`` float32 samples of ``sample_bytes`` each; sample ``i`` lies at ``locations[i] = (file number, offset)``.
-
-    A raw tensor file (:func:`write_raw_tensors`) is one file of samples back to back; an index of tar
-    shards (:func:`index_tensor_shards`) finds the ``.npy`` payloads of many. A :class:`RingLoader` reads either.
-    """
+    """``n`` float32 samples of ``sample_bytes`` each; sample ``i`` lies at ``locations[i] = (file number, offset)``:
+    back to back in one raw tensor file (:func:`write_raw_tensors`), or the ``.npy`` payloads of tar shards
+    (:func:`index_tensor_shards`). A :class:`RingLoader` reads either."""
 
     files: tuple[str, ...]
     locations: tuple[tuple[int, int], ...]
@@ -65,8 +64,7 @@ class _Float32Samples:
         return self.n * self.sample_bytes
 
     @property
-    def sample_len(self) -> int:
-        """float32 values per sample."""
+    def sample_len(self) -> int:  # float32 values per sample
         return self.sample_bytes // 4
 
 
@@ -74,16 +72,11 @@ def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int
     return _Float32Samples((str(path),), tuple((0, i * sample_bytes) for i in range(n)), sample_bytes, seed)
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".json")
-
-
 def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _Float32Samples:
     """Notebook 09, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
-    Written to a temporary name and renamed, the ``.json`` sidecar last, so a killed run never leaves a
-    file that looks complete. Same arguments, same bytes.
-    """
+    Same arguments, same bytes. Written to a temporary name and renamed, the ``.json`` sidecar last, so a
+    killed run never leaves a file that looks complete."""
     check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:
         raise ValueError(f"sample_bytes must be a positive multiple of 4 (float32), got {sample_bytes}")
@@ -100,19 +93,19 @@ def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = 
                 f.write(rng.random(sample_bytes // 4, dtype=np.float32).tobytes())
     except OSError as exc:
         raise RawDataError(f"could not write {path.name} ({n * sample_bytes / 2**20:.0f} MiB): {exc}") from exc
-    write_atomic(_sidecar(path), json.dumps({"n": n, "sample_bytes": sample_bytes, "seed": seed}))
+    write_atomic(Path(f"{path}.json"), json.dumps({"n": n, "sample_bytes": sample_bytes, "seed": seed}))
     return want
 
 
 def _open_raw(path: str | os.PathLike[str]) -> _Float32Samples:
     """Describe an existing raw tensor file, checking its size against its sidecar."""
-    path = Path(path)
-    if not path.is_file() or not _sidecar(path).is_file():
+    path, sidecar = Path(path), Path(f"{path}.json")
+    if not path.is_file() or not sidecar.is_file():
         raise RawDataError(
             f"no raw tensor file {path.name} (with its .json description) in {path.parent.name or '.'}: write one with "
             f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
-    meta = json.loads(_sidecar(path).read_text())
+    meta = json.loads(sidecar.read_text())
     raw = _raw_file(path, int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
     if path.stat().st_size != raw.nbytes:
         raise RawDataError(f"{path.name} holds {path.stat().st_size} bytes but its description says {raw.nbytes}: "
@@ -133,29 +126,29 @@ def _read_into(fd: int, view: memoryview, offset: int) -> None:
 class RawTensorDataset(Dataset):
     """Notebook 09, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
 
-    Each call reads 1 sample with ``os.preadv`` into a **fresh** array. The file is opened lazily in
-    each process: a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none.
-    """
+    Each call reads 1 sample with ``os.preadv`` into a **fresh** array. Each process opens the file itself:
+    a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none."""
 
     def __init__(self, raw: _Float32Samples) -> None:
-        self.raw = raw
-        self._fd: int | None = None
-        self._pid = -1
+        self.raw, self._fd, self._pid = raw, None, -1  # the file, opened in each process on first use
 
     def __len__(self) -> int:
         return self.raw.n
 
-    def _read(self, out: torch.Tensor, first: int) -> torch.Tensor:
-        """Fill ``out`` with the samples from number ``first`` on, in one system call."""
+    def _read(self, first: int, count: int, shared: bool = False) -> torch.Tensor:
+        """Samples ``first`` to ``first + count - 1`` in a fresh ``[count, sample_len]`` tensor, in one system call;
+        ``shared``: born in shared memory, as ``default_collate`` makes a batch in a worker."""
         if self._fd is None or self._pid != os.getpid():
             self._fd, self._pid = os.open(self.raw.path, os.O_RDONLY), os.getpid()
+        nbytes = count * self.raw.sample_bytes
+        out = _shared_empty(nbytes) if shared else torch.empty(nbytes // 4, dtype=torch.float32)
         _read_into(self._fd, memoryview(out.numpy()).cast("B"), first * self.raw.sample_bytes)
-        return out
+        return out.view(count, self.raw.sample_len)
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if not 0 <= index < self.raw.n:
             raise IndexError(f"index {index} is out of range for {self.raw.n} samples")
-        return self._read(torch.empty(self.raw.sample_len, dtype=torch.float32), index)
+        return self._read(index, 1)[0]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fd": None, "_pid": -1}  # a descriptor means nothing in another process
@@ -168,11 +161,8 @@ def _shared_empty(nbytes: int) -> torch.Tensor:
 
 
 class _RawBatchDataset(RawTensorDataset):
-    """Batch ``b`` of a raw tensor file, read whole with one system call: use it with ``batch_size=None``.
-
-    No per-sample arrays, no collate; in a worker the batch is born in shared memory, as ``default_collate``
-    makes it, so it crosses to the main process without another copy, but still **fresh** for every batch.
-    """
+    """Batch ``b`` of a raw tensor file, read whole with one system call (use it with ``batch_size=None``): no
+    per-sample arrays, no collate; in a worker born in shared memory, but still **fresh** for every batch."""
 
     def __init__(self, raw: _Float32Samples, batch_size: int) -> None:
         super().__init__(raw)
@@ -185,29 +175,22 @@ class _RawBatchDataset(RawTensorDataset):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} is out of range for {len(self)} batches")
         count = min(self.batch_size, self.raw.n - index * self.batch_size)
-        in_worker = torch.utils.data.get_worker_info() is not None  # then born in shared memory: no copy on the way out
-        out = _shared_empty(count * self.raw.sample_bytes) if in_worker else torch.empty(count * self.raw.sample_len, dtype=torch.float32)
-        return self._read(out, index * self.batch_size).view(count, self.raw.sample_len)
+        return self._read(index * self.batch_size, count, shared=worker_slot(main=-1)[0] >= 0)
 
 
 def _touch(batch: torch.Tensor) -> float:
     """The least a training loop does with a batch: read one value per 4 KiB page, which brings every page
     into this process (a page handed over from another one costs a page fault on first touch)."""
     flat = batch.reshape(-1)
-    return float(flat[:: PAGE // flat.element_size()].sum())
+    return float(flat[:: 4096 // flat.element_size()].sum())
 
 
 def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samples:
     """Notebook 09, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
-    Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample
-    ``i`` is ``sample_bytes`` contiguous bytes at ``locations[i]``. Reads only the tar and ``.npy``
-    headers; anything but same-sized little-endian float32 arrays in C order is a :class:`RawDataError`.
-    """
-    import tarfile
-
-    import numpy.lib.format as npformat
-
+    Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample ``i``
+    is ``sample_bytes`` contiguous bytes at ``locations[i]``. Reads only the headers; anything but same-sized
+    little-endian float32 arrays in C order is a :class:`RawDataError`."""
     files = [str(p) for p in paths]
     locations: list[tuple[int, int]] = []
     sample_bytes = 0
@@ -240,7 +223,7 @@ def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samp
 
 def _npy_tensor(sample: dict) -> torch.Tensor:
     """A webdataset sample's ``.npy`` member as a tensor (never unpickled: ``allow_pickle=False``)."""
-    return torch.from_numpy(load_npy(sample["npy"]))
+    return torch.from_numpy(_load_npy(sample["npy"]))
 
 
 def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
@@ -296,14 +279,11 @@ def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: An
 class RingLoader:
     """Notebook 09, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
 
-    ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared memory.
-    Workers read each batch's samples straight into a free slot; the main process yields a tensor
-    that **is** the slot, without a copy. The slot goes back to the workers when the next batch is
-    requested, so a yielded batch is valid until then: ``.clone()`` it to keep it (FFCV and DALI make
-    the same contract). Batches come in order; ``shuffle`` draws a new order every epoch from
-    ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`): the
-    same reads, at the offsets the index found (the way MDS and FFCV read).
-    """
+    ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared memory. Workers
+    read each batch's samples straight into a free slot; the main process yields a tensor that **is** the
+    slot, without a copy, and hands the slot back when the next batch is requested: ``.clone()`` a batch to
+    keep it (FFCV's and DALI's contract too). Batches come in order; ``shuffle`` draws a new order every
+    epoch from ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`)."""
 
     def __init__(self, raw: _Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, timeout: float = 60.0,
@@ -408,9 +388,8 @@ class RingLoader:
 def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None) -> float:
     """Notebook 09, section 7: GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`_touch`.
 
-    With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): the
-    part of the pass the training loop's own process paid, as opposed to waiting for workers.
-    """
+    With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): what the
+    training loop's own process paid, as opposed to waiting for workers."""
     start, start_cpu = time.perf_counter(), time.process_time()
     seen = 0
     for batch in make_batches():
@@ -449,8 +428,7 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
 
     Returns ``{method: [GB/s per round]}``, the limit first (one sample at a time into one reused buffer);
     ``cpu``, if given, receives the main process's CPU seconds per GB for each method and round. Workers
-    persist across rounds, so start-up is not counted.
-    """
+    persist across rounds, so start-up is not counted."""
     plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
     whole = DataLoader(_RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
     single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
@@ -473,8 +451,7 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
 
     The limit reads the shard files (headers included: under 1 % more bytes for 1 MiB samples) into a
     sample-sized reused buffer; the plain way is webdataset with workers; the fix, a :class:`RingLoader`
-    reading at the offsets of :func:`index_tensor_shards`.
-    """
+    reading at the offsets of :func:`index_tensor_shards`."""
     paths = [str(p) for p in paths]
     if len(paths) < workers:
         raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
@@ -492,10 +469,9 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
     """Notebook 09, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
-    In one process costs add up, so differences between neighbouring methods isolate them. With workers,
-    the main process pays its own CPU time: receiving each fresh shared-memory batch (IPC, mapping it,
-    faulting its pages in), against a RingLoader whose slots are mapped once.
-    """
+    In one process costs add up, so differences between neighbouring methods isolate them. With workers, the
+    main process pays its own CPU time: receiving each fresh shared-memory batch (IPC, mapping it, faulting
+    its pages in), against a RingLoader whose slots are mapped once."""
     wall = {k: 1 / v for k, v in medians(results).items()}
     busy = medians(cpu)
     return {
@@ -538,9 +514,7 @@ def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float
     ax.barh(y, own, color=[_colour(n) for n in names], label="CPU time of the main process")
     ax.barh(y, [w - o for w, o in zip(wall, own)], left=own, color="white", edgecolor="#888888", hatch="//",
             label="waiting: for workers, or for a free core")
-    ax.set_yticks(y, names)
+    ax.set(yticks=y, yticklabels=names, xlabel="seconds per GB delivered to the loop (shorter is faster)", title=title)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds per GB delivered to the loop (shorter is faster)")
-    ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
     return ax.figure

@@ -1,21 +1,9 @@
 """Notebook 04: an instrumented ``DataLoader``, to see where the time goes.
 
-:class:`InstrumentedLoader` takes the same arguments as ``torch.utils.data.DataLoader`` and builds
-a real one from them, so the batches, their order and the worker processes are exactly what a
-plain loader gives for the same seed. It records, for every batch, which worker made it and when,
-how long the training loop waited for it, and how long the loop's own step took.
-
-How, in three small pieces that travel with the DataLoader into every worker:
-
-1. :class:`_TimedDataset` wraps your dataset and stamps each sample with the moment it was asked for;
-2. :class:`_TimedCollate` wraps ``collate_fn``: it collates the samples, and sends the batch to the
-   main process together with its stamp (worker, first sample's start, end of collation);
-3. the main process's iterator takes the stamp off, so the loop sees the plain batch, and notes
-   when the loop asked for the batch and when it asked for the next one (its step was over).
-
-Every time comes from ``time.perf_counter()``: the system's monotonic clock on Linux, macOS and
-Windows, the same in every process. ``torch.profiler`` records far more (notebook 04 shows it too),
-but not per worker lane in a form a learner can read at a glance.
+:class:`InstrumentedLoader` builds a real ``DataLoader`` from the same arguments (same batches, order and
+workers) and records per batch which worker made it and when, how long the loop waited for it and how long
+its own step took: in each worker, ``_TimedDataset`` stamps every sample with the moment it was asked for
+and ``_TimedCollate`` sends the stamp along with the batch. Times come from ``time.perf_counter()``.
 """
 
 from __future__ import annotations
@@ -30,17 +18,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert
 
 from .iterable import worker_slot
+from .timing import format_seconds
 
 __all__ = ["BatchRecord", "EpochRecord", "InstrumentedLoader", "measure", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
 
-MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
-clock = time.perf_counter
+_MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
+_clock = time.perf_counter
 _process_start: float | None = None  # set in each worker process when it starts (by _TimedWorkerInit)
 
 
 # --------------------------------------------------------------------------- in the workers
-
-
 @dataclass
 class _Stamped:
     """A sample (or a list of samples) and the moment it was asked for."""
@@ -50,12 +37,18 @@ class _Stamped:
     count: int = 1
 
 
-class _TimedDataset(Dataset):
-    """Your dataset, each sample stamped with the moment it was asked for.
+def _fetch(get: Callable[[Any], Any], index: Any) -> Any:
+    """``get(index)``; an error it raises names the index, so the message says which file or row failed."""
+    try:
+        return get(index)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"(raised while loading sample index {index!r})")
+        raise
 
-    Reads and writes of attributes go to your dataset, so that a ``worker_init_fn`` setting
-    ``get_worker_info().dataset.something`` changes what it would change without this wrapper.
-    """
+
+class _TimedDataset(Dataset):
+    """Your dataset, each sample stamped with the moment it was asked for; its attributes are your dataset's."""
 
     def __init__(self, inner: Dataset) -> None:
         object.__setattr__(self, "inner", inner)
@@ -64,32 +57,27 @@ class _TimedDataset(Dataset):
         return len(self.inner)  # type: ignore[arg-type]
 
     def __getitem__(self, index: Any) -> _Stamped:
-        start = clock()
-        count = len(index) if isinstance(index, (list, tuple)) else 1  # a whole batch of indices at once
-        return _Stamped(start, _fetch(lambda: self.inner[index], index), count)
+        start, count = _clock(), len(index) if isinstance(index, (list, tuple)) else 1  # a list: a batch at once
+        return _Stamped(start, _fetch(self.inner.__getitem__, index), count)
 
     def __getitems__(self, indices: Sequence[Any]) -> _Stamped:  # the DataLoader asks for a batch's samples at once
-        start = clock()
+        start = _clock()
         getitems = getattr(self.inner, "__getitems__", None)
-        samples = _fetch(lambda: getitems(indices), indices) if getitems else [_fetch(lambda: self.inner[i], i) for i in indices]
+        samples = _fetch(getitems, indices) if getitems else [_fetch(self.inner.__getitem__, i) for i in indices]
         return _Stamped(start, samples, len(indices))
 
     def __iter__(self) -> Iterator[_Stamped]:  # IterableDataset: a batch starts when its first item is asked for
-        it = iter(self.inner)  # type: ignore[call-overload]
-        while True:
-            start = clock()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
+        start = _clock()
+        for item in self.inner:  # type: ignore[attr-defined]
             yield _Stamped(start, item)
+            start = _clock()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "inner":  # keeps pickling and copying sane
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:  # worker_init_fn's get_worker_info().dataset.x = ... too
         setattr(self.inner, name, value)
 
 
@@ -97,27 +85,14 @@ class _TimedIterable(_TimedDataset, IterableDataset):
     """The same wrapper, seen by the DataLoader as an ``IterableDataset``."""
 
 
-def _fetch(get: Callable[[], Any], index: Any) -> Any:
-    """``get()``, naming the sample in the error if it fails, so the message says which file or row."""
-    try:
-        return get()
-    except Exception as exc:
-        if hasattr(exc, "add_note"):  # Python 3.11+
-            exc.add_note(f"(raised while loading sample index {index!r})")
-        raise
-
-
 def _nbytes(obj: Any) -> int:
-    """Bytes of tensors and arrays in a (nested) batch; other types count 0."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
+    """Bytes of the tensors, arrays and bytes in a (nested) batch; anything else counts 0."""
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
         return int(obj.nbytes)
     if isinstance(obj, (bytes, bytearray)):
         return len(obj)
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    return sum(_nbytes(v) for v in obj) if isinstance(obj, (list, tuple)) else 0
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(_nbytes(v) for v in items)
 
 
 class _TimedCollate:
@@ -132,8 +107,7 @@ class _TimedCollate:
         else:  # one stamped sample per item (an IterableDataset)
             start, samples, count = min(d.start for d in data), [d.value for d in data], len(data)
         batch = self.collate_fn(samples)
-        stamp = (worker_slot(main=MAIN)[0], start, clock(), count, _nbytes(batch), _process_start)
-        return batch, stamp
+        return batch, (worker_slot(main=_MAIN)[0], start, _clock(), count, _nbytes(batch), _process_start)
 
 
 class _TimedWorkerInit:
@@ -144,41 +118,36 @@ class _TimedWorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         global _process_start
-        _process_start = clock()
+        _process_start = _clock()
         if self.fn is not None:
             self.fn(worker_id)
 
 
 # --------------------------------------------------------------------------- the records
-
-
 @dataclass
 class BatchRecord:
     """Notebook 04, section 2: what happened to one batch. Times are seconds since the epoch started (``iter(loader)``)."""
 
     number: int  # position in the epoch, in the order the loop received it
-    worker: int  # worker id, or MAIN (-1) for the main process
+    worker: int  # worker id, or -1 for the main process
     start: float  # the worker began fetching its first sample
     end: float  # the worker finished collating
     requested: float  # the loop asked for the batch (called next)
     received: float  # the loop got it
+    step_end: float | None  # the loop asked for the following one: its own step was over (None until then)
     samples: int
     nbytes: int
-    step_end: float | None = None  # the loop asked for the following one: its own step was over
 
     @property
-    def load(self) -> float:
-        """Seconds the worker spent making this batch."""
+    def load(self) -> float:  # seconds the worker spent making this batch
         return self.end - self.start
 
     @property
-    def wait(self) -> float:
-        """Seconds the loop waited for this batch."""
+    def wait(self) -> float:  # seconds the loop waited for this batch
         return self.received - self.requested
 
     @property
-    def step(self) -> float:
-        """Seconds of the loop's own work on this batch."""
+    def step(self) -> float:  # seconds of the loop's own work on this batch
         return 0.0 if self.step_end is None else self.step_end - self.received
 
 
@@ -187,7 +156,7 @@ class EpochRecord:
     """Notebook 04, section 2: all batches of one pass over an :class:`InstrumentedLoader`, and what they add up to."""
 
     num_workers: int
-    t0: float  # absolute clock() when the epoch started
+    t0: float  # absolute clock time when the epoch started
     batches: list[BatchRecord] = field(default_factory=list)
     worker_started: dict[int, float] = field(default_factory=dict)  # worker -> start, seconds since t0
     end: float | None = None  # seconds since t0; None while running or if the loop broke off
@@ -199,12 +168,10 @@ class EpochRecord:
         return self.end is not None
 
     @property
-    def wall(self) -> float:
-        """Seconds from ``iter(loader)`` to the end of the last step."""
-        if self.end is not None:
-            return self.end
-        last = self.batches[-1] if self.batches else None
-        return 0.0 if last is None else (last.step_end or last.received)
+    def wall(self) -> float:  # seconds from iter(loader) to the end of the last step
+        if self.end is not None or not self.batches:
+            return self.end or 0.0
+        return self.batches[-1].step_end or self.batches[-1].received
 
     @property
     def samples(self) -> int:
@@ -223,37 +190,29 @@ class EpochRecord:
         return self.nbytes / 1e6 / self.wall if self.wall > 0 else float("nan")
 
     @property
-    def waited(self) -> float:
-        """Seconds the loop spent in ``next(loader)``, including the final call that ends the epoch."""
+    def waited(self) -> float:  # seconds in next(loader), the final call that ends the epoch included
         return sum(b.wait for b in self.batches) + self.shutdown_s
 
     @property
-    def stall_fraction(self) -> float:
-        """Share of the wall time the loop spent waiting for data (0: never, 1: always)."""
+    def stall_fraction(self) -> float:  # share of the wall time spent waiting for data (0: never, 1: always)
         return self.waited / self.wall if self.wall > 0 else float("nan")
 
     @property
-    def first_batch_s(self) -> float:
-        """Seconds from ``iter(loader)`` to the first batch: worker start-up plus one batch."""
+    def first_batch_s(self) -> float:  # seconds from iter(loader) to the first batch: start-up plus one batch
         return self.batches[0].received if self.batches else float("nan")
 
     @property
-    def steady_stall_fraction(self) -> float:
-        """The stall fraction after the first batch arrived: what start-up costs are left out of."""
+    def steady_stall_fraction(self) -> float:  # the stall fraction after the first batch, start-up left out
         rest = self.wall - self.first_batch_s
         return (sum(b.wait for b in self.batches[1:]) + self.shutdown_s) / rest if rest > 0 else float("nan")
 
     @property
-    def worker_busy(self) -> dict[int, float]:
-        """Per worker (``-1``: main process), the share of the wall time it spent making batches."""
-        busy: dict[int, float] = {}
-        for b in self.batches:
-            busy[b.worker] = busy.get(b.worker, 0.0) + b.load
-        return {w: s / self.wall for w, s in sorted(busy.items())} if self.wall > 0 else {}
+    def worker_busy(self) -> dict[int, float]:  # worker (-1: main process) -> share of the wall time it made batches
+        workers = sorted({b.worker for b in self.batches}) if self.wall > 0 else []
+        return {w: sum(b.load for b in self.batches if b.worker == w) / self.wall for w in workers}
 
     @property
-    def mean_load(self) -> float:
-        """Mean seconds one worker needs for one batch."""
+    def mean_load(self) -> float:  # mean seconds one worker needs for one batch
         return float(np.mean([b.load for b in self.batches])) if self.batches else float("nan")
 
     @property
@@ -262,28 +221,21 @@ class EpochRecord:
 
     def summary(self) -> str:
         """A few lines a person can read (times vary between runs; the structure does not)."""
-        from .timing import format_seconds
-
-        busy = ", ".join(f"{'main' if w == MAIN else f'w{w}'} {share:.0%}" for w, share in self.worker_busy.items())
-        return (
-            f"{len(self.batches)} batches, {self.samples} samples in {format_seconds(self.wall)}: "
-            f"{self.samples_per_s:.0f} samples/s, {self.mb_per_s:.1f} MB/s\n"
-            f"waiting for data: {self.stall_fraction:.0%} of the time; first batch after {format_seconds(self.first_batch_s)}\n"
-            f"busy: {busy}"
-        )
+        busy = ", ".join(f"{'main' if w == _MAIN else f'w{w}'} {share:.0%}" for w, share in self.worker_busy.items())
+        return (f"{len(self.batches)} batches, {self.samples} samples in {format_seconds(self.wall)}: "
+                f"{self.samples_per_s:.0f} samples/s, {self.mb_per_s:.1f} MB/s\n"
+                f"waiting for data: {self.stall_fraction:.0%} of the time; first batch after {format_seconds(self.first_batch_s)}\n"
+                f"busy: {busy}")
 
 
 # --------------------------------------------------------------------------- in the main process
-
-
 class InstrumentedLoader:
     """Notebook 04, section 2: a real ``DataLoader`` that records, per batch, who made it and who waited for it.
 
-    Build it exactly like a ``DataLoader`` and iterate it the same way. Each pass appends an
-    :class:`EpochRecord` to :attr:`history`; :attr:`last` is the latest. ``dataset``,
-    ``collate_fn`` and ``worker_init_fn`` are yours; other attributes (``batch_size``,
-    ``num_workers``, ``sampler``, ...) are the inner loader's. A loop that stops early should call
-    ``close()`` on its iterator, which ends the last step's timing there.
+    Build and iterate it exactly like a ``DataLoader``. Each pass appends an :class:`EpochRecord` to
+    :attr:`history`; :attr:`last` is the latest. ``dataset``, ``collate_fn`` and ``worker_init_fn`` are
+    yours; other attributes (``batch_size``, ``num_workers``, ...) are the inner loader's. A loop that
+    stops early should call ``close()`` on its iterator, which ends the last step's timing there.
     """
 
     def __init__(self, dataset: Dataset | IterableDataset, *args: Any, **kwargs: Any) -> None:
@@ -314,12 +266,12 @@ class InstrumentedLoader:
             raise RuntimeError("nothing recorded yet: iterate over the loader first (e.g. `for batch in loader: ...`).")
         return self.history[-1]
 
-    def __iter__(self) -> "_Recorder":
+    def __iter__(self) -> _Recorder:
         settings = {name: getattr(self.loader, name) for name in
                     ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "pin_memory")}
-        epoch = EpochRecord(num_workers=self.loader.num_workers, t0=clock(), settings=settings)
+        epoch = EpochRecord(num_workers=self.loader.num_workers, t0=_clock(), settings=settings)
         if self.loader.num_workers == 0:
-            epoch.worker_started[MAIN] = 0.0  # the main process makes the batches itself
+            epoch.worker_started[_MAIN] = 0.0  # the main process makes the batches itself
         self.history.append(epoch)
         return _Recorder(iter(self.loader), epoch)
 
@@ -336,7 +288,7 @@ class _Recorder:
     def __init__(self, it: Iterator[tuple[Any, tuple]], epoch: EpochRecord) -> None:
         self.it, self.epoch = it, epoch
 
-    def __iter__(self) -> "_Recorder":
+    def __iter__(self) -> _Recorder:
         return self
 
     def __len__(self) -> int:
@@ -345,35 +297,32 @@ class _Recorder:
     def close(self, now: float | None = None) -> None:
         """The loop stops here: the step of the last batch it received ends now (or at ``now``)."""
         if self.epoch.batches and self.epoch.batches[-1].step_end is None:
-            self.epoch.batches[-1].step_end = (clock() if now is None else now) - self.epoch.t0
+            self.epoch.batches[-1].step_end = (_clock() if now is None else now) - self.epoch.t0
 
     def __next__(self) -> Any:
-        t0, requested = self.epoch.t0, clock()
+        t0, requested = self.epoch.t0, _clock()
         self.close(requested)  # asking for a batch ends the step on the previous one
         if not self.epoch.batches:
             requested = t0  # starting the workers (inside iter()) was waiting too
         try:
             batch, (worker, start, end, samples, nbytes, process_start) = next(self.it)
         except StopIteration:
-            now = clock()
+            now = _clock()
             self.epoch.end, self.epoch.shutdown_s = now - t0, now - requested
             raise
-        received = clock()
+        received = _clock()
         if process_start is not None and process_start >= t0:  # a worker started for this epoch
             self.epoch.worker_started.setdefault(worker, process_start - t0)
         self.epoch.batches.append(BatchRecord(len(self.epoch.batches), worker, start - t0, end - t0,
-                                              requested - t0, received - t0, samples, nbytes))
+                                              requested - t0, received - t0, None, samples, nbytes))
         return batch
 
 
 # --------------------------------------------------------------------------- measuring a setting
-
-
 def simulated_step(batch: Any, seconds: float, device: torch.device | str | None = None, non_blocking: bool = False) -> None:
     """Notebook 04, section 1: stand-in for a training step on an accelerator, copy the batch there, then wait ``seconds``.
 
-    While a GPU computes, the CPU is free, which is what ``time.sleep`` models; on a CPU-only
-    machine the copy is skipped. Sleeping, unlike busy work, leaves the cores to the workers.
+    A GPU computing leaves the CPU free: ``time.sleep`` models that (busy work would not). No copy to a CPU device.
     """
     if device is not None and torch.device(device).type != "cpu":
         for t in batch if isinstance(batch, (list, tuple)) else [batch]:
@@ -402,23 +351,19 @@ def sweep(dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], 
     """Notebook 04, section 3: measure one epoch for each value of one DataLoader argument, e.g. ``sweep(ds, "num_workers", [0, 1, 2])``."""
     out = {}
     for v in values:
-        kwargs = dict(loader_kwargs, **{name: v})
-        if name == "num_workers" and v == 0:
-            kwargs.pop("prefetch_factor", None)  # torch refuses prefetch_factor without workers
-            kwargs.pop("persistent_workers", None)
+        kwargs = {**loader_kwargs, name: v}
+        if name == "num_workers" and v == 0:  # torch refuses these two without workers
+            kwargs = {k: x for k, x in kwargs.items() if k not in ("prefetch_factor", "persistent_workers")}
         out[v] = measure(dataset, step_s=step_s, **kwargs).last
     return out
 
 
 # --------------------------------------------------------------------------- pictures
-
-
 def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochRecord], ax: Any = None,
                   title: str | None = None) -> Any:
     """Notebook 04, section 2: who did what when, one lane per worker plus the training loop (waiting vs stepping).
 
-    Pass one :class:`EpochRecord`, several (drawn one after another, on one time axis), or an
-    :class:`InstrumentedLoader` (all its epochs). Returns the matplotlib Figure.
+    Draws one :class:`EpochRecord`, several (one after another) or an :class:`InstrumentedLoader`'s; returns the Figure.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -428,7 +373,7 @@ def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochReco
     if not epochs:
         raise ValueError("nothing to draw: iterate over the loader first")
     workers = sorted({b.worker for e in epochs for b in e.batches} | {w for e in epochs for w in e.worker_started})
-    lanes = {w: i for i, w in enumerate(sorted(workers, reverse=True))}
+    lanes = {w: i for i, w in enumerate(reversed(workers))}
     loop_y = len(lanes)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.55 * (len(lanes) + 1) + 1.4))
@@ -441,18 +386,16 @@ def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochReco
             ax.broken_barh([(off + b.requested, b.wait)], (loop_y - 0.35, 0.7), facecolors="#d62728")
             ax.broken_barh([(off + b.received, b.step)], (loop_y - 0.35, 0.7), facecolors="#2ca02c")
         for w, t in e.worker_started.items():
-            if w != MAIN:
+            if w != _MAIN:
                 ax.plot([off + t], [lanes[w] + 0.42], marker="v", color="black", markersize=5)
         if len(epochs) > 1:
             ax.axvline(off, color="grey", linestyle=":", linewidth=1)
-    names = ["main process\n(loading)" if w == MAIN else f"worker {w}" for w in lanes]
+    names = ["main process\n(loading)" if w == _MAIN else f"worker {w}" for w in lanes]
     ax.set_yticks([*lanes.values(), loop_y], [*names, "training loop"])
-    ax.set_ylim(-0.6, loop_y + 1.3)  # room above the lanes for the legend
-    ax.set_xlabel("seconds since the first epoch started")
-    ax.set_xlim(left=0)
-    maker = "the main process makes a batch" if workers == [MAIN] else "a worker makes a batch"
+    ax.set(xlabel="seconds since the first epoch started", xlim=(0, None), ylim=(-0.6, loop_y + 1.3))  # room for the legend
+    maker = "the main process makes" if workers == [_MAIN] else "a worker makes"
     ax.legend(handles=[Patch(color="#d62728", label="loop waits for data"), Patch(color="#2ca02c", label="loop's own step"),
-                       Patch(color=colours(0), label=f"{maker} (colour = batch)")],
+                       Patch(color=colours(0), label=f"{maker} a batch (colour = batch)")],
               loc="upper center", ncol=3, fontsize=8, frameon=False, borderaxespad=0.1)
     ax.set_title(title or f"num_workers={epochs[-1].num_workers}: waiting {epochs[-1].stall_fraction:.0%} of the time")
     ax.figure.tight_layout()
@@ -467,12 +410,11 @@ def plot_sweep(results: dict[Any, EpochRecord], name: str, ax: Any = None, title
         _, ax = plt.subplots(figsize=(6.5, 3.4))
     labels = [str(v) for v in results]
     ax.bar(labels, [r.samples_per_s for r in results.values()], color="#1f77b4")
-    ax.set_xlabel(name)
+    ax.set(xlabel=name, title=title or f"throughput and data stall vs {name}")
     ax.set_ylabel("samples / s", color="#1f77b4")
     ax2 = ax.twinx()
     ax2.plot(labels, [100 * r.stall_fraction for r in results.values()], color="#d62728", marker="o")
     ax2.set_ylim(0, 100)
     ax2.set_ylabel("% of time waiting for data", color="#d62728")
-    ax.set_title(title or f"throughput and data stall vs {name}")
     ax.figure.tight_layout()
     return ax.figure

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from itertools import zip_longest
+from itertools import count, zip_longest
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._support import check_int
+from .datasets import ImageFileDataset
 
 __all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream", "batches_per_epoch",
            "buffer_shuffle", "contiguous_share", "copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
@@ -39,15 +40,14 @@ def worker_slot(main: int = 0) -> tuple[int, int]:
 
 def _check_slot(n: int, worker_id: int, num_workers: int) -> None:
     check_int(n, "n", 0)
-    if not 0 <= check_int(worker_id, "worker_id", 0) < check_int(num_workers, "num_workers", 1):
+    if check_int(worker_id, "worker_id", 0) >= check_int(num_workers, "num_workers", 1):
         raise ValueError(f"worker_id must be in 0..{num_workers - 1}, got {worker_id}")
 
 
 def contiguous_share(n: int, worker_id: int, num_workers: int) -> range:
-    """Notebook 07, section 3: worker ``worker_id``'s block of ``0..n-1``: blocks of sizes differing by at most one.
+    """Notebook 07, section 3: worker ``worker_id``'s block of ``0..n-1``; the first ``n % num_workers`` get one more.
 
-    The first ``n % num_workers`` workers get one more (as ``numpy.array_split``). torch's docstring
-    example uses blocks of ``ceil(n / k)``, which can leave the last workers nothing.
+    As ``numpy.array_split``; torch's docstring example uses blocks of ``ceil(n / k)``, leaving the last workers nothing.
     """
     _check_slot(n, worker_id, num_workers)
     base, extra = divmod(n, num_workers)
@@ -64,12 +64,6 @@ def strided_share(n: int, worker_id: int, num_workers: int) -> range:
 _SHARDINGS = {"contiguous": contiguous_share, "strided": strided_share}
 
 
-def _sharding(name: str) -> Callable[[int, int, int], range]:
-    if name not in _SHARDINGS:
-        raise ValueError(f"sharding must be one of {', '.join(map(repr, _SHARDINGS))}, got {name!r}")
-    return _SHARDINGS[name]
-
-
 class RangeStream(IterableDataset):
     """Notebook 07, section 2: the numbers ``0 .. n-1``, yielded whole by every process that iterates the dataset.
 
@@ -81,8 +75,7 @@ class RangeStream(IterableDataset):
         self.start, self.stop, self.with_worker = 0, check_int(n, "n", 0), with_worker
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker = -1 if info is None else info.id
+        worker, _ = worker_slot(main=-1)  # every process that iterates this yields all of it
         for i in range(self.start, self.stop):
             yield (i, worker) if self.with_worker else i
 
@@ -94,7 +87,7 @@ class RangeStream(IterableDataset):
 
 
 def split_range_per_worker(worker_id: int) -> None:
-    """Notebook 07, section 3: a ``worker_init_fn`` that narrows this worker's copy of a :class:`RangeStream` to its block.
+    """Notebook 07, section 3: a ``worker_init_fn``: narrow this worker's copy of a :class:`RangeStream` to its block.
 
     ``get_worker_info().dataset`` is the worker's own copy: changing it changes nothing elsewhere.
     """
@@ -125,7 +118,9 @@ class ShardedStream(_Epochs):
 
     def __init__(self, n: int, sharding: str = "strided", *, shuffle: bool = False, seed: int = 0,
                  seed_per_worker: bool = False, with_worker: bool = False) -> None:
-        self.n, self.sharding, self.share = check_int(n, "n", 0), sharding, _sharding(sharding)
+        if sharding not in _SHARDINGS:
+            raise ValueError(f"sharding must be one of {', '.join(map(repr, _SHARDINGS))}, got {sharding!r}")
+        self.n, self.sharding, self.share = check_int(n, "n", 0), sharding, _SHARDINGS[sharding]
         self.shuffle, self.seed, self.seed_per_worker, self.with_worker = shuffle, seed, seed_per_worker, with_worker
 
     def order(self, worker_id: int = 0) -> np.ndarray:
@@ -136,12 +131,12 @@ class ShardedStream(_Epochs):
         return np.random.default_rng(key).permutation(self.n)
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()  # None in the main process (num_workers=0)
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        worker, num_workers = worker_slot()  # (0, 1) in the main process (num_workers=0)
+        label = worker_slot(main=-1)[0]  # what with_worker reports: -1 for the main process
         order = self.order(worker)  # 0..n-1, or a permutation that every worker draws alike
         for position in self.share(self.n, worker, num_workers):  # this worker's positions only
             i = int(order[position])
-            yield (i, -1 if info is None else worker) if self.with_worker else i
+            yield (i, label) if self.with_worker else i
 
     def __len__(self) -> int:
         return self.n
@@ -209,10 +204,8 @@ class EndlessStream(_Epochs):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         worker = worker_slot(main=-1)[0]
         rng = np.random.default_rng([self.seed, self.epoch, max(worker, 0)])
-        step = 0
-        while True:
+        for step in count():
             yield torch.from_numpy(rng.standard_normal(self.dim).astype(np.float32)), worker, step
-            step += 1
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(seed={self.seed}, dim={self.dim})"
@@ -225,10 +218,8 @@ class ImageStream(ShardedStream):
     list and decoding it reuses; ``shuffle=True`` permutes the order as :class:`ShardedStream` does.
     """
 
-    def __init__(self, root: str | os.PathLike[str], split: str | None = "train", transform: Callable[[Any], Any] | None = None,
-                 *, sharding: str = "strided", shuffle: bool = False, seed: int = 0) -> None:
-        from .datasets import ImageFileDataset
-
+    def __init__(self, root: str | os.PathLike[str], split: str | None = "train", transform: Callable | None = None, *,
+                 sharding: str = "strided", shuffle: bool = False, seed: int = 0) -> None:
         self.images = ImageFileDataset(root, split, transform=transform)
         super().__init__(len(self.images), sharding, shuffle=shuffle, seed=seed)
 
@@ -237,14 +228,14 @@ class ImageStream(ShardedStream):
             yield self.images[i]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.images.root.name!r}, split={self.images.split!r}, n={len(self)}, sharding={self.sharding!r})"
+        return (f"{type(self).__name__}({self.images.root.name!r}, split={self.images.split!r}, n={len(self)}, "
+                f"sharding={self.sharding!r})")
 
 
 def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
     """Notebook 07, section 5: how many samples each process iterates in one epoch over an ``n``-sample stream.
 
-    ``num_workers=0``: the main process takes all ``n``; sharded: ``n`` split as evenly as possible
-    (contiguous and strided shares have the same sizes); not sharded: ``n`` each.
+    All ``n`` in the main process (``num_workers=0``); else ``n`` split evenly if ``sharded``, or ``n`` each.
     """
     n, num_workers = check_int(n, "n", 0), check_int(num_workers, "num_workers", 0)
     if num_workers == 0:
@@ -254,7 +245,7 @@ def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int
 
 def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *,
                       sharded: bool = True) -> list[int]:
-    """Notebook 07, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in arrival order.
+    """Notebook 07, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in order.
 
     Each worker batches *its own* share, so each worker's last batch may be short (or, with
     ``drop_last=True``, is dropped); the main process takes one batch from each worker in turn
@@ -265,15 +256,15 @@ def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_las
     for share in worker_shares(n, num_workers, sharded=sharded):
         full, rest = divmod(share, b)
         per_worker.append([b] * full + ([rest] if rest and not drop_last else []))
-    return [size for round_ in zip_longest(*per_worker) for size in round_ if size is not None]
+    return [size for turn in zip_longest(*per_worker) for size in turn if size is not None]
 
 
 def batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *,
                       sharded: bool = True) -> int:
     """Notebook 07, section 5: how many batches one epoch over an ``n``-sample stream has.
 
-    The sum over workers of ``ceil(share / batch_size)`` (``floor`` with ``drop_last``); compare
-    ``len(loader)``, which is ``ceil(n / batch_size)`` whatever ``num_workers`` is.
+    The sum over workers of ``ceil(share / batch_size)`` (``floor`` with ``drop_last``); ``len(loader)``
+    says ``ceil(n / batch_size)`` whatever ``num_workers`` is.
     """
     return len(epoch_batch_sizes(n, batch_size, num_workers, drop_last, sharded=sharded))
 
@@ -321,7 +312,7 @@ def _worker_label(w: int) -> str:
 
 
 def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title: str | None = None) -> Any:
-    """Notebook 07, section 2: a bar per sample ``0..n-1``: how many copies arrived, stacked by the worker that sent them."""
+    """Notebook 07, section 2: a bar per sample ``0..n-1``: how many copies arrived, stacked by the sending worker."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -334,15 +325,16 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
         ax.bar(np.arange(n), counts, bottom=bottom, color=color, edgecolor="white", label=_worker_label(w))
         bottom += counts
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xticks=np.arange(n), xlabel="sample", ylabel="copies per epoch", ylim=(0, max(1.0, bottom.max()) * 1.3 + 0.2))
+    ax.set(xticks=np.arange(n), xlabel="sample", ylabel="copies per epoch", ylim=(0, max(1, bottom.max()) * 1.3 + 0.2))
     ax.legend(fontsize=8, ncols=min(4, len(colors)), loc="upper right", frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
     return ax
 
 
-def plot_batches(runs: dict[str, Sequence[_BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None) -> Any:
-    """Notebook 07, section 5: one row per run: its batches in arrival order, each as wide as its size, coloured by worker."""
+def plot_batches(runs: dict[str, Sequence[_BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
+                 ) -> Any:
+    """Notebook 07, section 5: a row per run: its batches in arrival order, as wide as their sizes, coloured by worker."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from torch.utils.data import Sampler
 
 from ._support import check_int
@@ -27,35 +28,26 @@ __all__ = ["BucketBatchSampler", "balancing_weights", "class_counts", "coverage"
 
 
 # ----------------------------------------------------------------- inputs
-
-
-def _positive_int(value: Any, name: str) -> int:
-    return check_int(value, name, 1)
-
-
-def _int_array(values: Any, name: str) -> np.ndarray:
-    """A 1-D int64 array from a list, NumPy array or tensor of whole numbers."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
+def _int_array(values: Any, name: str, example: str | None = None) -> np.ndarray:
+    """1-D int64 whole numbers from a list, array or tensor; with ``example`` (what to pass), non-empty and >= 0."""
+    arr = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional (one entry per sample), got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)  # 3.0 is a fine label; 3.5 is not
-        else:
+        if not (np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
             raise ValueError(f"{name} must hold whole numbers (class labels or lengths), got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
+    arr = arr.astype(np.int64, copy=False)  # 3.0 is a fine label; 3.5 is not
+    if example is not None and arr.size == 0:
+        raise ValueError(f"{name} is empty: pass {example}")
+    if example is not None and arr.min() < 0:
+        raise ValueError(f"{name} must be >= 0, found {arr.min()}")
+    return arr
 
 
 def _labels(targets: Any, num_classes: int | None) -> tuple[np.ndarray, int]:
     """Validated class labels and the number of classes."""
-    labels = _int_array(targets, "targets")
-    if labels.size == 0:
-        raise ValueError("targets is empty: pass one class label per sample (e.g. dataset.targets)")
-    if labels.min() < 0:
-        raise ValueError(f"class labels must be >= 0, found {labels.min()}")
-    k = int(labels.max()) + 1 if num_classes is None else _positive_int(num_classes, "num_classes")
+    labels = _int_array(targets, "targets", "one class label per sample (e.g. dataset.targets)")
+    k = int(labels.max()) + 1 if num_classes is None else check_int(num_classes, "num_classes", 1)
     if labels.max() >= k:
         raise ValueError(f"found class label {labels.max()} but num_classes={k}: labels must be 0..{k - 1}")
     return labels, k
@@ -73,18 +65,15 @@ def one_epoch(sampler: Iterable[Any]) -> list[int]:
 
 
 # ----------------------------------------------------------------- index orders
-
-
 def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
     """Notebook 05, section 1: the indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
 
-    Each epoch iterates the sampler afresh, as a DataLoader does; ``set_epoch(e)`` is called
-    first when the sampler has it (``DistributedSampler``, notebook 06), as a training loop
-    should. A batch sampler's batches are joined into one row.
+    Each epoch iterates the sampler afresh, as a DataLoader does; ``set_epoch(e)`` is called first when the
+    sampler has it (``DistributedSampler``, notebook 06), as a training loop should. A batch sampler's
+    batches are joined into one row.
     """
-    epochs = _positive_int(epochs, "epochs")
     rows = []
-    for e in range(epochs):
+    for e in range(check_int(epochs, "epochs", 1)):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(e)
         rows.append(one_epoch(sampler))
@@ -92,27 +81,19 @@ def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
     if sizes[0] == 0:
         raise ValueError("the sampler yielded no indices: is it built over an empty dataset?")
     if len(set(sizes)) > 1:
-        raise ValueError(
-            f"the sampler yielded {sizes[0]} indices in the first epoch and {sizes[1:]} after. If it is an "
-            "iterator (iter(sampler), a generator), it runs only once: pass the sampler itself."
-        )
+        raise ValueError(f"the sampler yielded {sizes[0]} indices in the first epoch and {sizes[1:]} after. If it is an "
+                         "iterator (iter(sampler), a generator), it runs only once: pass the sampler itself.")
     return np.array(rows, dtype=np.int64)
 
 
-def plot_index_orders(
-    orders: Any,
-    ax: Axes | None = None,
-    title: str = "Indices in the order a sampler yields them",
-    colour_by: Any = None,
-    class_names: Sequence[str] | None = None,
-    colour_label: str | None = None,
-) -> Figure:
+def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices in the order a sampler yields them",
+                      colour_by: Any = None, class_names: Sequence[str] | None = None,
+                      colour_label: str | None = None) -> Figure:
     """Notebook 05, section 1: draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
 
-    Cells are coloured by the sample index, or by ``colour_by[index]``: class labels
-    (``targets``, up to 20 classes, drawn in distinct colours, named by ``class_names``) or any
-    other whole number per sample, such as sequence lengths. Draws into ``ax`` when given;
-    returns the figure.
+    Cells are coloured by the sample index, or by ``colour_by[index]``: class labels (``targets``, up to 20
+    classes, drawn in distinct colours, named by ``class_names``) or any other whole number per sample, such
+    as sequence lengths. Draws into ``ax`` when given; returns the figure.
     """
     grid = np.asarray(orders)
     if grid.ndim != 2 or grid.size == 0:
@@ -137,33 +118,25 @@ def plot_index_orders(
         else:
             im = ax.imshow(values[grid], aspect="auto", cmap="viridis", interpolation="nearest")
             fig.colorbar(im, ax=ax, label=colour_label or "value", pad=0.01)
-    rows = grid.shape[0]
-    ax.set_yticks(range(rows), [str(e) for e in range(rows)])  # epochs count from 0, as set_epoch does
-    from matplotlib.ticker import MaxNLocator
-
+    ax.set_yticks(range(grid.shape[0]), [str(e) for e in range(grid.shape[0])])  # from 0, as set_epoch
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
-    ax.set_xlabel("position in the epoch")
-    ax.set_ylabel("epoch")
+    ax.set(xlabel="position in the epoch", ylabel="epoch")
     ax.set_title(title, fontsize=10)
     return fig
 
 
 # ----------------------------------------------------------------- classes and weights
-
-
 def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None = None) -> np.ndarray:
     """Notebook 05, section 4: how many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
 
-    ``targets[i]`` is the class of sample ``i``; the result has ``num_classes`` entries
-    (default: the largest label + 1).
+    ``targets[i]`` is sample ``i``'s class; the result has ``num_classes`` entries (default: the largest label + 1).
     """
     labels, k = _labels(targets, num_classes)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= len(labels)):
         bad = drawn.min() if drawn.min() < 0 else drawn.max()
-        raise ValueError(
-            f"index {bad} is out of range for {len(labels)} targets: are the indices and the targets from the same dataset?"
-        )
+        raise ValueError(f"index {bad} is out of range for {len(labels)} targets: "
+                         "are the indices and the targets from the same dataset?")
     return np.bincount(labels[drawn], minlength=k)
 
 
@@ -176,8 +149,7 @@ def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Ten
     as a sample, and draws only indices ``0 .. num_classes - 1``.)
     """
     labels, k = _labels(targets, num_classes)
-    counts = np.bincount(labels, minlength=k)
-    return torch.from_numpy(1.0 / counts[labels])
+    return torch.from_numpy(1.0 / np.bincount(labels, minlength=k)[labels])
 
 
 def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.ndarray:
@@ -202,10 +174,7 @@ def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.
 
 @dataclass(frozen=True)
 class _Coverage:
-    """What one epoch drew from a data set of ``n`` samples (:func:`coverage`).
-
-    ``repeated`` lists the samples drawn more than once, ``missing`` those never drawn.
-    """
+    """What one epoch drew (:func:`coverage`); ``repeated``: samples drawn more than once, ``missing``: never drawn."""
 
     drawn: int  # indices yielded
     distinct: int  # different samples among them
@@ -213,18 +182,15 @@ class _Coverage:
     missing: list[int]
 
     @property
-    def repeats(self) -> int:
-        """Draws of a sample already drawn this epoch (``drawn - distinct``)."""
+    def repeats(self) -> int:  # draws of a sample already drawn this epoch
         return self.drawn - self.distinct
 
     @property
-    def unseen(self) -> int:
-        """Samples never drawn."""
+    def unseen(self) -> int:  # samples never drawn
         return len(self.missing)
 
     @property
-    def exact(self) -> bool:
-        """Every sample drawn exactly once."""
+    def exact(self) -> bool:  # every sample drawn exactly once
         return not self.repeated and not self.missing
 
     def __repr__(self) -> str:
@@ -237,18 +203,16 @@ def coverage(indices: Iterable[Any], n: int) -> _Coverage:
     ``indices`` may be a sampler, a batch sampler, a list of indices, or one list per rank or per
     worker (notebooks 06-08): they are joined into one epoch.
     """
-    n = _positive_int(n, "n")
+    n = check_int(n, "n", 1)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
         raise ValueError(f"indices must lie in 0..{n - 1}; got {drawn.min()}..{drawn.max()}")
     counts = np.bincount(drawn, minlength=n)
     return _Coverage(int(drawn.size), int((counts > 0).sum()), np.flatnonzero(counts > 1).tolist(),
-                    np.flatnonzero(counts == 0).tolist())
+                     np.flatnonzero(counts == 0).tolist())
 
 
 # ----------------------------------------------------------------- batching by length
-
-
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
     """Notebook 05, section 6: the share of padded batch tensors that is padding, over all ``batches``.
 
@@ -263,9 +227,8 @@ def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
             continue
         if idx.min() < 0 or idx.max() >= len(lens):
             raise ValueError(f"batch holds index {idx.max() if idx.max() >= len(lens) else idx.min()}, but lengths has {len(lens)} entries")
-        b = lens[idx]
-        cells += len(b) * int(b.max())
-        real += int(b.sum())
+        cells += idx.size * int(lens[idx].max())
+        real += int(lens[idx].sum())
     if cells == 0:
         raise ValueError("no batches (or only empty ones, or sequences of length 0): nothing to measure")
     return 1 - real / cells
@@ -277,10 +240,7 @@ def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequen
     About ``(batch_size - 1) / (n - 1)`` for random batches; close to 1 when batches barely change
     from epoch to epoch (sorting the whole data set by length, for example).
     """
-    where: dict[int, int] = {}
-    for k, batch in enumerate(epoch_b):
-        for i in one_epoch([batch]):
-            where[i] = k
+    where = {i: k for k, batch in enumerate(epoch_b) for i in one_epoch([batch])}
     pairs = kept = 0
     for batch in epoch_a:
         idx = one_epoch([batch])
@@ -295,48 +255,33 @@ def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequen
 class BucketBatchSampler(Sampler[list[int]]):
     """Notebook 05, section 6: batches of indices whose sequences have similar lengths, in a new random order every epoch.
 
-    Each epoch: shuffle all indices, cut them into buckets of ``bucket_size`` samples, sort each
-    bucket by length, cut it into batches of ``batch_size``, and shuffle the order of all
-    batches. Sorting makes batches need little padding; sorting only *within* random buckets
-    keeps batches different from epoch to epoch; shuffling the batches keeps short and long
-    ones mixed over the epoch. A larger bucket means less padding and less randomness;
-    ``bucket_size=batch_size`` is plain random batching. ``bucket_size`` must be a multiple of
-    ``batch_size`` (default: 100 batches), so that only the last batch of an epoch can be short.
+    Each epoch: shuffle all indices, cut them into buckets of ``bucket_size`` samples, sort each bucket by
+    length, cut it into batches of ``batch_size``, and shuffle the order of all batches. Sorting means little
+    padding; sorting only *within* random buckets keeps batches different from epoch to epoch; shuffling the
+    batches mixes short and long ones over the epoch. A larger bucket: less padding, less randomness
+    (``bucket_size=batch_size`` is plain random batching). ``bucket_size`` must be a multiple of ``batch_size``
+    (default: 100 batches), so that only the last batch of an epoch can be short.
 
     Use it as ``DataLoader(dataset, batch_sampler=BucketBatchSampler(lengths, 32), collate_fn=pad_collate)``.
     The order comes from ``generator`` (advanced every epoch); without one, each epoch draws a
     seed from PyTorch's global generator, as ``RandomSampler`` does.
     """
 
-    def __init__(
-        self,
-        lengths: Sequence[int] | np.ndarray | torch.Tensor,
-        batch_size: int,
-        bucket_size: int | None = None,
-        drop_last: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        lens = _int_array(lengths, "lengths")
-        if lens.size == 0:
-            raise ValueError("lengths is empty: pass the length of every sample, e.g. [len(x) for x, _ in dataset]")
-        if lens.min() < 0:
-            raise ValueError(f"lengths must be >= 0, found {lens.min()}")
-        self.batch_size = _positive_int(batch_size, "batch_size")
-        bucket = 100 * self.batch_size if bucket_size is None else _positive_int(bucket_size, "bucket_size")
+    def __init__(self, lengths: Sequence[int] | np.ndarray | torch.Tensor, batch_size: int, bucket_size: int | None = None,
+                 drop_last: bool = False, generator: torch.Generator | None = None) -> None:
+        lens = _int_array(lengths, "lengths", "the length of every sample, e.g. [len(x) for x, _ in dataset]")
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+        bucket = 100 * self.batch_size if bucket_size is None else check_int(bucket_size, "bucket_size", 1)
         if bucket % self.batch_size:
             lower = max(self.batch_size, bucket // self.batch_size * self.batch_size)
-            raise ValueError(
-                f"bucket_size={bucket} is not a multiple of batch_size={self.batch_size}, so buckets would leave "
-                f"partial batches: use {lower} or {lower + self.batch_size}"
-            )
+            raise ValueError(f"bucket_size={bucket} is not a multiple of batch_size={self.batch_size}, so buckets would "
+                             f"leave partial batches: use {lower} or {lower + self.batch_size}")
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}: torch.Generator().manual_seed(0)")
-        self.lengths = torch.from_numpy(lens)
-        self.bucket_size = bucket
-        self.drop_last = drop_last
-        self.generator = generator
+        self.lengths, self.bucket_size = torch.from_numpy(lens), bucket
+        self.drop_last, self.generator = drop_last, generator
 
     def __iter__(self) -> Iterator[list[int]]:
         g = self.generator
@@ -359,7 +304,5 @@ class BucketBatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(n={len(self.lengths)}, batch_size={self.batch_size}, "
-            f"bucket_size={self.bucket_size}, drop_last={self.drop_last})"
-        )
+        return (f"{type(self).__name__}(n={len(self.lengths)}, batch_size={self.batch_size}, "
+                f"bucket_size={self.bucket_size}, drop_last={self.drop_last})")

@@ -1,10 +1,8 @@
 """Notebook 08, section 7: read tar shards on every rank of a job, ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
 
-Each rank reads the shards through ``wds.WebDataset`` split by node and by worker, with a
-``WebLoader`` of its own workers, records which keys it saw from which worker, and meets the other
-ranks in an ``all_reduce`` after every batch, as DDP would (``--timeout`` turns a hang into an
-error). ``--resampled --epoch-batches N`` draws shards with replacement and cuts each rank at N
-batches; ``--no-nodesplitter`` reproduces webdataset's refusal to run on several ranks.
+Each rank reads the shards split by node and by worker, records which keys each worker saw, and meets the
+other ranks in an ``all_reduce`` after every batch, as DDP would; ``--resampled --epoch-batches N`` and
+``--no-nodesplitter`` reproduce notebook 08's other cases.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Notebook 06, section 5: the course's data-parallel training script, ``torchrun --nproc-per-node=N -m course_lib.train``.
 
-Every rank loads its share of the shapes images through a DataLoader with worker processes, trains
-a small CNN under ``DistributedDataParallel`` (gloo on CPU, NCCL on GPUs) and, with ``--report
-FOLDER``, writes ``rankN.json``: the indices it loaded per epoch and a digest of its weights.
-``--sharding sampler`` (default) uses ``DistributedSampler``; ``--sharding by-hand`` takes
-``indices[rank::world_size]``, whose uneven shares hang DDP's collectives unless ``--join`` (or
-``--drop-last`` when it evens them) fixes it. The Slurm scripts in ``hpc/`` run the same module.
+Every rank loads its share of the shapes images with DataLoader workers, trains a small CNN under DDP
+(gloo on CPU, NCCL on GPUs) and, with ``--report``, writes ``rankN.json`` (indices per epoch, weights digest).
+``--sharding by-hand`` (``indices[rank::world]``) shows the uneven-inputs hang that ``--join`` fixes.
 """
 
 from __future__ import annotations
@@ -48,11 +45,8 @@ class SmallCNN(nn.Module):
 
 
 def ddp_model(device: torch.device, seed: int, lr: float) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
-    """Notebook 06, section 5: ``(model, its DDP wrapper, optimizer)``, the same start on every rank.
-
-    Every rank seeds the same weights (DDP also broadcasts rank 0's when it wraps the model).
-    Train through the wrapper: its ``backward`` averages the gradients over all ranks.
-    """
+    """Notebook 06, section 5: ``(model, its DDP wrapper, optimizer)``, the same start on every rank (DDP also
+    broadcasts rank 0's weights). Train through the wrapper: its ``backward`` averages the gradients over all ranks."""
     torch.manual_seed(seed)
     model = SmallCNN().to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -60,11 +54,8 @@ def ddp_model(device: torch.device, seed: int, lr: float) -> tuple[nn.Module, nn
 
 
 def epoch_mean_loss(losses: Sequence[float], device: torch.device) -> float:
-    """Notebook 06, section 5: the usual end of an epoch, in which every rank must take part.
-
-    A barrier (every rank has finished the epoch; say, before rank 0 saves a checkpoint), then the
-    mean loss over all ranks' batches for the log.
-    """
+    """Notebook 06, section 5: the usual end of an epoch, which every rank must reach: a barrier (say, before rank 0
+    saves a checkpoint), then the mean loss over all ranks' batches for the log."""
     dist.barrier()
     total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
     dist.all_reduce(total)
@@ -163,8 +154,7 @@ def _train(args: argparse.Namespace) -> dict:
 
 
 def _maybe_join(ddp: nn.Module, enabled: bool) -> Any:
-    """torch's ``Join`` context when asked: ranks that run out of batches shadow the others'
-    all-reduces instead of leaving them waiting."""
+    """torch's ``Join``: ranks that run out of batches shadow the others' all-reduces instead of leaving them waiting."""
     if not enabled:
         return contextlib.nullcontext()
     from torch.distributed.algorithms.join import Join

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from course_lib import data
+from course_lib import _support, data
 
 
 def test_layout_and_manifest(tiny_set: Path) -> None:
@@ -86,7 +86,7 @@ def test_failure_mid_write_leaves_nothing_that_looks_complete(tmp_path: Path, mo
 
 KILL_SCRIPT = """
 import sys
-from course_lib import data
+from course_lib import _support, data
 data.prepare_data("workshop", root=sys.argv[1], progress=False)
 """
 
@@ -108,20 +108,20 @@ def test_killed_run_is_not_reused_and_is_cleaned_up(tmp_path: Path) -> None:
     final = tmp_path / "shapes-workshop-seed0"
     assert not final.exists(), "a killed run must not leave a folder under the final name"
     assert list(tmp_path.glob(".shapes-workshop-seed0.tmp-*")), "the killed run's temp folder should still be there"
-    data._remove_stale_temps(tmp_path, "shapes-workshop-seed0")  # what the next prepare_data() does first
+    _support._remove_dead_temps(tmp_path / "shapes-workshop-seed0")  # what the next prepare_data() does first
     assert not list(tmp_path.glob(".shapes-workshop-seed0.tmp-*"))
 
 
 def test_stale_temp_of_a_live_process_is_kept(tmp_path: Path) -> None:
-    mine = tmp_path / f".shapes-tiny-seed0.tmp-{data._host_tag()}-{os.getpid()}-abcd"
+    mine = tmp_path / f".shapes-tiny-seed0.tmp-{_support._host()}-{os.getpid()}-abcd"
     mine.mkdir()
-    data._remove_stale_temps(tmp_path, "shapes-tiny-seed0")
+    _support._remove_dead_temps(tmp_path / "shapes-tiny-seed0")
     assert mine.exists()
 
 
 CONCURRENT_SCRIPT = """
 import sys
-from course_lib import data
+from course_lib import _support, data
 print(data.prepare_data("tiny", root=sys.argv[1], progress=False).name)
 """
 
@@ -164,7 +164,7 @@ def test_a_set_from_another_generator_version_is_regenerated(tmp_path: Path) -> 
     manifest["format_version"] = 0
     (folder / "manifest.json").write_text(json.dumps(manifest))
     data.prepare_data("tiny", root=tmp_path, progress=False)
-    assert data.read_manifest(folder)["format_version"] == data.FORMAT_VERSION
+    assert data.read_manifest(folder)["format_version"] == data._FORMAT_VERSION
 
 
 def test_folder_without_manifest_is_not_taken_for_a_set(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_read_only_shared_folder_is_explained(tmp_path: Path, monkeypatch: pytes
 def test_bad_arguments_are_explained(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown size 'huge'; choose one of tiny, small"):
         data.prepare_data("huge", root=tmp_path)
-    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+    with pytest.raises(ValueError, match="seed must be a whole number >= 0, got -1"):
         data.prepare_data("tiny", seed=-1, root=tmp_path)
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("x")

@@ -171,5 +171,7 @@ def test_random_sequences_are_deterministic_and_in_range() -> None:
     assert not torch.equal(ds[4][0], RandomSequences(n=50, min_len=3, max_len=9, vocab=20, seed=2)[4][0])
     with pytest.raises(IndexError):
         ds[50]
-    with pytest.raises(ValueError, match="min_len <= max_len"):
+    with pytest.raises(ValueError, match="max_len must be a whole number >= 5, got 2"):
         RandomSequences(min_len=5, max_len=2)
+    with pytest.raises(ValueError, match="vocab must be a whole number >= 2"):
+        RandomSequences(vocab=1)

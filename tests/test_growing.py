@@ -24,12 +24,12 @@ from course_lib.growing import (
     ProducerError,
     ProducerTimeout,
     evict_oldest,
-    make_sample,
-    parse_name,
     reuse_counts,
-    sample_name,
     sample_nbytes,
 )
+from course_lib.growing import _make_sample as make_sample
+from course_lib.growing import _parse_name as parse_name
+from course_lib.growing import _sample_name as sample_name
 
 pytestmark = pytest.mark.timeout(120)
 SAMPLE = sample_nbytes(16)
@@ -288,6 +288,18 @@ def test_a_stuck_producer_times_out_and_close_still_stops_it(tmp_path: Path) -> 
     assert all(code is not None for code in c.exitcodes)
 
 
+@linux_only
+def test_close_does_not_wait_on_a_lock_a_killed_producer_held(tmp_path: Path) -> None:
+    """A producer killed while reporting leaves the shared report queue's write lock taken for good."""
+    c = cache(tmp_path).start()
+    c.next_epoch()
+    c.wait()
+    assert c._done._wlock.acquire(timeout=5)  # as if a dead producer held it
+    start = time.monotonic()
+    c.close(timeout=1.0)
+    assert time.monotonic() - start < 10
+
+
 @pytest.mark.parametrize("method", ["spawn"])
 def test_producers_work_under_spawn(tmp_path: Path, method: str) -> None:
     """The default on macOS and Windows: the producer function and its arguments are pickled."""
@@ -304,6 +316,8 @@ def test_close_is_clean_and_idempotent(tmp_path: Path) -> None:
     assert c.closed and all(code == 0 for code in c.exitcodes)
     assert not hidden(tmp_path)
     assert "closed" in repr(c)
+    with pytest.raises(CacheError, match="closed"):
+        c.next_epoch()
 
 
 @linux_only

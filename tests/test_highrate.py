@@ -13,24 +13,21 @@ from torch.utils.data import DataLoader
 from course_tools import bench
 from course_lib.timing import medians
 from course_lib.highrate import (
-    _RawBatchDataset,
     RawDataError,
     RawTensorDataset,
     RingLoader,
-    compare,
+    _open_raw,
+    _RawBatchDataset,
+    _read_files,
+    _shard_loader,
+    _touch,
     breakdown,
+    compare,
     compare_shards,
     gbps,
     index_tensor_shards,
-
-    _one_thread,
-    _open_raw,
     plot_main_process,
     plot_rates,
-    _read_files,
-    _read_sequential,
-    _shard_loader,
-    _touch,
     write_raw_tensors,
 )
 
@@ -77,12 +74,12 @@ def test_dataset_and_sequential_reads_give_the_file(raw) -> None:
     with pytest.raises(IndexError, match="out of range"):
         ds[37]
     for reuse in (True, False):
-        batches = [b.clone() for b in _read_sequential(raw, 8, reuse=reuse)]
-        assert [len(b) for b in batches] == [8, 8, 8, 8, 5]
-        assert torch.equal(torch.cat(batches), expected)
-    same = list(_read_sequential(raw, 8, reuse=True))
+        batches = [b.clone() for b in _read_files([raw.path], 8 * SB, reuse=reuse)]
+        assert [len(b) for b in batches] == [8 * SB] * 4 + [5 * SB]
+        assert torch.equal(torch.cat(batches).view(torch.float32).view(37, -1), expected)
+    same = list(_read_files([raw.path], 8 * SB, reuse=True))
     assert same[0].data_ptr() == same[1].data_ptr()  # one buffer, overwritten
-    fresh = list(_read_sequential(raw, 8, reuse=False))
+    fresh = list(_read_files([raw.path], 8 * SB, reuse=False))
     assert fresh[0].data_ptr() != fresh[1].data_ptr()
 
 
@@ -121,8 +118,10 @@ def test_ring_slots_are_reused_and_an_early_break_is_safe(raw) -> None:
 
 @pytest.mark.timeout(60)
 def test_ring_errors(raw) -> None:
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="batch_size must be a whole number >= 1"):
         RingLoader(raw, batch_size=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        RingLoader(raw, batch_size=4, num_workers=0)
     with pytest.raises(ValueError, match="2 slots"):
         RingLoader(raw, batch_size=4, slots=1)
     ring = RingLoader(raw, batch_size=8, num_workers=1)
@@ -139,7 +138,9 @@ def test_ring_errors(raw) -> None:
 @pytest.mark.timeout(120)
 def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     cpu: dict[str, list[float]] = {}
+    threads = torch.get_num_threads()
     results = compare(raw, batch_size=8, workers=1, rounds=1, cpu=cpu)
+    assert torch.get_num_threads() == threads, "measured on one thread, then restored"
     assert list(results) == ["raw read, sample-sized reused buffer", "raw read, batch-sized reused buffer", "raw read, fresh batch buffer", "DataLoader, 0 workers",
                              "DataLoader, 1 workers", "DataLoader, batch reads, 1 workers", "RingLoader, 1 workers"]
     assert all(len(v) == 1 and v[0] > 0 for v in results.values())
@@ -154,7 +155,7 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, batch-sized reused buffer"][0])
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
-        gbps(lambda: _read_sequential(raw, 8), raw.nbytes + 1)
+        gbps(lambda: _read_files([raw.path], 8 * SB), raw.nbytes + 1)
     assert _touch(torch.ones(4096)) == 4.0  # one value per 4 KiB page
 
 
@@ -203,12 +204,12 @@ def tensor_shards(tmp_path: Path):
 def shard_values(shardset) -> torch.Tensor:
     import tarfile
 
-    from course_lib.shards import load_npy
+    from course_lib.shards import _load_npy
 
     arrays = []
     for path in shardset.paths:
         with tarfile.open(path) as tar:
-            arrays += [load_npy(tar.extractfile(m).read()) for m in tar if m.name.endswith(".npy")]
+            arrays += [_load_npy(tar.extractfile(m).read()) for m in tar if m.name.endswith(".npy")]
     return torch.from_numpy(np.stack(arrays))
 
 
@@ -266,9 +267,3 @@ def test_compare_shards(tensor_shards) -> None:
     assert all(v[0] > 0 for v in results.values())
     with pytest.raises(ValueError, match="at least 2"):
         compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)
-
-
-def test_one_thread_restores_the_thread_count() -> None:
-    before = torch.get_num_threads()
-    seen = [torch.get_num_threads() for _ in _one_thread(range(2))]
-    assert seen == [1, 1] and torch.get_num_threads() == before

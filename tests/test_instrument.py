@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 
 from course_lib.datasets import ImageFileDataset, InMemoryDataset
-from course_lib.instrument import MAIN, EpochRecord, InstrumentedLoader, measure, plot_sweep, plot_timeline, sweep
+from course_lib.instrument import _MAIN, EpochRecord, InstrumentedLoader, measure, plot_sweep, plot_timeline, sweep
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +55,7 @@ def _check_consistent(epoch: EpochRecord, n_samples: int, batch_size: int, worke
     batches = epoch.batches
     assert [b.number for b in batches] == list(range(len(batches)))  # every batch recorded once, in order
     assert epoch.samples == n_samples and len(batches) == math.ceil(n_samples / batch_size)
-    expected_workers = {MAIN} if workers == 0 else set(range(workers))
+    expected_workers = {_MAIN} if workers == 0 else set(range(workers))
     assert {b.worker for b in batches} <= expected_workers
     for b in batches:
         assert 0 <= b.start <= b.end, b  # worker times are on the same clock as the loop's

@@ -180,7 +180,8 @@ def test_public_names_say_where_they_are_taught_and_a_notebook_uses_them(path: P
             doc = ast.get_docstring(defined[name]) or ""
             assert re.match(r"Notebooks? \d\d", doc), f"{name}'s docstring should start with 'Notebook NN, section N: ...'"
         word = re.compile(rf"\b{re.escape(name)}\b")
-        assert word.search(code) or word.search(spans), f"{name} is used or named by no notebook: make it private or remove it"
+        named = bool(word.search(code) or word.search(spans))
+        assert named, f"{name} is used or named by no notebook: make it private or remove it"
     for name, node in defined.items():
         is_error = isinstance(node, ast.ClassDef) and any(
             isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception", "Timeout")) or

@@ -26,7 +26,6 @@ from course_lib.datasets import RandomSequences  # noqa: E402
 from course_lib.loaders import pad_collate  # noqa: E402
 from course_lib.samplers import (  # noqa: E402
     BucketBatchSampler,
-    Coverage,
     balancing_weights,
     class_counts,
     coverage,
@@ -162,8 +161,10 @@ def test_balancing_weights_errors() -> None:
 
 
 def test_coverage_counts_repeats_and_unseen() -> None:
-    assert coverage([0, 1, 1, 1, 3], 5) == Coverage(drawn=5, distinct=3, repeats=2, unseen=2)
-    assert coverage(RandomSampler(range(10), generator=gen()), 10) == Coverage(10, 10, 0, 0)
+    cov = coverage([0, 1, 1, 1, 3], 5)
+    assert (cov.drawn, cov.distinct, cov.repeats, cov.unseen, cov.repeated, cov.missing) == (5, 3, 2, 2, [1], [2, 4])
+    assert repr(cov) == "Coverage(drawn=5, distinct=3, repeats=2, unseen=2)" and not cov.exact  # notebook 07 prints it
+    assert coverage(RandomSampler(range(10), generator=gen()), 10).exact
     cov = coverage(RandomSampler(range(1000), replacement=True, generator=gen()), 1000)
     assert 0.33 < cov.unseen / 1000 < 0.41  # about 1/e of the samples are never drawn
     with pytest.raises(ValueError, match="0..4"):

@@ -47,8 +47,8 @@ def test_epoch_state_in_persistent_workers(persistent: bool, shared: bool, expec
 def test_decoders_agree_with_the_image() -> None:
     jpeg, ppm = workers.jpeg_payloads(n=1, side=32)[0], workers.ppm_payloads(n=1, side=32)[0]
     a, b = workers.decode_jpeg(jpeg), workers.decode_ppm(ppm)
-    assert a.shape == b.shape == (32, 32, 3) and b.dtype == np.uint8
-    assert np.abs(a.astype(int) - b.astype(int)).mean() < 8  # the same picture, JPEG-compressed
+    assert a.shape == (3, 32, 32) and a.dtype == torch.float32 and b.shape == (32, 32, 3) and b.dtype == np.uint8
+    assert np.abs(a.permute(1, 2, 0).numpy() * 255 - b).mean() < 8  # the same picture, JPEG-compressed
     assert len(workers.jpeg_payloads(n=5, distinct=2)) == 5
     with pytest.raises(ValueError, match="P3"):
         workers.decode_ppm(b"P6 1 1 255 abc")

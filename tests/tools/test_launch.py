@@ -58,9 +58,9 @@ def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="timed out") as info:
-        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=6, show=False)
+        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False)
     result = info.value.result
-    assert result.timed_out and not result.ok and result.seconds < 20
+    assert result.timed_out and not result.ok and result.seconds < 25
     assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
 
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mistune
-from PIL import Image, UnidentifiedImageError
 from mistune.renderers.html import HTMLRenderer
+from PIL import Image, UnidentifiedImageError
+
+from course_lib._support import write_atomic
 
 
 # The slide size reveal.js lays out at (and scales to the screen): a 16:9 projector.
@@ -342,10 +344,7 @@ def build(out: Path, levels: list[str] | None = None, decks: Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for deck in built:
-        target = out / f"{deck.source.stem}.html"
-        tmp = target.with_suffix(".html.tmp")
-        tmp.write_text(deck.html, encoding="utf-8")
-        tmp.replace(target)  # atomic: a browser never opens a half-written deck
+        target = write_atomic(out / f"{deck.source.stem}.html", deck.html.encode("utf-8"))  # never half a deck
         written.append((deck, target))
     return written
 

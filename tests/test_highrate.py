@@ -267,3 +267,16 @@ def test_compare_shards(tensor_shards) -> None:
     assert all(v[0] > 0 for v in results.values())
     with pytest.raises(ValueError, match="at least 2"):
         compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)
+
+
+def test_breakdown_of_known_numbers() -> None:
+    """Seconds per GB from GB/s medians: differences of neighbouring methods, and the main process's own CPU."""
+    results = {"raw read, batch-sized reused buffer": [4.0, 5.0, 6.0],  # median 5 GB/s: 0.2 s per GB
+               "raw read, fresh batch buffer": [2.0, 2.5, 3.0],  # 0.4 s per GB
+               "DataLoader, 0 workers": [1.0, 1.0, 0.5],  # 1.0 s per GB
+               "DataLoader, batch reads, 2 workers": [1.5], "RingLoader, 2 workers": [8.0]}
+    cpu = {"DataLoader, batch reads, 2 workers": [0.3, 0.1, 0.2], "RingLoader, 2 workers": [0.04]}
+    costs = breakdown(results, cpu, workers=2)
+    assert costs == pytest.approx({"copy from the page cache": 0.2, "a fresh buffer per batch": 0.2,
+                                   "per-sample arrays + collate's copy": 0.6, "main process, fresh shared batches": 0.2,
+                                   "main process, RingLoader slots": 0.04})

@@ -330,13 +330,13 @@ def build_deck(source: Path, figures: NotebookFigures | None = None, slides_fold
 
 
 def build(out: Path, levels: list[str] | None = None, decks: Path | None = None,
-          solutions: Path | None = None) -> list[tuple[Deck, Path]]:
+          solutions: Path | None = None, course: Path | None = None) -> list[tuple[Deck, Path]]:
     """Build the chosen decks into ``out/levelN.html``; nothing is written unless all of them build."""
     figures = NotebookFigures(solutions)
     built, problems = [], []
     for source in deck_paths(levels, decks):
         try:
-            built.append(build_deck(source, figures))
+            built.append(build_deck(source, figures, (course or course_folder()) / "slides"))
         except SlideError as err:
             problems.append(str(err))
     if problems:
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"notebook:{args.notebook}#{cell_id}  [{heading}]  {line[:70]}")
             return 0
         out = args.out or course / "slides" / "build"
-        for deck, path in build(out, args.levels, args.decks or course / "slides" / "decks", args.solutions):
+        for deck, path in build(out, args.levels, args.decks or course / "slides" / "decks", args.solutions, course):
             print(f"wrote {path} ({deck.slides} slides, {len(deck.figures)} figures, "
                   f"{path.stat().st_size / 1e6:.1f} MB)")
         return 0

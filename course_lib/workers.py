@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ._support import check_int, fork_context
 from .data import CLASSES, draw_shape
-from .datasets import check_index, image_tensor
+from .datasets import check_index
 from .iterable import worker_slot
 
 __all__ = ["EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
@@ -132,9 +132,13 @@ def ppm_payloads(n: int = 100, side: int = 96, seed: int = 0, distinct: int = 8)
     return _payloads(_ppm, n, side, seed, distinct)
 
 
-def decode_jpeg(payload: bytes) -> torch.Tensor:
-    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works."""
-    return image_tensor(payload)
+def decode_jpeg(payload: bytes) -> np.ndarray:
+    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works.
+
+    NumPy, not torch: it runs in processes forked by a plain pool, where torch's thread pool can deadlock.
+    """
+    with Image.open(io.BytesIO(payload)) as img:
+        return np.asarray(img.convert("RGB"))
 
 
 def decode_ppm(payload: bytes) -> np.ndarray:

@@ -193,6 +193,7 @@ class Cluster:
     partition: str = "course"
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
+    start_s: float = field(default=0.0, init=False)  # how long start() took
     submitted: dict[int, float] = field(default_factory=dict, init=False)
     _hosts_line: str | None = field(default=None, init=False)
 
@@ -279,8 +280,10 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
 
     def start(self, timeout: float = 60.0) -> None:
         """Start munged, slurmctld and one slurmd per node; on any failure stop them again and raise."""
+        start = time.monotonic()
         try:
-            self._start(time.monotonic() + timeout)
+            self._start(start + timeout)
+            self.start_s = time.monotonic() - start
         except BaseException:
             self.stop()
             raise

@@ -16,7 +16,9 @@ on given cpus"), so jobs ask for what the machine has and the scripts' other set
 the environment.
 
 Everything started here is stopped by its pid; processes the daemons started (slurmstepd, job
-steps) are found by the ``SLURM_CONF`` of this cluster in their environment, never by name.
+steps) are found by the ``SLURM_CONF`` of this cluster in their environment, never by name. The
+daemons also carry the pid of the test process: a later start kills those of a test process that
+died without stopping them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREE
                "BOOT_FAIL", "DEADLINE"}
 HOSTS = Path("/etc/hosts")
 HOSTS_MARK = "# tests/slurm_cluster.py, pid"
+#: In the environment of the daemons (and so of slurmstepd): the pid of the process that started them.
+OWNER_VAR = "COURSE_SLURM_OWNER"
 _SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
@@ -130,6 +134,27 @@ def _rewrite_hosts(keep_line) -> None:
             f.seek(0)
             f.write("".join(kept))
             f.truncate()
+
+
+def kill_orphans() -> list[int]:
+    """Kill (by pid) the daemons and job steps of clusters whose test process died without stopping
+    them (killed with SIGKILL, say): they carry OWNER_VAR with a pid that no longer runs."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        m = re.search(rb"(?:^|\0)" + OWNER_VAR.encode() + rb"=(\d+)\0", environ)
+        if m and not _pid_alive(int(m.group(1))):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def _stale_hosts_line(line: str) -> bool:
@@ -289,6 +314,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
             raise
 
     def _start(self, deadline: float) -> None:
+        kill_orphans()
         for sub in ("etc", "state", "spool", "run", "log", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for name in self.node_names:
@@ -333,7 +359,8 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
     def _spawn(self, name: str, cmd: list) -> None:
         out = open(self.root / "log" / f"{name}.stdout.log", "w")
         # a session of its own: a Ctrl-C in the terminal does not reach it before the fixture stops it
-        self.procs[name] = subprocess.Popen([str(c) for c in cmd], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+        env = dict(self.env, **{OWNER_VAR: str(os.getpid())})
+        self.procs[name] = subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root)
         out.close()
 

@@ -21,3 +21,12 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_set(tiny_root: Path) -> Path:
     """The folder of the tiny set itself (holds train/, val/, manifest.json)."""
     return tiny_root / data.dataset_name("tiny", 0)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the timings tests/test_slurm.py records (its Slurm stage, its exit runs) at the end of the run."""
+    for status in ("passed", "failed"):
+        for report in terminalreporter.stats.get(status, []):
+            for name, value in getattr(report, "user_properties", []):
+                if name in ("slurm_stage", "exit_runs"):
+                    terminalreporter.write_line(f"{name}, seconds: {value}")

@@ -1,0 +1,483 @@
+"""The hpc/ job scripts and notebook 10's Slurm script, submitted to a real Slurm cluster.
+
+tests/test_hpc.py runs the scripts against a fake ``srun``; this stage starts Debian's Slurm 22.05
+and munge on this machine (tests/slurm_cluster.py: 2 to 4 nodes, each a slurmd of its own, private
+to a temporary folder, everything on 127.0.0.1) and submits the scripts with ``sbatch``, changing nothing in them: the
+account, partition, CPUs, ``--gres=none``, time limit and output file are given on the command
+line, the scripts' settings in the environment, as hpc/README.md tells participants to do.
+
+All the jobs are submitted at once (the cluster runs them side by side as its nodes allow) and
+waited for by polling ``scontrol`` (``sbatch --wait`` backs off to tens of seconds); then each test checks
+one job: its final state and exit code, its .out file and the rank reports it left.
+
+Where Slurm cannot run (not root, no apt-get, not Linux) the stage is skipped with the reason;
+under CI (``CI`` set) it fails instead, as the browser tests do without chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+import slurm_cluster
+from course_lib.distributed import coverage, expand_nodelist, read_reports
+from slurm_cluster import Cluster, JobResult
+
+ROOT = Path(__file__).resolve().parents[1]
+HPC = ROOT / "hpc"
+LIMIT = 40  # training images of the tiny set's 80: 20 per rank
+TRAIN_ARGS = f"--limit {LIMIT} --epochs 1 --batch-size 8 --workers 1 --timeout 60 --device cpu"
+CAPSTONE_ARGS = "--epochs 1 --batch-size 8 --timeout 60 --device cpu"
+SHARD_SIZE = 10  # samples per shard: the tiny set's 80 training images make 8 shards
+MIN_MEMORY_MB = 3000  # two jobs at once: 4 ranks, their DataLoader workers, torchrun
+JOB_TIME_LIMIT = "5"  # minutes: Slurm itself ends a job that hangs
+WAIT_S = 300.0  # for all the jobs together, on a busy 2-core machine
+#: torch.distributed's native threads, by the names torch and gloo give them
+DIST_THREADS = ("gloo", "pt_gloo", "pt_tcpstore", "pt_nccl")
+
+# Put first on a job's PYTHONPATH as sitecustomize.py: every training rank (python -m course_lib.train,
+# python -m course_lib.capstone train) says at exit which torch.distributed threads still run. Threads
+# of a process group that outlive the interpreter's shutdown are what can abort a rank at exit
+# ("terminate called without an active exception"); the course's teardown should leave none.
+EXIT_HOOK = r'''"""Written by tests/test_slurm.py: at exit, a training rank lists the torch.distributed threads still running."""
+import atexit, os, sys
+
+def distributed_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(n for n in names if n.startswith(%r))
+
+def _report():
+    argv = sys.argv
+    if argv and (argv[0].endswith(os.path.join("course_lib", "train.py"))
+                 or (argv[0].endswith(os.path.join("course_lib", "capstone.py")) and argv[1:2] == ["train"])):
+        print(f"exit-check: torch.distributed threads running at exit: {distributed_threads()}",
+              file=sys.stderr, flush=True)
+
+atexit.register(_report)  # registered first, so it runs last of the interpreter's exit handlers
+''' % (DIST_THREADS,)
+
+
+@dataclass
+class StageJob:
+    """One job of the stage: what is submitted, and (once waited for) what became of it."""
+
+    key: str
+    script: Path
+    job_name: str
+    options: list[str]
+    env: dict[str, str]
+    hold: Callable[[Path], None] | None = None  # called with the job's run folder before it is released
+    job_id: int = 0
+    result: JobResult | None = None
+    run_dir: Path = field(default=Path("/nonexistent"))
+
+    def ok(self) -> JobResult:
+        r = self.result
+        assert r is not None, f"{self.key} was never waited for"
+        assert (r.state, r.exit_code) == ("COMPLETED", "0:0"), r.describe()
+        return r
+
+
+@dataclass
+class Stage:
+    cluster: Cluster
+    jobs: dict[str, StageJob]
+    node_local: Path  # SLURM_TMPDIR of every job: one folder that all the "nodes" share
+    timings: dict[str, float]
+
+    def __getitem__(self, key: str) -> StageJob:
+        return self.jobs[key]
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Cluster]:
+    """A Slurm cluster of 2 to 4 nodes on this machine, for the whole session (about 1 s to start)."""
+    reason = slurm_cluster.unavailable_reason()  # installs slurm-wlm and munge when root and apt-get allow it
+    memory = slurm_cluster.available_memory_mb()
+    if reason is None and memory < MIN_MEMORY_MB:
+        reason = f"only {memory} MB of memory available, the Slurm stage needs {MIN_MEMORY_MB} MB"
+    if reason is None and _cpus() < 2:
+        # a node may not declare more CPUs than the machine has: task/affinity then cannot bind the tasks
+        reason = "the Slurm stage needs 2 CPUs (its jobs run 2 ranks on a node)"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the Slurm stage cannot run here, and CI must run it: {reason}")
+        pytest.skip(f"Slurm stage skipped: {reason}")
+    # Every node gets all of the machine's CPUs (the nodes share them, as their jobs do). Nodes beyond
+    # the 2 the jobs need only let more jobs run side by side: one per 1.5 GB free, 4 at most.
+    nodes = max(2, min(4, memory // 1500))
+    cluster = Cluster(nodes=nodes, cpus=_cpus(), memory_mb=max(1000, memory // nodes))
+    cluster.start()  # on failure it stops what it started, then raises with the daemons' logs
+    try:
+        yield cluster
+    finally:
+        for note in cluster.stop():
+            warnings.warn(f"Slurm stage teardown: {note}")
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without anything that would make a job think it is in another job."""
+    drop = re.compile(r"^(SLURM_|SRUN_|SBATCH_|SALLOC_|TORCHELASTIC_|COURSE_|PYTEST_)|^(RANK|LOCAL_RANK|WORLD_SIZE|"
+                      r"GROUP_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|"
+                      r"TRAIN_ARGS|RUNS_DIR|SHARDS|VIRTUAL_ENV|LOCAL_DIR|SET)$")
+    env = {k: v for k, v in os.environ.items() if not drop.match(k)}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    if (Path(sys.prefix) / "bin" / "activate").is_file():
+        env["COURSE_VENV"] = sys.prefix  # the environment running the tests: the scripts activate it
+    else:
+        env["COURSE_VENV"] = ""  # a conda or system python: found first on PATH instead
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _stale_reports(world_size: int) -> Callable[[Path], None]:
+    """What an earlier job of the same name and id left: one report per rank of a bigger job."""
+    def plant(run_dir: Path) -> None:
+        run_dir.mkdir(parents=True)
+        for rank in range(world_size):
+            (run_dir / f"rank{rank}.json").write_text(json.dumps(
+                {"rank": rank, "world_size": world_size, "dataset_len": LIMIT, "source": "slurm",
+                 "epochs": [{"indices": list(range(rank, LIMIT, world_size))}], "weights_sha256": "old"}))
+    return plant
+
+
+def _foreign_file(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("not the course's\n")
+
+
+@pytest.fixture(scope="session")
+def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Stage:
+    """Every job of the stage, submitted together and waited for."""
+    from course_tools.slurm import write_slurm_script
+
+    start = time.monotonic()
+    base = tmp_path_factory.mktemp("slurm-stage")
+    out, runs, node_local, hook, shards = (base / name for name in ("out", "runs", "node-local", "exit-hook", "shards"))
+    for folder in (out, runs, node_local, hook):
+        folder.mkdir()
+    (hook / "sitecustomize.py").write_text(EXIT_HOOK)
+    cpus = slurm.cpus
+    env = clean_env()
+    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs),
+               TRAIN_ARGS=TRAIN_ARGS, SLURM_TMPDIR=str(node_local),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])))
+    common = ["-A", "course", "-p", slurm.partition, "--gres=none", f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out"]
+    # notebook 10's shards, written as on a login node (in the background: the other jobs start meanwhile)
+    writing = subprocess.Popen([sys.executable, "-m", "course_lib.capstone", "shards", "--out", str(shards),
+                                "--size", "tiny", "--data", str(tiny_root), "--maxcount", str(SHARD_SIZE)],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tasks = ["--ntasks-per-node=2", "-c", str(max(1, cpus // 2))]
+    jobs = [  # in the order the scheduler (first in, first out) starts them: the two-node jobs first
+        StageJob("multinode", HPC / "train_multinode.sbatch", "course-train-multinode", ["-N", "2", "-c", str(cpus)],
+                 dict(env, GPUS_PER_NODE="1", STAGE_DATA="1")),
+        StageJob("tasks2", HPC / "train_tasks.sbatch", "course-train-tasks",
+                 ["-N", "2", "--ntasks-per-node=1", "-c", str(cpus)], dict(env, STAGE_DATA="1")),
+        StageJob("1node", HPC / "train_1node.sbatch", "course-train-1node", ["-N", "1", "-c", str(cpus)],
+                 dict(env, GPUS_PER_NODE="2", STAGE_DATA="1")),
+        StageJob("tasks1", HPC / "train_tasks.sbatch", "course-train-tasks", ["-N", "1", *tasks],
+                 dict(env, STAGE_DATA="0"), hold=_stale_reports(4)),
+        StageJob("refuse", HPC / "train_tasks.sbatch", "course-train-tasks", ["-N", "1", *tasks],
+                 dict(env, STAGE_DATA="0"), hold=_foreign_file),
+        StageJob("capstone", base / "capstone" / "train.sbatch", "course-capstone", ["-N", "1", "-c", str(cpus)],
+                 dict(env, TRAIN_ARGS=CAPSTONE_ARGS)),
+    ]
+    try:
+        for job in jobs:
+            if job.key == "capstone":  # notebook 10's script, as the notebook writes it, once its shards exist
+                try:
+                    written = writing.communicate(timeout=120)[0]
+                except subprocess.TimeoutExpired:
+                    writing.kill()
+                    raise AssertionError(f"python -m course_lib.capstone shards: no shards after 120 s\n"
+                                         f"{writing.communicate()[0]}") from None
+                assert writing.returncode == 0, written
+                write_slurm_script(job.script, shards=str(shards), num_workers=1, gpus_per_node=2, nodes=1,
+                                   batch_size=8, epochs=1, time_limit="00:05:00")
+            options = common + job.options + (["--hold"] if job.hold else [])
+            job.job_id = slurm.sbatch(job.script, options, job.env, cwd=ROOT)
+            job.run_dir = runs / f"{job.job_name}-{job.job_id}"
+            if job.hold:  # what an earlier job of this name and id left in its folder
+                job.hold(job.run_dir)
+                slurm.run("scontrol", "release", str(job.job_id))
+    finally:
+        if writing.poll() is None:
+            writing.kill()
+            writing.wait()
+    results = slurm.wait([job.job_id for job in jobs], timeout=WAIT_S)
+    for job in jobs:
+        job.result = results[job.job_id]
+    timings = {"cluster_start_s": slurm.start_s, "stage_s": time.monotonic() - start}
+    for job in jobs:
+        timings[f"{job.key}_s"] = job.result.waited_s
+    return Stage(slurm, {job.key: job for job in jobs}, node_local, timings)
+
+
+def check_reports(folder: Path, world_size: int, source: str) -> list[dict]:
+    """The rank reports of course_lib.train: one per rank, disjoint complete shares, one weights digest."""
+    reports = read_reports(folder)
+    assert [r["rank"] for r in reports] == list(range(world_size))
+    assert {r["world_size"] for r in reports} == {world_size}
+    assert {r["source"] for r in reports} == {source}
+    assert {r["dataset_len"] for r in reports} == {LIMIT}
+    shares = [r["epochs"][-1]["indices"] for r in reports]
+    assert [len(s) for s in shares] == [LIMIT // world_size] * world_size
+    assert coverage(shares, LIMIT)["exact"], coverage(shares, LIMIT)
+    assert len({r["weights_sha256"] for r in reports}) == 1, "DDP left different weights on the ranks"
+    return reports
+
+
+# --------------------------------------------------------------------------- one node
+
+
+def test_train_1node_runs_torchrun_under_slurm(stage: Stage) -> None:
+    job = stage["1node"]
+    r = job.ok()
+    out = r.output()
+    cpus = stage.cluster.cpus
+    assert f"2 ranks on 1 node, {cpus} CPUs, {max(0, cpus // 2 - 1)} DataLoader workers per rank" in out, out
+    assert "[rank0]:epoch 0: 20 samples" in out and "[rank1]:epoch 0: 20 samples" in out, out
+    assert "check: 2 rank reports; last epoch: 40 of 40 samples seen" in out, out
+    assert "weights identical on every rank: yes" in out, out
+    assert "data copied to the node's local disk" in out, out
+    assert out.count("exit-check:") == 2, out  # the hook ran in both ranks (test_no_threads_outlive_the_ranks)
+    check_reports(job.run_dir, 2, "torchrun")
+    assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
+
+
+def test_train_tasks_replaces_an_earlier_jobs_reports(stage: Stage) -> None:
+    """Job ids start again at 1 on a new cluster: 4 reports of an earlier 4-rank job with this job's
+    name and id were in its folder. The script removes them, and the check counts only this job's 2."""
+    job = stage["tasks1"]
+    r = job.ok()
+    out = r.output()
+    assert f"removed 4 rank reports an earlier job of the same name and id left in {job.run_dir}" in out, out
+    assert "check: 2 rank reports; last epoch: 40 of 40 samples seen, 0 more than once" in out, out
+    assert out.count("exit-check:") == 2, out
+    reports = check_reports(job.run_dir, 2, "slurm")
+    assert "old" not in {rep["weights_sha256"] for rep in reports}
+
+
+def test_train_tasks_refuses_a_folder_the_course_did_not_write(stage: Stage) -> None:
+    job = stage["refuse"]
+    r = job.result
+    assert (r.state, r.exit_code) == ("FAILED", "1:0"), r.describe()
+    out = r.output()
+    assert f"ERROR: {job.run_dir} holds files that are not rank reports; move them away, or set RUNS_DIR" in out, out
+    assert "epoch 0" not in out and "check:" not in out, out  # stopped before training
+    assert (job.run_dir / "notes.txt").read_text() == "not the course's\n"  # nothing deleted
+
+
+def test_capstone_script_from_notebook_10(stage: Stage) -> None:
+    job = stage["capstone"]
+    r = job.ok()
+    out = r.output()
+    assert "8 shards for 2 ranks × 1 readers each" in out, out
+    assert "check: 2 rank reports, [5] batches per rank" in out and "weights identical: True" in out, out
+    assert out.count("exit-check:") == 2, out
+    reports = read_reports(job.run_dir)
+    assert [rep["rank"] for rep in reports] == [0, 1] and {rep["source"] for rep in reports} == {"torchrun"}
+    assert {rep["epochs"][-1]["batches"] for rep in reports} == {5}
+    assert len({rep["weights_sha256"] for rep in reports}) == 1
+    keys = [k for rep in reports for ks in rep["epochs"][-1]["keys_by_worker"].values() for k in ks]
+    assert len(keys) == 80 and len(set(keys)) == 80, "one pass: every sample read once, by one reader"
+
+
+# --------------------------------------------------------------------------- two nodes
+
+
+def test_train_multinode_meets_at_a_rendezvous_on_the_first_node(stage: Stage) -> None:
+    job = stage["multinode"]
+    r = job.ok()
+    out = r.output()
+    nodes = expand_nodelist(r.nodes)
+    assert len(set(nodes)) == 2 and set(nodes) <= set(stage.cluster.node_names), r.nodes
+    assert f"rendezvous: {nodes[0]}:" in out, out
+    assert "1 ranks per node" in out and "check: 2 rank reports" in out, out
+    # both nodes staged into one shared SLURM_TMPDIR: the copies must not collide
+    assert "data copied to every node's local disk" in out and "cannot create" not in out, out
+    assert out.count("exit-check:") == 2, out
+    check_reports(job.run_dir, 2, "torchrun")
+    assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
+
+
+def test_train_tasks_on_two_nodes(stage: Stage) -> None:
+    job = stage["tasks2"]
+    r = job.ok()
+    out = r.output()
+    nodes = expand_nodelist(r.nodes)
+    assert len(set(nodes)) == 2 and set(nodes) <= set(stage.cluster.node_names), r.nodes
+    assert "2 ranks (tasks)" in out and "check: 2 rank reports" in out, out
+    assert "data copied to every node's local disk" in out and "cannot create" not in out, out
+    reports = check_reports(job.run_dir, 2, "slurm")
+    assert [rep["local_rank"] for rep in reports] == [0, 0]  # SLURM_LOCALID: one task on each node
+    assert out.count("exit-check:") == 2, out
+    assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
+
+
+def test_same_weights_whatever_starts_the_ranks(stage: Stage) -> None:
+    """torchrun or srun tasks, one node or two: 2 ranks, same data and seed, the same model bit for bit."""
+    keys = ("1node", "tasks1", "multinode", "tasks2")
+    digests = {key: read_reports(stage[key].run_dir)[0]["weights_sha256"] for key in keys
+               if stage[key].result and stage[key].result.state == "COMPLETED"}
+    assert len(digests) == len(keys), f"a job failed: only {sorted(digests)} completed"
+    assert len(set(digests.values())) == 1, digests
+
+
+TEARDOWN_FIX_PENDING = (
+    "course_lib.train's process group outlives destroy_process_group(): it builds its DataLoader (importing "
+    "torchvision.transforms.v2, hence torch._dynamo and torch.distributed.nn) after init_process_group, and "
+    "torch/distributed/nn/functional.py's defaults `group=group.WORLD` then hold the group, whose gloo and TCPStore "
+    "threads run on while Python shuts down. The fix is in course_lib (issue 16, Slurm part: the report's patch); "
+    "remove this mark when it lands"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=TEARDOWN_FIX_PENDING)
+def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
+    """Every rank of every job: its process group destroyed and its threads joined before Python shuts
+    down. The rare abort at exit ("terminate called without an active exception") needs such threads."""
+    left = {}
+    for key in ("1node", "tasks1", "capstone", "multinode", "tasks2"):
+        lines = [line for line in stage[key].result.output().splitlines() if "exit-check:" in line]
+        left[key] = [line for line in lines if not line.endswith(": []")]
+    assert not any(left.values()), left
+
+
+# Runs the course's teardown many times, cheaply: torch, torchvision and course_lib are imported once,
+# and every rank is a child forked from this driver that runs course_lib.train's own main() and then
+# leaves through the interpreter's normal exit. (Importing them before any process group exists is
+# what the patched course does too; the fresh processes of the Slurm jobs above cover the import order.)
+EXIT_DRIVER = r'''"""Written by tests/test_slurm.py: RUNS runs of 2 ranks of course_lib.train, PARALLEL at a time."""
+import gc, json, os, signal, socket, sys, time
+import torch, torchvision.transforms.v2  # noqa: F401  what a rank imports anyway; once, here
+import course_lib.train as course_train
+
+RUNS, PARALLEL, OUT, DATA = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ARGS = ["--data", DATA, "--size", "tiny", "--limit", "32", "--epochs", "1", "--workers", "1", "--batch-size", "8",
+        "--timeout", "60", "--device", "cpu"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(run, rank, port):
+    os.setsid()  # a group of its own (with its DataLoader worker): killable as one on a timeout
+    fd = os.open(f"{OUT}/run{run}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                      SLURM_JOB_NODELIST="127.0.0.1", MASTER_PORT=str(port))
+    argv = [*ARGS, "--report", f"{OUT}/reports{run}"]
+    sys.argv = [course_train.__file__, *argv]  # as `python -m course_lib.train` sees it (and the exit hook)
+    return course_train.main(argv)
+
+
+def main():
+    if len(os.listdir("/proc/self/task")) != 1:
+        sys.exit(f"the driver runs threads {os.listdir('/proc/self/task')}: forking it would not be safe")
+    gc.freeze()  # the children's exit then does not walk the driver's objects (copy-on-write)
+    status, start = {}, time.monotonic()
+    for first in range(0, RUNS, PARALLEL):
+        children = {}
+        for run in range(first, min(RUNS, first + PARALLEL)):
+            port = free_port()
+            for rank in (0, 1):
+                pid = os.fork()
+                if pid == 0:
+                    raise SystemExit(rank_main(run, rank, port))  # the child leaves through the normal exit
+                children[pid] = f"{run}/{rank}"
+        deadline = time.monotonic() + 90
+        while children:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            if pid:
+                status[children.pop(pid)] = os.waitstatus_to_exitcode(wait_status)
+            elif time.monotonic() > deadline:
+                for pid, name in children.items():
+                    os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    status[name] = "killed after 90 s"
+                children = {}
+            else:
+                time.sleep(0.02)
+    print(json.dumps({"status": status, "seconds": time.monotonic() - start}))
+
+
+main()
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks, and reads thread names from /proc")
+def test_no_abort_at_exit_in_20_runs(tiny_root: Path, tmp_path: Path, record_property) -> None:
+    """20 runs of 2 ranks, 2 runs at a time, through course_lib.train's own teardown and a real interpreter
+    exit: every rank exits with 0, none prints "terminate called", none leaves torch.distributed threads
+    running at exit, and every run's 2 reports agree. Independent of Slurm (no cluster needed)."""
+    runs = 20
+    hook, out = tmp_path / "hook", tmp_path / "out"
+    hook.mkdir()
+    out.mkdir()
+    (hook / "sitecustomize.py").write_text(EXIT_HOOK)
+    (tmp_path / "driver.py").write_text(EXIT_DRIVER)
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT)])  # the exit hook; this checkout's course_lib
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(runs), "2", str(out), str(tiny_root)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the runs did not end in 600 s (each rank is killed after 90 s: the driver itself hung)")
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = json.loads(done.stdout.splitlines()[-1])["status"]
+    record_property("exit_runs", {"runs": runs, "seconds": round(time.monotonic() - start, 1)})
+    problems = []
+    for run in range(runs):
+        for rank in (0, 1):
+            log = (out / f"run{run}-rank{rank}.log").read_text(errors="replace")
+            if status.get(f"{run}/{rank}") != 0:
+                problems.append(f"run {run} rank {rank}: exit status {status.get(f'{run}/{rank}')}\n{log[-2000:]}")
+            elif "terminate called" in log or "exit-check: torch.distributed threads running at exit: []" not in log:
+                problems.append(f"run {run} rank {rank}:\n{log[-2000:]}")
+        if not problems:
+            reports = read_reports(out / f"reports{run}")
+            assert [r["rank"] for r in reports] == [0, 1] and len({r["weights_sha256"] for r in reports}) == 1
+    assert not problems, "\n".join(problems)
+
+
+def test_stage_time(stage: Stage, record_property) -> None:
+    """The stage's wall time goes to the test summary (tests/conftest.py prints it). What is checked
+    does not depend on how busy the machine is: each job was seen finished within seconds of its
+    end (sbatch --wait, which backs off to tens of seconds, took 42 s to notice a 10 s job)."""
+    record_property("slurm_stage", {k: round(v, 1) for k, v in stage.timings.items()})
+    lags = {}
+    for key, job in stage.jobs.items():
+        info = job.result.info
+        ran = datetime.fromisoformat(info["EndTime"]) - datetime.fromisoformat(info["SubmitTime"])
+        lags[key] = round(job.result.waited_s - ran.total_seconds(), 1)  # both to the second: about -1 to 1.2
+    assert max(lags.values()) < 5, f"seconds between a job's end and the poll seeing it: {lags}"

@@ -55,11 +55,10 @@ def _remove_dead_temps(final: Path) -> None:
 def new_folder(final: str | os.PathLike[str], marker: str, error: type[Exception]) -> Iterator[Path]:
     """Build a folder under a temporary name beside ``final``; rename it into place when the block ends.
 
-    The caller writes ``marker`` (a manifest, an index) last: a folder holding it is a finished one.
-    An existing ``final`` is replaced only if it holds ``marker`` (the course wrote it) or is empty;
-    any other folder is refused with ``error``, and nothing is deleted. On an error the temporary
-    folder goes; if another process (a second notebook, another rank) put its own finished copy in
-    place meanwhile, that one is kept.
+    The caller writes ``marker`` (a manifest, an index) last: a folder holding it is finished. An existing
+    ``final`` is replaced only if it holds ``marker`` (the course wrote it) or is empty; any other is refused
+    with ``error``, nothing deleted. On an error the temporary folder goes; a finished copy another process
+    (a second notebook, another rank) put in place meanwhile is kept.
     """
     final = Path(final).expanduser()
     if final.exists() and not final.is_dir():

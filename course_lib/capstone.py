@@ -14,6 +14,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -263,57 +264,65 @@ def _one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -
 
 def _train(args: argparse.Namespace) -> dict:
     """One rank's run: returns (and writes, with ``--report``) what it read and how long it waited."""
-    import torch.nn.functional as F
-
-    from .train import ddp_model, epoch_mean_loss, weights_digest
-
     env = distributed.dist_env()
     paths = check_job(args.shards, env.world_size, args.workers)  # before any rendezvous: fail fast, all ranks alike
     epoch_batches = args.epoch_batches or _one_pass_batches(paths, env.world_size, args.batch_size)
     env, device = distributed.start(args.device, args.timeout)
     try:
-        loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
-                             args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda")
-        model, ddp, opt = ddp_model(device, args.seed, args.lr)
-        report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
-                        "workers": args.workers, "prefetch_factor": args.prefetch_factor,
-                        "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": []}
-        for epoch in range(args.epochs):
-            keys: list[list[str]] = []
-            losses: list[float] = []
-
-            def step(batch: tuple) -> None:
-                x, y, batch_keys = batch
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                loss = F.cross_entropy(ddp(x), y)
-                opt.zero_grad()
-                loss.backward()  # DDP's all-reduce: every rank must take the same number of steps
-                opt.step()
-                simulated_step(None, args.step_ms / 1000)
-                keys.append(list(batch_keys))
-                losses.append(loss.item())
-
-            record, workers = run_epoch(loader, epoch_batches, step)
-            by_worker: dict[str, list[str]] = {}
-            for worker, batch_keys in zip(workers, keys):
-                by_worker.setdefault(str(worker), []).extend(batch_keys)
-            report["epochs"].append({
-                "batches": len(keys), "samples": sum(map(len, keys)), "keys_by_worker": by_worker,
-                "stall": record.stall_fraction, "steady_stall": record.steady_stall_fraction,
-                "first_batch_s": record.first_batch_s, "mean_wait_ms": 1000 * record.waited / max(1, len(keys)),
-                "mean_step_ms": 1000 * record.mean_step, "mean_load_ms": 1000 * record.mean_load,
-                "seconds": record.wall, "mean_loss": epoch_mean_loss(losses, device),
-            })
-            print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
-                  f"{len(by_worker)} reader(s); waiting for data {record.steady_stall_fraction:.0%} of the time "
-                  "after the first batch", flush=True)
-        report["weights_sha256"] = weights_digest(model)
-        if args.report:
-            distributed.write_report(args.report, env.rank, report)
-        del loader
-        return report
+        return _run(args, env, device, paths, epoch_batches)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # a failed run's frames hold its DDP model and loader
+        raise
     finally:
-        distributed.finish()
+        distributed.finish()  # what _run made is gone: the group and its threads end here
+
+
+def _run(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
+         epoch_batches: int) -> dict:
+    """One rank's training; everything holding the process group (DDP model, loader, workers) lives in here."""
+    import torch.nn.functional as F
+
+    from .train import ddp_model, epoch_mean_loss, weights_digest
+
+    loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
+                         args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda")
+    model, ddp, opt = ddp_model(device, args.seed, args.lr)
+    report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
+                    "workers": args.workers, "prefetch_factor": args.prefetch_factor,
+                    "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": []}
+    for epoch in range(args.epochs):
+        keys: list[list[str]] = []
+        losses: list[float] = []
+
+        def step(batch: tuple) -> None:
+            x, y, batch_keys = batch
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = F.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()  # DDP's all-reduce: every rank must take the same number of steps
+            opt.step()
+            simulated_step(None, args.step_ms / 1000)
+            keys.append(list(batch_keys))
+            losses.append(loss.item())
+
+        record, workers = run_epoch(loader, epoch_batches, step)
+        by_worker: dict[str, list[str]] = {}
+        for worker, batch_keys in zip(workers, keys):
+            by_worker.setdefault(str(worker), []).extend(batch_keys)
+        report["epochs"].append({
+            "batches": len(keys), "samples": sum(map(len, keys)), "keys_by_worker": by_worker,
+            "stall": record.stall_fraction, "steady_stall": record.steady_stall_fraction,
+            "first_batch_s": record.first_batch_s, "mean_wait_ms": 1000 * record.waited / max(1, len(keys)),
+            "mean_step_ms": 1000 * record.mean_step, "mean_load_ms": 1000 * record.mean_load,
+            "seconds": record.wall, "mean_loss": epoch_mean_loss(losses, device),
+        })
+        print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
+              f"{len(by_worker)} reader(s); waiting for data {record.steady_stall_fraction:.0%} of the time "
+              "after the first batch", flush=True)
+    report["weights_sha256"] = weights_digest(model)
+    if args.report:
+        distributed.write_report(args.report, env.rank, report)
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

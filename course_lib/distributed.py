@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._support import write_atomic
+from ._support import check_int, write_atomic
 
 __all__ = ["DistEnv", "DistEnvError", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
            "read_reports", "sampler_shares", "start", "write_report"]
@@ -162,6 +162,10 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
     """
     import torch
     import torch.distributed as dist
+    # before any group exists: imported later (DDP's constructor does), its ``group=group.WORLD`` defaults keep
+    # the group and its threads alive past destroy_process_group(), into Python's shutdown, where they can abort
+    # the process ("terminate called without an active exception"); checked with torch 2.14, see finish()
+    import torch.distributed.nn  # noqa: F401
 
     env = dist_env()
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
@@ -184,25 +188,33 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
 
 
 def finish() -> None:
-    """Notebook 06, section 5: leave the job (destroy this rank's process group)."""
+    """Notebook 06, section 5: leave the job: destroy this rank's process group, and its threads with it.
+
+    Call it once the DDP model and the DataLoaders are gone (they sit in reference cycles: collected first);
+    a ``RuntimeWarning`` says if anything still holds the group, whose threads would outlive Python's shutdown.
+    """
+    import gc
+    import warnings
+    import weakref
+
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    if group() is not None:
+        warnings.warn("torch.distributed's process group is still referenced after destroy_process_group(): its threads "
+                      "will run while Python shuts down, which can abort the process. Release the DDP model and the "
+                      "DataLoaders first.", RuntimeWarning, stacklevel=2)
 
 
 # --------------------------------------------------------------------------- what does each rank get?
 
 
-def sampler_shares(
-    dataset_len: int,
-    world_size: int,
-    epoch: int = 0,
-    shuffle: bool = True,
-    drop_last: bool = False,
-    seed: int = 0,
-    set_epoch: bool = True,
-) -> np.ndarray:
+def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = False,
+                   seed: int = 0, set_epoch: bool = True) -> np.ndarray:
     """Notebook 06, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
 
     It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
@@ -210,20 +222,14 @@ def sampler_shares(
     """
     from torch.utils.data.distributed import DistributedSampler
 
-    if dataset_len < 1:
-        raise ValueError(f"dataset_len must be at least 1, got {dataset_len}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    check_int(dataset_len, "dataset_len", 1), check_int(world_size, "world_size", 1)
     if drop_last and dataset_len < world_size:
-        raise ValueError(
-            f"with drop_last=True, {dataset_len} samples over {world_size} ranks leaves every rank empty; "
-            "use fewer ranks or drop_last=False"
-        )
+        raise ValueError(f"with drop_last=True, {dataset_len} samples over {world_size} ranks leaves every rank empty; "
+                         "use fewer ranks or drop_last=False")
     rows = []
     for rank in range(world_size):
-        sampler = DistributedSampler(
-            range(dataset_len), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
-        )
+        sampler = DistributedSampler(range(dataset_len), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                                     drop_last=drop_last)
         if set_epoch:
             sampler.set_epoch(epoch)
         rows.append(list(sampler))
@@ -233,21 +239,13 @@ def sampler_shares(
 def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
     """Notebook 06, section 1: count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
     counts = np.bincount(shares.ravel(), minlength=dataset_len)
-    return {
-        "samples": dataset_len,
-        "drawn": int(shares.size),
-        "seen once": int((counts == 1).sum()),
-        "seen twice or more": int((counts > 1).sum()),
-        "never seen": int((counts == 0).sum()),
-    }
+    return {"samples": dataset_len, "drawn": int(shares.size), "seen once": int((counts == 1).sum()),
+            "seen twice or more": int((counts > 1).sum()), "never seen": int((counts == 0).sum())}
 
 
 def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None = None):
-    """Notebook 06, section 1: draw which rank gets which index, one row per rank, one column per sample.
-
-    A cell is coloured by the rank that loads that sample; a sample a rank loads twice (padding)
-    is drawn dark with a black outline, and a sample nobody loads stays white. Returns the figure.
-    """
+    """Notebook 06, section 1: which rank gets which index, one row per rank, one column per sample: coloured by
+    rank, dark and outlined where loaded twice (padding), white where nobody loads it. Returns the figure."""
     import matplotlib.pyplot as plt
 
     shares = np.asarray(shares)

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import sys
 import time
+import traceback
 from typing import Any, Sequence
 
 import torch
@@ -122,35 +123,43 @@ def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory:
 def _train(args: argparse.Namespace) -> dict:
     env, device = distributed.start(args.device, args.timeout)
     try:
-        loader, n = build_loader(args, env, pin_memory=device.type == "cuda")
-        model, ddp, opt = ddp_model(device, args.seed, args.lr)
-        report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-                                  "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
-        for epoch in range(args.epochs):
-            if args.sharding == "sampler" and not args.no_set_epoch:
-                loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-            seen, losses = [], []
-            start = time.perf_counter()
-            with _maybe_join(ddp, args.join):
-                for step, (index, x, y) in enumerate(loader):
-                    if env.rank == args.crash_rank and step == 2:
-                        raise RuntimeError(f"rank {env.rank} crashed on purpose at batch {step} (--crash-rank)")
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    loss = F.cross_entropy(ddp(x), y)
-                    opt.zero_grad()
-                    loss.backward()  # DDP averages the gradients over all ranks here
-                    opt.step()
-                    seen += index.tolist()
-                    losses.append(loss.item())
-            report["epochs"].append({"indices": seen, "batches": len(losses), "mean_loss": epoch_mean_loss(losses, device),
-                                     "seconds": time.perf_counter() - start})
-            print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, first indices {seen[:5]}", flush=True)
-        report["weights_sha256"] = weights_digest(model)
-        if args.report:
-            distributed.write_report(args.report, env.rank, report)
-        return report
+        return _run(args, env, device)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # a failed run's frames hold its DDP model and loader
+        raise
     finally:
-        distributed.finish()
+        distributed.finish()  # what _run made is gone: the group and its threads end here
+
+
+def _run(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device) -> dict:
+    """One rank's training; everything holding the process group (DDP model, loader, workers) lives in here."""
+    loader, n = build_loader(args, env, pin_memory=device.type == "cuda")
+    model, ddp, opt = ddp_model(device, args.seed, args.lr)
+    report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
+                              "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
+    for epoch in range(args.epochs):
+        if args.sharding == "sampler" and not args.no_set_epoch:
+            loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
+        seen, losses = [], []
+        start = time.perf_counter()
+        with _maybe_join(ddp, args.join):
+            for step, (index, x, y) in enumerate(loader):
+                if env.rank == args.crash_rank and step == 2:
+                    raise RuntimeError(f"rank {env.rank} crashed on purpose at batch {step} (--crash-rank)")
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                loss = F.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()  # DDP averages the gradients over all ranks here
+                opt.step()
+                seen += index.tolist()
+                losses.append(loss.item())
+        report["epochs"].append({"indices": seen, "batches": len(losses), "mean_loss": epoch_mean_loss(losses, device),
+                                 "seconds": time.perf_counter() - start})
+        print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, first indices {seen[:5]}", flush=True)
+    report["weights_sha256"] = weights_digest(model)
+    if args.report:
+        distributed.write_report(args.report, env.rank, report)
+    return report
 
 
 def _maybe_join(ddp: nn.Module, enabled: bool) -> Any:

@@ -20,7 +20,7 @@ __all__ = ["class_histogram", "show_batch_order", "show_images", "show_padded_ba
 
 
 def _to_display(img: Any) -> np.ndarray:
-    """Notebook 01, section 2: PIL image, CHW tensor (uint8 or float in [0, 1]) or HWC array -> HWC array for ``imshow``."""
+    """PIL image, CHW tensor (uint8 or float in [0, 1]) or HWC array -> HWC array for ``imshow``."""
     if isinstance(img, Image.Image):
         return np.asarray(img)
     if isinstance(img, torch.Tensor):
@@ -37,13 +37,8 @@ def _to_display(img: Any) -> np.ndarray:
     return arr
 
 
-def show_images(
-    images: Sequence[Any],
-    titles: Sequence[str] | None = None,
-    ncols: int = 8,
-    size: float = 1.3,
-    suptitle: str | None = None,
-) -> Figure:
+def show_images(images: Sequence[Any], titles: Sequence[str] | None = None, ncols: int = 8, size: float = 1.3,
+                suptitle: str | None = None) -> Figure:
     """Notebook 01, section 2: draw images in a grid, one optional title under each."""
     n = len(images)
     if n == 0:
@@ -63,23 +58,20 @@ def show_images(
     return fig
 
 
-def class_histogram(
-    counts: dict[str, Sequence[int]] | Sequence[int],
-    classes: Sequence[str],
-    title: str = "Samples per class",
-) -> Figure:
+def class_histogram(counts: dict[str, Sequence[int]] | Sequence[int], classes: Sequence[str],
+                    title: str = "Samples per class") -> Figure:
     """Notebook 01, section 4: bar chart of samples per class; ``counts`` may map a label (e.g. a split) to counts."""
     series = counts if isinstance(counts, dict) else {"samples": counts}
     fig, ax = plt.subplots(figsize=(8, 2.8))
-    width = 0.8 / len(series)
-    x = np.arange(len(classes))
+    width, x = 0.8 / len(series), np.arange(len(classes))
     for k, (name, values) in enumerate(series.items()):
         ax.bar(x + (k - (len(series) - 1) / 2) * width, list(values), width, label=name)
     ax.set_xticks(x, list(classes), rotation=30)
     ax.set_ylabel("samples")
     ax.set_title(title)
-    if len(series) > 1:
-        ax.legend()
+    if len(series) > 1:  # above the bars, in room of its own: it covers none of them
+        ax.set_ylim(top=1.3 * max(max(v) for v in series.values()))
+        ax.legend(loc="upper center", ncol=len(series), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -120,12 +112,9 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
 
 
 def _relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
-                  ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
-    """Notebook 09, section 4: horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line).
-
-    Notebook 09 draws its measurements this way: a ratio to a reference measured in the same run
-    means the same on every machine, where absolute rates do not.
-    """
+                   ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
+    """Horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line): a ratio to a reference
+    measured in the same run means the same on every machine, where absolute rates do not."""
     names = list(values)
     if ax is None:
         _, ax = plt.subplots(figsize=(width, pad + 0.45 * len(names)), dpi=80)

@@ -127,7 +127,20 @@ fi
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-1}}"   # one thread per training process; the workers do the CPU work
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 RUN_DIR="$RUNS_DIR/${{SLURM_JOB_NAME:-capstone}}-$SLURM_JOB_ID"
+# job ids start again at 1 on a reinstalled cluster: an earlier job's reports here are removed,
+# anything else stops the job (hpc/README.md)
 mkdir -p "$RUN_DIR"
+shopt -s nullglob dotglob
+old_reports=("$RUN_DIR"/rank[0-9]*.json "$RUN_DIR"/.rank[0-9]*.json.tmp*)
+in_run_dir=("$RUN_DIR"/*)
+shopt -u nullglob dotglob
+if (( ${{#in_run_dir[@]}} > ${{#old_reports[@]}} )); then
+    echo "ERROR: $RUN_DIR holds files that are not rank reports; move them away, or set RUNS_DIR" >&2
+    exit 1
+elif (( ${{#old_reports[@]}} > 0 )); then
+    rm -f -- "${{old_reports[@]}}"
+    echo "removed ${{#old_reports[@]}} rank reports an earlier job of the same name and id left in $RUN_DIR"
+fi
 {head}
 # ---- train; every rank writes rankN.json with its data stall: compare it with the notebook's.
 # --cpus-per-task is repeated for srun because some Slurm versions no longer pass it on.

@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 import pytest
 
 import slurm_cluster
-from course_lib.distributed import coverage, expand_nodelist, read_reports
+from course_lib.distributed import expand_nodelist, read_reports
+from course_lib.samplers import coverage
 from slurm_cluster import Cluster, JobResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +247,7 @@ def check_reports(folder: Path, world_size: int, source: str) -> list[dict]:
     assert {r["dataset_len"] for r in reports} == {LIMIT}
     shares = [r["epochs"][-1]["indices"] for r in reports]
     assert [len(s) for s in shares] == [LIMIT // world_size] * world_size
-    assert coverage(shares, LIMIT)["exact"], coverage(shares, LIMIT)
+    assert coverage(shares, LIMIT).exact, coverage(shares, LIMIT)
     assert len({r["weights_sha256"] for r in reports}) == 1, "DDP left different weights on the ranks"
     return reports
 
@@ -348,16 +349,6 @@ def test_same_weights_whatever_starts_the_ranks(stage: Stage) -> None:
     assert len(set(digests.values())) == 1, digests
 
 
-TEARDOWN_FIX_PENDING = (
-    "course_lib.train's process group outlives destroy_process_group(): it builds its DataLoader (importing "
-    "torchvision.transforms.v2, hence torch._dynamo and torch.distributed.nn) after init_process_group, and "
-    "torch/distributed/nn/functional.py's defaults `group=group.WORLD` then hold the group, whose gloo and TCPStore "
-    "threads run on while Python shuts down. The fix is in course_lib (issue 16, Slurm part: the report's patch); "
-    "remove this mark when it lands"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=TEARDOWN_FIX_PENDING)
 def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
     """Every rank of every job: its process group destroyed and its threads joined before Python shuts
     down. The rare abort at exit ("terminate called without an active exception") needs such threads."""

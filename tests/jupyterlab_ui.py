@@ -429,6 +429,11 @@ class Notebook:
             raise self.fail(f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index)
         self.edited[index] = text
 
+    def activate(self) -> None:
+        """Bring this notebook's page to the front: a page behind others gets no animation frames, and
+        JupyterLab (Lumino) draws on animation frames, so there outputs would appear late."""
+        self.page.bring_to_front()
+
     def close(self) -> None:
         try:
             self.page.close()

@@ -229,6 +229,7 @@ class Stage:
             except BaseException as exc:
                 self.failed[number] = str(exc)
                 raise
+        self.pages[number].activate()
         return self.pages[number]
 
     def _run_all(self, number: str) -> Notebook:

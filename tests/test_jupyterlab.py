@@ -109,7 +109,7 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
 # The JupyterLab stage: what the course's learners see.
 
 RUN_ALL = ["01", "04", "08", "10"]  # learner notebooks run with Run All Cells, once each
-RUN_ALL_TIMEOUT = 240.0  # seconds for one notebook's Run All: a cell still at [*] then is stuck
+RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (04 needs ~70 s here, ~200 s under heavy load); then a cell at [*] is stuck
 # Any test of the stage may be the one that runs a notebook first (e.g. run alone with -k).
 STAGE_TIMEOUT = int(RUN_ALL_TIMEOUT) + 240
 
@@ -178,7 +178,8 @@ LEARNER_PATHS = [
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
                              wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
                  id="04.1"),
-    # 08.1: the wrong loader batches in the workers but never unbatches and reshuffles.
+    # 08.1: the wrong loader batches in the workers but never unbatches and reshuffles. Section 6
+    # after it does not use the scratch folder, so it re-runs cleanly; section 2 (next entry) does not.
     pytest.param(LearnerPath("08", ("## 6 · ", "## 7 · "), "08.1", cell="def make_loader(urls, batch_size):",
                              stub="def make_loader(urls, batch_size):\n    raise NotImplementedError\n",
                              wrong=MAKE_LOADER.format(end="loader"),

@@ -1,0 +1,446 @@
+"""Drive the course's JupyterLab as a learner does, for tests/test_jupyterlab.py.
+
+:class:`LabServer` starts the README's ``jupyter lab <notebook>`` command on a copy of the course's
+notebooks (127.0.0.1, a random port and token, private Jupyter folders) and stops it, its kernels
+included, by process id. :class:`Notebook` is one notebook open in its own page of a headless
+chromium (Playwright, Debian's browser: nothing is downloaded) and does what a person does there:
+menus, clicks and keys, never the application's JavaScript objects. It reads the page's DOM to
+tell what the person would see: prompts (``[*]`` while a cell runs), error outputs, images, widgets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+# Flags for a quiet, offline browser (as tests/tools/test_slides.py uses): there is no network
+# here, and chromium's own background connections would only be refused.
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--no-default-browser-check",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--disable-extensions", "--mute-audio", "--hide-scrollbars",
+]
+VIEWPORT = {"width": 1366, "height": 900}  # a laptop screen
+STDERR = "application/vnd.jupyter.stderr"  # JupyterLab shows error outputs (tracebacks) with this type too
+# A line of an error output: "ZeroDivisionError    Traceback (most recent call last)", "SyntaxError: ...".
+ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b", re.M)
+
+
+class LabError(AssertionError):
+    """Something a learner would see go wrong in JupyterLab (the message says what, and where)."""
+
+
+class StuckCell(LabError):
+    """A cell still shows ``[*]`` when it should have finished."""
+
+
+def find_chromium() -> str | None:
+    for name in (os.environ.get("CHROMIUM", ""), "chromium", "chromium-browser", "/usr/bin/chromium"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url: str, token: str | None, method: str = "GET", timeout: float = 10) -> tuple[int, bytes]:
+    """(status, body) of one request; HTTP errors are returned, not raised."""
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if token is not None:
+        req.add_header("Authorization", f"token {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc; elsewhere none are found)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.parent.name))
+    return found
+
+
+def end_group(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM, then SIGKILL, the process group ``pgid`` (a process started in its own session)."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                return
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+class LabServer:
+    """``jupyter lab <first notebook>`` on a copy of ``notebooks/``, with private Jupyter folders."""
+
+    def __init__(self, repo: Path, home: Path, first: str, env: dict[str, str] | None = None,
+                 start_timeout: float = 90.0) -> None:
+        self.home = home
+        self.notebooks = home / "notebooks"  # the copy: the repository's notebooks are never touched
+        shutil.copytree(repo / "notebooks", self.notebooks,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"))
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / "jupyterlab.log"
+        jupyter = Path(sys.executable).parent / "jupyter"
+        command = [
+            str(jupyter), "lab", f"notebooks/{first}",  # the README's command; the server's root is notebooks/
+            "--no-browser", "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+        ]
+        if os.geteuid() == 0:  # containers run as root; JupyterLab refuses that without the flag
+            command.append("--allow-root")
+        private = {name: home / folder for name, folder in (
+            ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
+            ("IPYTHONDIR", "ipython"))}
+        # No "Would you like to get notified about official Jupyter news?" toast over the notebook,
+        # and no update check (it would ask the internet).
+        notification = private["JUPYTERLAB_SETTINGS_DIR"] / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification.parent.mkdir(parents=True)
+        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        self.env = {**os.environ, **{k: str(v) for k, v in private.items()}, **(env or {})}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, cwd=home, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.kernels: set[int] = set()
+        try:
+            self._wait_started(start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_started(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LabError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = request(f"{self.base}/api/status", self.token, timeout=5)
+                if status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.3)
+        raise LabError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def url(self, notebook: str, workspace: str) -> str:
+        """The notebook in a workspace of its own (``?reset``: a fresh layout, nothing else reopened)."""
+        return f"{self.base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}"
+
+    def remember_kernels(self) -> None:
+        """Note the kernel processes now running (they start in sessions of their own)."""
+        if self.proc.poll() is None:
+            self.kernels.update(_children(self.proc.pid))
+
+    def stop(self) -> None:
+        """Shut down over the API (kernels first), then end whatever is left by process id."""
+        self.remember_kernels()
+        if self.proc.poll() is None:
+            try:
+                request(f"{self.base}/api/shutdown", self.token, method="POST", timeout=10)
+                self.proc.wait(timeout=30)
+            except (OSError, urllib.error.URLError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            end_group(self.proc.pid, self.proc)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in self.kernels:  # each kernel leads its own session: its DataLoader workers go with it
+            end_group(pid)
+
+
+# What the page shows of its notebook, read from the DOM. Prompts: "[3]:", "[*]:" (running or
+# queued), "[ ]:" (not run); null for markdown and raw cells.
+STATE_JS = """() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  if (!panel) return null;
+  const cells = [...panel.querySelectorAll('.jp-Notebook .jp-Cell')];
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  const dialog = document.querySelector('.jp-Dialog');
+  return {
+    status: indicator ? indicator.dataset.status : null,
+    prompts: cells.map(c => c.classList.contains('jp-CodeCell') ? (c.querySelector('.jp-InputPrompt') || {}).textContent || '' : null),
+    dialog: dialog ? dialog.textContent : null,
+  };
+}"""
+# The same state, as a condition: true once nothing runs or waits (or a dialog asks something).
+# (After WATCH_JS, before a run was asked for: a run that never started is not "done".)
+IDLE_JS = """() => {
+  const s = (%s)();
+  if (!s) return false;
+  if (s.dialog) return true;
+  return window.__labTestSawRunning && s.status === 'idle' && !s.prompts.some(p => p && p.includes('*'));
+}""" % STATE_JS
+# Ready for a learner: every cell shown, and the kernel started and idle (the status bar says so).
+READY_JS = """(n) => {
+  const s = (%s)();
+  const bar = document.querySelector('#jp-main-statusbar');
+  return !!s && s.prompts.length === n && s.status === 'idle' && /\\| Idle/.test(bar ? bar.textContent : '');
+}""" % STATE_JS
+# Notes whether any prompt shows [*] from now on (a short cell may be over before we poll).
+WATCH_JS = """() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  window.__labTestSawRunning = false;
+  const look = () => {
+    if ([...panel.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))) {
+      window.__labTestSawRunning = true;
+    }
+  };
+  window.__labTestWatcher = new MutationObserver(look);
+  window.__labTestWatcher.observe(panel, {subtree: true, childList: true, characterData: true});
+}"""
+OUTPUTS_JS = """(index) => {
+  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')];
+  const pick = index === null ? cells : [cells[index]];
+  return pick.map(c => [...c.querySelectorAll('.jp-OutputArea-output')].map(o => ({
+    mime: o.dataset.mimeType || null,
+    text: o.textContent,
+    widget: !!o.querySelector('.jupyter-widgets'),
+    images: [...o.querySelectorAll('img')].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),
+  })));
+}"""
+
+
+class Notebook:
+    """One notebook of the server's copy, open in a page of its own."""
+
+    def __init__(self, lab: LabServer, context: Any, name: str, shots: Path, label: str | None = None) -> None:
+        self.lab, self.name, self.shots = lab, name, shots
+        self.label = label or name.split("_", 1)[0]
+        self.path = lab.notebooks / name
+        self.cells: list[dict] = json.loads(self.path.read_text(encoding="utf-8"))["cells"]
+        self.page = context.new_page()
+        self.page.set_default_timeout(30_000)
+        self.console_errors: list[str] = []
+        self.page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.console_errors.append(str(e)))
+        self._shot = 0
+        self.edited: dict[int, str] = {}  # cells whose text the test typed
+
+    # -- finding cells -------------------------------------------------------------------------
+
+    def source(self, index: int) -> str:
+        src = self.cells[index]["source"]
+        return "".join(src) if isinstance(src, list) else src
+
+    def index(self, marker: str, cell_type: str | None = None) -> int:
+        """The one cell (of ``cell_type``: "code", "markdown"; any if None) whose source contains ``marker``."""
+        found = [i for i in range(len(self.cells))
+                 if marker in self.source(i) and cell_type in (None, self.cells[i]["cell_type"])]
+        if len(found) != 1:
+            raise LookupError(f"{self.name}: {len(found)} {cell_type or ''} cells contain {marker!r} "
+                              f"(the test's table needs one): {found}")
+        return found[0]
+
+    def describe(self, index: int) -> str:
+        text = self.edited.get(index, self.source(index))
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        return f"cell {index} (id {self.cells[index].get('id')}, `{first[:70]}`)"
+
+    def cell(self, index: int) -> Any:
+        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
+
+    # -- what the page shows -------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return self.page.evaluate(STATE_JS) or {"status": None, "prompts": [], "dialog": None}
+
+    def outputs(self, index: int) -> list[dict]:
+        return self.page.evaluate(OUTPUTS_JS, index)[0]
+
+    def output_text(self, index: int) -> str:
+        return "".join(o["text"] for o in self.outputs(index))
+
+    def errors(self, indices: list[int] | None = None) -> list[tuple[int, str]]:
+        """(cell, text) of every error output (a traceback or ``SomeError: ...`` shown as stderr)."""
+        every = self.page.evaluate(OUTPUTS_JS, None)
+        found = []
+        for i, outputs in enumerate(every):
+            if indices is not None and i not in indices:
+                continue
+            for o in outputs:
+                if o["mime"] == STDERR and ("Traceback" in o["text"] or ERROR_LINE.search(o["text"])):
+                    found.append((i, o["text"]))
+        return found
+
+    def stderr(self) -> list[tuple[int, str]]:
+        """(cell, text) of stderr outputs that are not errors (warnings, text progress bars)."""
+        every = self.page.evaluate(OUTPUTS_JS, None)
+        return [(i, o["text"]) for i, outputs in enumerate(every) for o in outputs
+                if o["mime"] == STDERR and not ("Traceback" in o["text"] or ERROR_LINE.search(o["text"]))]
+
+    @staticmethod
+    def prompt_number(prompt: str | None) -> int | None:
+        m = re.search(r"\[(\d+)\]", prompt or "")
+        return int(m.group(1)) if m else None
+
+    def last_count(self) -> int:
+        return max((self.prompt_number(p) or 0 for p in self.state()["prompts"]), default=0)
+
+    # -- evidence --------------------------------------------------------------------------------
+
+    def screenshot(self, what: str, index: int | None = None) -> Path:
+        """The page (scrolled to cell ``index``, if given) as a PNG in the screenshots folder."""
+        self._shot += 1
+        path = self.shots / f"{self.label}-{self._shot:02d}-{re.sub(r'[^A-Za-z0-9.]+', '-', what).strip('-')}.png"
+        try:
+            if index is not None:
+                self.show(index)
+            self.page.screenshot(path=str(path), timeout=10_000)
+        except Exception as exc:  # evidence is best effort: never hide the failure it documents
+            path.with_suffix(".txt").write_text(f"no screenshot: {exc}")
+        return path
+
+    def show(self, index: int) -> None:
+        """Scroll the notebook so that cell ``index`` starts at the top of the window."""
+        for _ in range(2):  # cells above take their real height as they render: settle, then again
+            self.cell(index).evaluate("e => e.scrollIntoView({block: 'start'})")
+            self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+    def fail(self, message: str, index: int | None = None, kind: type[LabError] = LabError) -> LabError:
+        shot = self.screenshot("failure", index)
+        return kind(f"{self.name}: {message}\n(screenshot: {shot}; all screenshots in {self.shots}; "
+                    f"server log: {self.lab.log_path})")
+
+    # -- doing what a learner does ---------------------------------------------------------------
+
+    def open(self, timeout: float = 90.0) -> None:
+        """Open the notebook and wait until every cell is shown and its kernel is idle."""
+        self.page.goto(self.lab.url(self.name, f"test-{self.label}"), timeout=timeout * 1000)
+        try:
+            self.page.wait_for_function(READY_JS, arg=len(self.cells), timeout=timeout * 1000, polling=200)
+        except Exception as exc:
+            raise self.fail(f"not ready within {timeout:.0f} s (cells shown, kernel idle): {self.state()} ({exc})") from None
+        self.lab.remember_kernels()
+
+    def menu(self, menu: str, command: str) -> None:
+        """Click a menu of the menu bar, then its item for ``command`` (a JupyterLab command id)."""
+        self.page.locator(".lm-MenuBar-item", has_text=re.compile(f"^{re.escape(menu)}$")).click()
+        self.page.locator(f'.lm-Menu-item[data-command="{command}"]').click()
+
+    def run_all(self, timeout: float) -> float:
+        """Run > Run All Cells; wait until every cell has finished. Returns the seconds it took."""
+        start = time.monotonic()
+        self.wait_idle(timeout, lambda: self.menu("Run", "runmenu:run-all"))
+        return time.monotonic() - start
+
+    def wait_idle(self, timeout: float, action: Callable[[], None] | None = None) -> None:
+        """Do ``action`` (which runs cells), then wait until a cell ran and no cell runs or waits any more."""
+        self.page.evaluate(WATCH_JS)
+        if action is not None:
+            action()
+        else:  # waiting on cells already running
+            self.page.evaluate("() => { window.__labTestSawRunning = true; }")
+        try:  # a short cell may be over before we look: the watcher saw its [*] prompt
+            self.page.wait_for_function("() => window.__labTestSawRunning", timeout=15_000, polling=100)
+        except Exception:
+            raise self.fail(f"nothing started running: {self.state()}") from None
+        try:
+            self.page.wait_for_function(IDLE_JS, timeout=timeout * 1000, polling=250)
+        except Exception:
+            state = self.state()
+            running = [i for i, p in enumerate(state["prompts"]) if p and "*" in p]
+            if running:
+                raise self.fail(f"{self.describe(running[0])} still shows [*] after {timeout:.0f} s "
+                                f"({len(running) - 1} more cells wait behind it)", running[0], StuckCell) from None
+            raise self.fail(f"the kernel did not become idle within {timeout:.0f} s: {state}", None, StuckCell) from None
+        finally:
+            self.page.evaluate("() => window.__labTestWatcher && window.__labTestWatcher.disconnect()")
+        dialog = self.state()["dialog"]
+        if dialog:  # e.g. "Kernel Restarting: The kernel for ... appears to have died"
+            raise self.fail(f"JupyterLab shows a dialog: {dialog[:300]}")
+        self.lab.remember_kernels()
+
+    def check_ran(self, indices: list[int], since: int = 0) -> None:
+        """Fail on an error output among ``indices``, or a code cell there that did not run."""
+        problems = [f"{self.describe(i)} shows an error:\n{_tail(text)}" for i, text in self.errors(indices)]
+        prompts = self.state()["prompts"]
+        skipped = [i for i in indices if prompts[i] is not None and self.source(i).strip()
+                   and (self.prompt_number(prompts[i]) or 0) <= since]
+        if skipped:
+            problems.append("not run (after an error, Run All stops): " + ", ".join(self.describe(i) for i in skipped[:5]))
+        if problems:
+            raise self.fail("\n".join(problems), (self.errors(indices) or [(skipped or [None])[0]])[0][0])
+
+    def select(self, first: int, last: int | None = None) -> None:
+        """Select cell ``first`` (command mode), or ``first`` to ``last`` with a shift-click."""
+        self.page.keyboard.press("Escape")  # leave an editor: clicks then select cells
+        self.cell(first).locator(".jp-InputPrompt, .jp-InputArea-prompt").first.click()
+        if last is not None and last != first:
+            self.cell(last).locator(".jp-InputPrompt, .jp-InputArea-prompt").first.click(modifiers=["Shift"])
+
+    def run_cells(self, first: int, last: int | None = None, timeout: float = 120.0) -> None:
+        """Run cells ``first``..``last`` (selected, then Ctrl+Enter); ``last=None``: that cell only."""
+        self.select(first, last)
+        self.wait_idle(timeout, lambda: self.page.keyboard.press("Control+Enter"))
+
+    def run_from(self, first: int, timeout: float = 240.0) -> None:
+        """Run > Run Selected Cell and All Below, from cell ``first``."""
+        self.select(first)
+        self.wait_idle(timeout, lambda: self.menu("Run", "notebook:run-all-below"))
+
+    def type_source(self, index: int, text: str) -> None:
+        """Replace a code cell's text as a person does: click into its editor, select all, type."""
+        editor = self.cell(index).locator(".cm-content")
+        editor.click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.press("Delete")
+        self.page.keyboard.insert_text(text)  # as a paste: no auto-indent or bracket closing on top
+        shown = editor.evaluate("e => [...e.querySelectorAll('.cm-line')].map(l => l.textContent).join('\\n')")
+        if shown.rstrip() != text.rstrip():
+            raise self.fail(f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index)
+        self.edited[index] = text
+
+    def activate(self) -> None:
+        """Bring this notebook's page to the front: a page behind others gets no animation frames, and
+        JupyterLab (Lumino) draws on animation frames, so there outputs would appear late."""
+        self.page.bring_to_front()
+
+    def close(self) -> None:
+        try:
+            self.page.close()
+        except Exception:
+            pass
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    kept = [line for line in text.rstrip().splitlines() if line.strip()]
+    return "\n".join(("    " + line) for line in kept[-lines:])

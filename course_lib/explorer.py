@@ -30,13 +30,20 @@ class LoaderExplorer:
         self.batch_size = widgets.IntSlider(value=32, min=8, max=128, step=8, description="batch_size", style=style, layout=layout)
         self.prefetch = widgets.IntSlider(value=2, min=1, max=8, description="prefetch_factor", style=style, layout=layout)
         self.step_ms = widgets.FloatSlider(value=step_ms, min=0.0, max=100.0, step=5.0, description="training step (ms)", style=style, layout=layout)
-        self.button = widgets.Button(description="Measure one epoch", button_style="primary", icon="play")
+        self.button = widgets.Button(description="Measure one epoch", button_style="primary", icon="play",
+                                     layout=widgets.Layout(width="auto"))  # the default width cuts the label
         self.output = widgets.Output()
         self.button.on_click(lambda _: self.run())
         self.workers.observe(lambda change: setattr(self.prefetch, "disabled", change["new"] == 0), names="value")
         self.prefetch.disabled = True
         self.history: list[InstrumentedLoader] = []
         self.widget = widgets.VBox([self.workers, self.batch_size, self.prefetch, self.step_ms, self.button, self.output])
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """Shown as the widget; a saved notebook, whose widgets need a live kernel, shows this line instead."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = "LoaderExplorer: run this cell to show its sliders and button"
+        return bundle
 
     def settings(self) -> dict[str, Any]:
         """The DataLoader arguments the sliders describe now."""

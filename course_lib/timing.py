@@ -6,6 +6,7 @@ notebooks print ratios (and CI's sanitize file masks their digits).
 
 from __future__ import annotations
 
+import math
 import statistics
 import timeit
 from typing import Any, Callable
@@ -13,16 +14,16 @@ from typing import Any, Callable
 __all__ = ["format_seconds", "medians", "seconds_per_call"]
 
 
-def seconds_per_call(fn: Callable[[], Any], repeat: int = 5, min_seconds: float = 0.2) -> float:
+def seconds_per_call(fn: Callable[[], Any], repeat: int = 5, min_seconds: float = 0.05) -> float:
     """Notebook 02, section 4: best-of-``repeat`` seconds per call of ``fn()``.
 
-    Each round calls ``fn`` as many times as last at least ``min_seconds`` (``timeit``'s autorange);
-    the minimum over rounds is the measurement least disturbed by other work on the machine.
+    One call first says how long a call takes; each round then calls ``fn`` as many times as last about
+    ``min_seconds`` (once, for a slow call). The minimum over rounds is the measurement least disturbed
+    by other work on the machine.
     """
     timer = timeit.Timer(fn)
-    number = 1
-    while timer.timeit(number) < min_seconds and number < 10**6:
-        number *= 2 if number < 10 else 10
+    once = timer.timeit(1)
+    number = max(1, math.ceil(min_seconds / once)) if once > 0 else 1000
     return min(timer.repeat(repeat=repeat, number=number)) / number
 
 

@@ -44,8 +44,12 @@ def learner_source(source: str) -> str:
     """The learner's version of one code cell's source (see the module docstring)."""
     out: list[str] = []
     mode: str | None = None
+    after_stub = False  # a stub is followed by a blank line, so the learner's answer stands apart from the check
     for n, line in enumerate(source.splitlines(), 1):
         marker = line.strip()
+        if after_stub and marker and marker not in (BEGIN_SOLUTION, BEGIN_STUB):
+            out.append("")
+        after_stub = False
         if marker in (BEGIN_SOLUTION, BEGIN_STUB):
             if mode is not None:
                 raise MarkerError(f"line {n}: {marker!r} inside an open {mode} block")
@@ -55,7 +59,7 @@ def learner_source(source: str) -> str:
             expected = "solution" if marker == END_SOLUTION else "stub"
             if mode != expected:
                 raise MarkerError(f"line {n}: {marker!r} without a matching BEGIN")
-            mode = None
+            mode, after_stub = None, marker == END_STUB
             continue
         if mode == "solution":
             continue

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from course_lib import capstone, shards
-from course_lib.distributed import read_reports
 from course_tools.launch import launch
 from course_lib.shards import ShardError
 
@@ -126,29 +125,8 @@ def test_cli_check(shard_set, capsys) -> None:
         capstone.main(["train", "--shards", "x", "--workers", "-1"])
 
 
-# --------------------------------------------------------------------------- a real 2-rank run
-
-
-def test_two_ranks_train_with_equal_batches_and_disjoint_readers(shard_set, tmp_path) -> None:
-    report = tmp_path / "reports"
-    run = launch("course_lib.capstone", "train", "--shards", str(shard_set.folder), "--workers", "2",
-                 "--batch-size", "4", "--epochs", "2", "--decode-ms", "1", "--step-ms", "5", "--report", str(report),
-                 nproc=2, timeout=150, show=False)
-    assert run.ok
-    reports = read_reports(report)
-    assert [r["rank"] for r in reports] == [0, 1] and {r["world_size"] for r in reports} == {2}
-    assert {r["epoch_batches"] for r in reports} == {80 // (2 * 4)}  # one pass's worth, from the manifest
-    shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
-    for epoch in range(2):
-        readers = [keys for r in reports for keys in r["epochs"][epoch]["keys_by_worker"].values()]
-        assert len(readers) == 4 and [r["epochs"][epoch]["batches"] for r in reports] == [10, 10]
-        shard_sets = [{shard_of[k] for k in keys} for keys in readers]
-        assert sum(map(len, shard_sets)) == len(set().union(*shard_sets)) == 8  # each shard read by one reader only
-        for r in reports:
-            e = r["epochs"][epoch]
-            assert 0 <= e["steady_stall"] <= e["stall"] + 1e-9 <= 1 and e["mean_step_ms"] >= 5
-    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
-    assert "waiting for data" in run.ranks[0][-1]
+# ---------------------------------------------------------- under torchrun (the 2-rank training itself runs in notebook
+# 10, where nbval compares every line, and in the Slurm stage)
 
 
 def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> None:

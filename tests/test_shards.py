@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from course_lib import data, shards
 from course_lib.datasets import ImageFileDataset
 from course_lib.distributed import read_reports
-from course_lib.samplers import coverage
 from course_tools.launch import launch
 
 warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")
@@ -377,19 +376,13 @@ def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set:
 
 
 @pytest.mark.timeout(200)
-def test_shard_reader_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
+def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
+    """The resampled mode: every rank takes exactly --epoch-batches batches. (The plain mode, every sample once over
+    2 ranks × 2 workers, and the missing-nodesplitter error run under torchrun in notebook 08.)"""
     args = ["--urls", image_shards.urls, "--workers", "2", "--batch-size", "4"]
-    run = launch("course_lib.shard_reader", *args, "--report", str(tmp_path / "a"), nproc=2, timeout=90, show=False)
-    reports = read_reports(tmp_path / "a")
-    index = {k: i for i, k in enumerate(image_shards.all_keys())}
-    readers = [keys for r in reports for keys in r["keys_by_worker"].values()]
-    assert len(readers) == 4 and coverage([[index[k] for k in keys] for keys in readers], 80).exact
-    assert [r["batches"] for r in reports] == [10, 10] and run.ok
-    run = launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
-                 nproc=2, timeout=90, show=False)
+    launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
+           nproc=2, timeout=90, show=False)
     assert [(r["batches"], r["samples"]) for r in read_reports(tmp_path / "b")] == [(6, 24), (6, 24)]
-    failed = launch("course_lib.shard_reader", *args, "--no-nodesplitter", nproc=2, timeout=90, check=False, show=False)
-    assert not failed.ok and "explicit nodesplitter" in (failed.first_error() or "")
 
 
 def test_shard_reader_arguments() -> None:

@@ -35,6 +35,8 @@ from course_lib.distributed import expand_nodelist, read_reports
 from course_lib.samplers import coverage
 from slurm_cluster import Cluster, JobResult
 
+pytestmark = pytest.mark.stage  # a stage of the suite: `pytest -m 'not stage'` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 HPC = ROOT / "hpc"
 LIMIT = 40  # training images of the tiny set's 80: 20 per rank
@@ -53,6 +55,7 @@ DIST_THREADS = ("gloo", "pt_gloo", "pt_tcpstore", "pt_nccl")
 # ("terminate called without an active exception"); the course's teardown should leave none.
 EXIT_HOOK = r'''"""Written by tests/test_slurm.py: at exit, a training rank lists the torch.distributed threads still running."""
 import atexit, os, sys
+
 
 def distributed_threads():
     names = []

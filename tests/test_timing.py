@@ -18,6 +18,12 @@ def test_fast_calls_are_batched_into_measurable_rounds() -> None:
     assert len(calls) > 100
 
 
+def test_a_slow_call_is_timed_once_per_round_and_once_to_size_them() -> None:
+    calls = []
+    seconds_per_call(lambda: (calls.append(1), time.sleep(0.06)), repeat=3)
+    assert len(calls) == 4
+
+
 def test_format_seconds() -> None:
     assert format_seconds(0.00042) == "420 µs"
     assert format_seconds(0.0123) == "12.3 ms"

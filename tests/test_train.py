@@ -1,4 +1,9 @@
-"""course_lib.train: the data-parallel training script, as one process and under a real torchrun."""
+"""course_lib.train: the data-parallel training script, as one process.
+
+Under a real torchrun it runs in notebook 06 (2 ranks: shares, identical weights, the uneven-inputs hang
+and its two fixes, a crashed rank; nbval compares every line) and in the Slurm stage (tests/test_slurm.py:
+torchrun on one and two nodes, and srun tasks), so it is not started again here.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import train
-from course_lib.distributed import read_reports, sampler_shares
-from course_lib.samplers import coverage
-from course_tools.launch import launch
+from course_lib.distributed import read_reports
 
 
 def args(root: Path, *extra: str) -> list[str]:
@@ -27,38 +30,6 @@ def test_single_process_run_sees_every_sample_each_epoch(tiny_root: Path, tmp_pa
     for epoch in report["epochs"]:
         assert sorted(epoch["indices"]) == list(range(41)) and epoch["batches"] == 5
     assert report["epochs"][0]["indices"] != report["epochs"][1]["indices"]  # set_epoch reshuffles
-
-
-@pytest.mark.timeout(180)
-def test_two_ranks_under_torchrun_split_each_epoch_and_keep_identical_weights(tiny_root: Path, tmp_path: Path) -> None:
-    result = launch("course_lib.train", *args(tiny_root, "--report", str(tmp_path)), nproc=2, timeout=120, show=False)
-    assert result.ok
-    reports = read_reports(tmp_path)
-    assert [r["rank"] for r in reports] == [0, 1] and {r["source"] for r in reports} == {"torchrun"}
-    for e in range(2):
-        shares = [r["epochs"][e]["indices"] for r in reports]
-        # exactly the padded multiset torch's DistributedSampler hands out
-        assert shares == sampler_shares(41, 2, epoch=e).tolist()
-        cov = coverage(shares, 41)
-        assert cov.missing == [] and len(cov.repeated) == 1
-    assert len({r["weights_sha256"] for r in reports}) == 1
-
-
-@pytest.mark.timeout(180)
-def test_uneven_inputs_time_out_and_join_fixes_them(tiny_root: Path, tmp_path: Path) -> None:
-    # 41 samples by hand over 2 ranks: 21 vs 20, i.e. 3 batches against 2
-    hang = launch("course_lib.train", *args(tiny_root, "--sharding", "by-hand", "--timeout", "4"),
-                  nproc=2, timeout=90, check=False, show=False)
-    assert not hang.ok and not hang.timed_out
-    assert "Timed out" in hang.first_error()
-    joined = launch("course_lib.train", *args(tiny_root, "--sharding", "by-hand", "--join", "--report", str(tmp_path)),
-                    nproc=2, timeout=120, show=False)
-    assert joined.ok
-    reports = read_reports(tmp_path)
-    for e in range(2):
-        assert coverage([r["epochs"][e]["indices"] for r in reports], 41).exact
-    assert [r["epochs"][0]["batches"] for r in reports] == [3, 2]
-    assert len({r["weights_sha256"] for r in reports}) == 1
 
 
 def run_module(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:

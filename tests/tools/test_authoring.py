@@ -33,7 +33,8 @@ def f(x):
     raise NotImplementedError  # your code here
 
 answer = ...
-check(answer)"""
+
+check(answer)"""  # a blank line after a stub: the learner's answer stands apart from the check
 
 
 def test_learner_source_drops_solutions_and_uncomments_stubs() -> None:

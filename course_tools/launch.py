@@ -62,12 +62,19 @@ class LaunchResult:
         return re.sub(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line) if line else None
 
     def failed_rank(self) -> int | None:
-        """The root-cause rank torchrun names, else the first rank with an error line."""
-        text = "\n".join(self.launcher)
-        m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
-        if m:
-            return int(m.group(1))
-        return next((r for r in sorted(self.ranks) if self.error_line(r)), None)
+        """The rank whose error came first: torchrun's root cause, unless that rank only saw a peer vanish.
+
+        torchrun orders the ranks' errors by their time stamps, to the second: when rank 1 crashes and
+        rank 0 loses its connection to it in the same second, either can be named. An error that says a
+        peer went away is a consequence, so a rank with any other error is named instead.
+        """
+        m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", "\n".join(self.launcher), re.S)
+        named = int(m.group(1)) if m else None
+        failed = [r for r in sorted(self.ranks) if self.error_line(r)]
+        causes = [r for r in failed if not _PEER_GONE.search(self.error_line(r) or "")]
+        if named is not None and (named in causes or not causes):
+            return named
+        return (causes or failed or [named])[0]
 
     def show(self, last: int | None = None, errors_only: bool = False) -> None:
         """Print each rank's output in rank order (only the ``last`` lines of each, if given)."""
@@ -90,6 +97,8 @@ class LaunchResult:
         return f"rank {self.failed_rank()} failed first: {self.first_error() or 'no error line (see its output above)'}"
 
 
+#: What a rank says when another rank died first (gloo, NCCL, the TCP store): a consequence, not a cause.
+_PEER_GONE = re.compile(r"(closed|reset) by peer|remote worker crash|Broken pipe|Connection refused|peer.*(died|exited)", re.I)
 _PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$")
 
 

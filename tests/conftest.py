@@ -1,12 +1,19 @@
-"""Shared fixtures: a tiny generated data set, made once per test session."""
+"""Shared fixtures: a tiny generated data set, made once per test session; one OpenMP thread per process."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from course_lib import data
+
+# Two test processes share two cores (pytest -n 2), beside the notebooks' kernels, torchrun's ranks and
+# DataLoader workers: with one OpenMP thread each (inherited by all of them), torch's thread pools do not
+# oversubscribe the cores, where spinning threads made notebook 05's training cell take four times as long.
+# A learner's Jupyter keeps torch's default; the notebooks' measurements are ratios either way.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

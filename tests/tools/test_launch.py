@@ -69,3 +69,21 @@ def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
         launch("course_lib.train", nproc=0)
     with pytest.raises(FileNotFoundError, match="no script"):
         launch(str(tmp_path / "missing.py"))
+
+
+def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
+    """torchrun's root cause is ordered to the second: a peer's consequence error can come first in it."""
+    from course_tools.launch import LaunchResult
+
+    result = LaunchResult(2, 1, False, 3.0)
+    result.ranks = {0: ["epoch 0", "RuntimeError: Connection closed by peer [127.0.0.1]:59556. This is typically caused "
+                        "by a remote worker crashing."],
+                    1: ["RuntimeError: rank 1 crashed on purpose at batch 2 (--crash-rank)"]}
+    result.launcher = ["Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)"]
+    assert result.failed_rank() == 1 and result.first_error().startswith("RuntimeError: rank 1 crashed")
+    result.launcher = ["Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)"]
+    assert result.failed_rank() == 1
+    both = LaunchResult(2, 1, False, 3.0)  # both ranks time out: torchrun's choice stands
+    both.ranks = {0: ["RuntimeError: Timed out waiting 3000ms"], 1: ["RuntimeError: Timed out waiting 3000ms"]}
+    both.launcher = ["Root Cause", "  rank      : 1 (local_rank: 1)"]
+    assert both.failed_rank() == 1

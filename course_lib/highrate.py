@@ -1,11 +1,8 @@
 """Notebook 09, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
-Can PyTorch feed a training loop at 300-600 MB/s of raw float32 samples, GIL and all? :func:`compare`
-measures every way of reading the same bytes in one run: a sequential read into a reused buffer (the
-limit) or a fresh one, a plain ``DataLoader`` over :class:`RawTensorDataset` with workers, and
-:class:`RingLoader`, whose workers read straight into a few shared-memory batch slots allocated once, as
-FFCV and DALI do; :func:`compare_shards` the same for ``.npy`` members of tar shards. Standard library
-and torch only; ``python -m course_lib bench highrate`` runs it from a shell.
+Can PyTorch feed a loop at 300-600 MB/s of raw float32 samples, GIL and all? :func:`compare` reads the same bytes
+every way in one run (a raw read, a plain ``DataLoader`` with workers, :class:`RingLoader`'s reused shared-memory
+slots, as FFCV and DALI do); :func:`compare_shards` does it for ``.npy`` members of tar shards.
 """
 
 from __future__ import annotations
@@ -476,8 +473,9 @@ def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], work
     busy = medians(cpu)
     return {
         "copy from the page cache": wall["raw read, batch-sized reused buffer"],
-        "a fresh buffer per batch": wall["raw read, fresh batch buffer"] - wall["raw read, batch-sized reused buffer"],
-        "per-sample arrays + collate's copy": wall["DataLoader, 0 workers"] - wall["raw read, fresh batch buffer"],
+        # a difference smaller than the noise of a busy machine can come out negative: it reads as 0
+        "a fresh buffer per batch": max(0.0, wall["raw read, fresh batch buffer"] - wall["raw read, batch-sized reused buffer"]),
+        "per-sample arrays + collate's copy": max(0.0, wall["DataLoader, 0 workers"] - wall["raw read, fresh batch buffer"]),
         "main process, fresh shared batches": busy[f"DataLoader, batch reads, {workers} workers"],
         "main process, RingLoader slots": busy[f"RingLoader, {workers} workers"],
     }

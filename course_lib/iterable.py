@@ -1,11 +1,8 @@
 """Notebook 07: iterable-style datasets, streams, worker sharding, endless data.
 
-With ``num_workers=k`` every DataLoader worker iterates its own *copy* of an ``IterableDataset``, so
-each must take only its share (``get_worker_info()``). Here: the naive :class:`RangeStream` and the fix
-from outside (:func:`split_range_per_worker`); :class:`ShardedStream`, which splits in ``__iter__``;
-buffer shuffling; an endless stream; a stream of image files; and what the DataLoader makes of a
-stream's batches (each worker's last batch may be short: pytorch #30599). They live in a module so
-that workers can pickle them under any start method.
+Every DataLoader worker iterates its own *copy* of an ``IterableDataset``, so each must take only its share:
+the naive :class:`RangeStream`, fixed from outside (:func:`split_range_per_worker`) or inside
+(:class:`ShardedStream`); buffer shuffling; endless streams; what the DataLoader makes of a stream's batches.
 """
 
 from __future__ import annotations

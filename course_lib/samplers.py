@@ -1,9 +1,7 @@
 """Notebook 05: samplers, which indices a DataLoader asks for, and in which order.
 
-The samplers themselves are PyTorch's; this module adds what a lesson needs around them: the
-orders a sampler yields over epochs and their picture, class counts, per-sample balancing weights,
-coverage of an epoch, padding of batches by length, and one batch sampler PyTorch lacks,
-:class:`BucketBatchSampler` (sequences of similar length in the same batch).
+The samplers are PyTorch's; around them: index orders over epochs and their picture, class counts, balancing
+weights, an epoch's coverage, padding by length, and :class:`BucketBatchSampler`, which PyTorch lacks.
 """
 
 from __future__ import annotations

@@ -314,6 +314,9 @@ def test_04_just_enough_workers() -> None:
     assert "whole epochs" in status(nb04.just_enough_workers, 2, {**results, 1: _epoch(0.2, complete=False)})[1]
     assert "dict" in status(nb04.just_enough_workers, 2, [0.5, 0.2])[1]
     assert "exercise's step" in status(nb04.just_enough_workers, 2, {w: _epoch(s, step=0.02) for w, s in [(0, 0.5), (1, 0.2), (2, 0.05)]})[1]
+    busy = {0: _epoch(0.5), 1: _epoch(0.4), 2: _epoch(0.3), 3: _epoch(0.2)}  # a machine too busy for any to get under 10 %
+    assert status(nb04.just_enough_workers, 3, busy)[0] is Status.SOLVED
+    assert "the most workers you measured, 3" in status(nb04.just_enough_workers, 2, busy)[1]
     assert status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
 
 

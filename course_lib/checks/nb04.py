@@ -37,7 +37,8 @@ def workers_needed(fn: Callable[[float, float], Any]) -> None:
             raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
 
 
-@exercise("04.2", "the smallest num_workers that keeps the loop waiting under 10 % (after the first batch), measured on this machine.")
+@exercise("04.2", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
+                  "under 10 % after the first batch (on a machine too busy to get there: the most you measured).")
 def just_enough_workers(answer: Any, results: Any) -> None:
     """``answer`` agrees with ``results``, a dict ``num_workers -> EpochRecord`` measured with a training step."""
     attempted(answer, results)
@@ -61,6 +62,10 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         f"answer should be a number of workers (int), got {answer!r}.",
     )
     require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
+    if all(r.steady_stall_fraction >= 0.10 for r in results.values()):  # a busy (or slow) machine: none got there
+        require(answer == max(results), f"no setting you measured keeps the loop under 10 % on this machine now (another job may "
+                f"be using its cores): the best you can tell is the most workers you measured, {max(results)}; or measure more.")
+        return
     stall = results[answer].steady_stall_fraction
     require(stall < 0.10, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first batch: try more.")
     smaller = [w for w in results if w < answer]

@@ -343,6 +343,7 @@ def measure(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs: int
             if max_batches is not None and i + 1 >= max_batches:
                 break
         it.close()
+        loader.last.settings.update(step_s=step_s)  # the workload, for the checks
     return loader
 
 

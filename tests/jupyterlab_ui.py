@@ -358,12 +358,23 @@ class Notebook:
 
     def run_all(self, timeout: float) -> float:
         """Run > Run All Cells; wait until every cell has finished. Returns the seconds it took."""
-        start = time.monotonic()
-        self.wait_idle(timeout, lambda: self.menu("Run", "runmenu:run-all"))
+        start = self.start_run_all()
+        self.finish_run(timeout)
         return time.monotonic() - start
+
+    def start_run_all(self) -> float:
+        """Run > Run All Cells, and return once a cell runs (its clock time); :meth:`finish_run` waits for the rest.
+        Meanwhile other pages may run theirs: each notebook has its own kernel."""
+        start = time.monotonic()
+        self._start(lambda: self.menu("Run", "runmenu:run-all"))
+        return start
 
     def wait_idle(self, timeout: float, action: Callable[[], None] | None = None) -> None:
         """Do ``action`` (which runs cells), then wait until a cell ran and no cell runs or waits any more."""
+        self._start(action)
+        self.finish_run(timeout)
+
+    def _start(self, action: Callable[[], None] | None) -> None:
         self.page.evaluate(WATCH_JS)
         if action is not None:
             action()
@@ -373,6 +384,10 @@ class Notebook:
             self.page.wait_for_function("() => window.__labTestSawRunning", timeout=15_000, polling=100)
         except Exception:
             raise self.fail(f"nothing started running: {self.state()}") from None
+
+    def finish_run(self, timeout: float) -> None:
+        """Wait until no cell runs or waits any more (after :meth:`_start`), with this page in front."""
+        self.activate()  # a page behind others draws nothing: its prompts would never change
         try:
             self.page.wait_for_function(IDLE_JS, timeout=timeout * 1000, polling=250)
         except Exception:

@@ -318,6 +318,14 @@ def test_04_just_enough_workers() -> None:
     assert status(nb04.just_enough_workers, 3, busy)[0] is Status.SOLVED
     assert "the most workers you measured, 3" in status(nb04.just_enough_workers, 2, busy)[1]
     assert status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
+    # measure() records the step it was asked for: sleeps that overshoot on a loaded machine are still that step
+    overshot = {0: _epoch(0.5, step=0.06), 1: _epoch(0.2, step=0.06), 2: _epoch(0.05, step=0.06)}
+    for record in overshot.values():
+        record.settings["step_s"] = 0.04
+    assert status(nb04.just_enough_workers, 2, overshot)[0] is Status.SOLVED
+    for record in overshot.values():
+        record.settings["step_s"] = 0.02
+    assert "exercise's step" in status(nb04.just_enough_workers, 2, overshot)[1]
 
 
 def _reseed(worker_id: int) -> None:

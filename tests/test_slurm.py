@@ -314,29 +314,30 @@ def test_capstone_script_from_notebook_10(stage: Stage) -> None:
 # --------------------------------------------------------------------------- two nodes
 
 
-def test_train_multinode_meets_at_a_rendezvous_on_the_first_node(stage: Stage) -> None:
-    job = stage["multinode"]
+def _ran_on_both_nodes(stage: Stage, name: str) -> tuple[StageJob, str, list[str]]:
+    """Job ``name`` of the 2-node cluster: it succeeded on both nodes, each staging its own copy of the data."""
+    job = stage[name]
     r = job.ok()
     out = r.output()
     nodes = expand_nodelist(r.nodes)
     assert len(set(nodes)) == 2 and set(nodes) <= set(stage.cluster.node_names), r.nodes
-    assert f"rendezvous: {nodes[0]}:" in out, out
-    assert "1 ranks per node" in out and "check: 2 rank reports" in out, out
     # both nodes staged into one shared SLURM_TMPDIR: the copies must not collide
     assert "data copied to every node's local disk" in out and "cannot create" not in out, out
+    return job, out, nodes
+
+
+def test_train_multinode_meets_at_a_rendezvous_on_the_first_node(stage: Stage) -> None:
+    job, out, nodes = _ran_on_both_nodes(stage, "multinode")
+    assert f"rendezvous: {nodes[0]}:" in out, out
+    assert "1 ranks per node" in out and "check: 2 rank reports" in out, out
     assert out.count("exit-check:") == 2, out
     check_reports(job.run_dir, 2, "torchrun")
     assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
 
 
 def test_train_tasks_on_two_nodes(stage: Stage) -> None:
-    job = stage["tasks2"]
-    r = job.ok()
-    out = r.output()
-    nodes = expand_nodelist(r.nodes)
-    assert len(set(nodes)) == 2 and set(nodes) <= set(stage.cluster.node_names), r.nodes
+    job, out, _ = _ran_on_both_nodes(stage, "tasks2")
     assert "2 ranks (tasks)" in out and "check: 2 rank reports" in out, out
-    assert "data copied to every node's local disk" in out and "cannot create" not in out, out
     reports = check_reports(job.run_dir, 2, "slurm")
     assert [rep["local_rank"] for rep in reports] == [0, 0]  # SLURM_LOCALID: one task on each node
     assert out.count("exit-check:") == 2, out

@@ -1,0 +1,353 @@
+"""course_lib.checks.nb01: right answers pass, stubs are "not attempted", and each wrong answer gets its own hint."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Subset, random_split
+
+from course_lib.checks import Status, nb01
+from course_lib.datasets import ImageFileDataset
+
+
+def status(check, *args) -> tuple[Status, str]:
+    result = check.evaluate(*args)
+    return result.status, result.message
+
+
+
+class Squares(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, i * i
+
+
+class SquaresNoNegative(Squares):
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, i * i
+
+
+class SquaresNegativeWraps(Squares):
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return super().__getitem__(i % self.n)
+
+
+class SquaresNoIndexError(Squares):
+    def __getitem__(self, i):
+        return i, i * i
+
+
+class SquaresFixedLength(Squares):
+    def __len__(self):
+        return 5
+
+
+class SquaresWrongValue(Squares):
+    def __getitem__(self, i):
+        i, _ = super().__getitem__(i)
+        return i, 2 * i
+
+
+class SquaresList(Squares):
+    def __getitem__(self, i):
+        return [i, i * i]
+
+
+class SquaresStubGetitem(Squares):
+    def __getitem__(self, i):
+        raise NotImplementedError
+
+
+def test_01_squares() -> None:
+    assert status(nb01.squares_dataset, Squares)[0] is Status.SOLVED
+    assert status(nb01.squares_dataset, ...)[0] is Status.NOT_ATTEMPTED
+    assert "must raise IndexError" in status(nb01.squares_dataset, SquaresNoIndexError)[1]
+    assert "follow the n given" in status(nb01.squares_dataset, SquaresFixedLength)[1]
+    assert "should be (3, 9)" in status(nb01.squares_dataset, SquaresWrongValue)[1]
+    assert "counts from the end" in status(nb01.squares_dataset, SquaresNoNegative)[1]
+    assert "Squares(5)[-6] returned a value" in status(nb01.squares_dataset, SquaresNegativeWraps)[1]
+    assert "the tuple (3, 9), got [3, 9]" in status(nb01.squares_dataset, SquaresList)[1]
+    assert "not an instance" in status(nb01.squares_dataset, Squares(5))[1]
+    stub = status(nb01.squares_dataset, SquaresStubGetitem)
+    assert stub[0] is Status.NOT_ATTEMPTED and "NotImplementedError in `__getitem__`" in stub[1]
+
+
+def two_views(tiny_set: Path, fractions, seed):
+    """The solution's recipe: split the indices, then give each part its own dataset object."""
+    train_idx, holdout_idx = random_split(range(80), fractions, generator=torch.Generator().manual_seed(seed))
+    return (Subset(ImageFileDataset(tiny_set, "train"), train_idx.indices),
+            Subset(ImageFileDataset(tiny_set, "train"), holdout_idx.indices))
+
+
+def test_01_split(tiny_set: Path) -> None:
+    train = ImageFileDataset(tiny_set, "train")
+    assert len(train) == 80
+    assert status(nb01.seeded_split, *two_views(tiny_set, [0.8, 0.2], 42), train)[0] is Status.SOLVED
+    assert status(nb01.seeded_split, ..., ..., train)[0] is Status.NOT_ATTEMPTED
+    one_object = random_split(train, [0.8, 0.2], generator=torch.Generator().manual_seed(42))
+    assert "views of one dataset object" in status(nb01.seeded_split, *one_object, train)[1]
+    assert "seed 42" in status(nb01.seeded_split, *two_views(tiny_set, [0.8, 0.2], 1), train)[1]
+    assert "[0.8, 0.2]" in status(nb01.seeded_split, *two_views(tiny_set, [0.5, 0.5], 42), train)[1]
+    good = two_views(tiny_set, [0.8, 0.2], 42)
+    assert "should be a Subset" in status(nb01.seeded_split, list(range(80)), good[1], train)[1]
+    val = ImageFileDataset(tiny_set, "val")
+    assert "over the same files" in status(nb01.seeded_split, good[0], Subset(val, range(16)), train)[1]
+    overlap = (good[0], Subset(good[1].dataset, good[0].indices[:16]))
+    assert "in both parts" in status(nb01.seeded_split, *overlap, train)[1]
+
+
+def test_01_counts(tiny_set: Path) -> None:
+    val = ImageFileDataset(tiny_set, "val")
+    right = {c: 2 for c in val.classes}
+    assert status(nb01.class_counts, right, val)[0] is Status.SOLVED
+    assert "class names as keys" in status(nb01.class_counts, {i: 2 for i in range(10)}, val)[1]
+    off = dict(right, star=3)
+    assert "the count for 'star' is 3" in status(nb01.class_counts, off, val)[1]
+    assert "should be a dict" in status(nb01.class_counts, [2] * 10, val)[1]
+
+
+
+# ----------------------------------------------------------------- 01.2: labels from a CSV file, images read lazily
+
+
+class AnnotatedImages(Dataset):
+    """The notebook's solution."""
+
+    def __init__(self, root, annotations):
+        self.root = Path(root)
+        with open(annotations, newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.files = [row["file"] for row in rows]
+        self.classes = sorted({row["label"] for row in rows})
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.targets = [self.class_to_idx[row["label"]] for row in rows]
+        missing = [name for name in self.files if not (self.root / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} files listed in {annotations} are not in {root}, e.g. {missing[0]}")
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        with Image.open(self.root / self.files[i]) as img:
+            return img.convert("RGB"), self.targets[i]
+
+
+class NoMissingCheck(AnnotatedImages):
+    def __init__(self, root, annotations):
+        with open(annotations, newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.root, self.files = Path(root), [row["file"] for row in rows]
+        self.classes = sorted({row["label"] for row in rows})
+        self.targets = [self.classes.index(row["label"]) for row in rows]
+
+
+class VagueMissingCheck(AnnotatedImages):
+    def __init__(self, root, annotations):
+        try:
+            super().__init__(root, annotations)
+        except FileNotFoundError:
+            raise FileNotFoundError("some files are missing") from None
+
+
+class HeaderAsSample(NoMissingCheck):
+    def __init__(self, root, annotations):
+        super().__init__(root, annotations)
+        self.files.insert(0, "file")
+        self.targets.insert(0, 0)
+
+
+class RowOrderClasses(NoMissingCheck):
+    def __init__(self, root, annotations):
+        super().__init__(root, annotations)
+        with open(annotations, newline="") as f:
+            labels = [row["label"] for row in csv.DictReader(f)]
+        self.classes = list(dict.fromkeys(labels))
+        self.targets = [self.classes.index(label) for label in labels]
+
+
+class NameTargets(AnnotatedImages):
+    def __getitem__(self, i):
+        img, t = super().__getitem__(i)
+        return img, self.classes[t]
+
+
+class Eager(AnnotatedImages):
+    def __init__(self, root, annotations):
+        super().__init__(root, annotations)
+        self.images = [super(Eager, self).__getitem__(i)[0] for i in range(len(self))]
+
+    def __getitem__(self, i):
+        return self.images[i], self.targets[i]
+
+
+class NoConvert(AnnotatedImages):
+    def __getitem__(self, i):
+        img = Image.open(self.root / self.files[i])
+        img.load()
+        return img, self.targets[i]
+
+
+class RelativeToCwd(AnnotatedImages):
+    def __getitem__(self, i):
+        return Image.new("RGB", (4, 3)), self.targets[i]  # the file read from the wrong folder: any other image
+
+
+class StubInit(AnnotatedImages):
+    def __init__(self, root, annotations):
+        raise NotImplementedError
+
+
+def test_01_annotated_images() -> None:
+    check = nb01.annotated_images
+    assert status(check, AnnotatedImages)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(check, StubInit)[0] is Status.NOT_ATTEMPTED
+    assert "check in __init__ that every listed file exists" in status(check, NoMissingCheck)[1]
+    assert "but say which" in status(check, VagueMissingCheck)[1]
+    assert "counts the header line" in status(check, HeaderAsSample)[1]
+    assert "sort it, as ImageFolder does" in status(check, RowOrderClasses)[1]
+    assert "should be the class number 2 (dog), got 'dog'" in status(check, NameTargets)[1]
+    assert "as it was when the dataset was built" in status(check, Eager)[1]
+    assert "is a 'L' image" in status(check, NoConvert)[1]
+    assert "is not the image of row 0" in status(check, RelativeToCwd)[1]
+
+
+# ----------------------------------------------------------------- 01.3: one big binary file, a handle per worker
+
+
+class PackedImages(Dataset):
+    """The notebook's solution."""
+
+    def __init__(self, path, labels, shape):
+        self.path = path
+        self.labels = labels
+        self.shape = tuple(shape)
+        self.record_bytes = int(np.prod(shape))
+        self.file, self.pid = None, None
+        if os.path.getsize(path) != len(labels) * self.record_bytes:
+            raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, not {len(labels)} records of {self.record_bytes}")
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(f"index {i} is out of range for {len(self)} records")
+        if self.file is None or self.pid != os.getpid():
+            self.file, self.pid = open(self.path, "rb"), os.getpid()
+        self.file.seek(i * self.record_bytes)
+        pixels = np.frombuffer(self.file.read(self.record_bytes), dtype=np.uint8).reshape(self.shape)
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1), int(self.labels[i])
+
+
+class NoSizeCheck(PackedImages):
+    def __init__(self, path, labels, shape):
+        self.path, self.labels, self.shape = path, labels, tuple(shape)
+        self.record_bytes, self.file, self.pid = int(np.prod(shape)), None, None
+
+
+class OpenedInInit(PackedImages):
+    def __init__(self, path, labels, shape):
+        super().__init__(path, labels, shape)
+        self.file, self.pid = open(path, "rb"), os.getpid()
+
+
+class OpenPerSample(PackedImages):
+    def __getitem__(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        with open(self.path, "rb") as f:
+            f.seek(i * self.record_bytes)
+            pixels = np.frombuffer(f.read(self.record_bytes), dtype=np.uint8).reshape(self.shape)
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1), int(self.labels[i])
+
+
+class LeakPerSample(PackedImages):
+    def __getitem__(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        fd = os.open(self.path, os.O_RDONLY)  # never closed
+        pixels = np.frombuffer(os.pread(fd, self.record_bytes, i * self.record_bytes), dtype=np.uint8)
+        return torch.from_numpy(pixels.reshape(self.shape).copy()).permute(2, 0, 1), int(self.labels[i])
+
+
+class NoPidCheck(PackedImages):
+    def __getitem__(self, i):
+        if self.file is not None:
+            self.pid = os.getpid()  # "only when self.file is None": whoever opened it
+        return super().__getitem__(i)
+
+
+class NoSeek(PackedImages):
+    def __getitem__(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        with open(self.path, "rb") as f:
+            pixels = np.frombuffer(f.read(self.record_bytes), dtype=np.uint8).reshape(self.shape)
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1), int(self.labels[i])
+
+
+class ChannelsLast(PackedImages):
+    def __getitem__(self, i):
+        img, label = super().__getitem__(i)
+        return img.permute(1, 2, 0), label
+
+
+class NumpyOut(PackedImages):
+    def __getitem__(self, i):
+        img, label = super().__getitem__(i)
+        return img.numpy(), label
+
+
+class NoIndexError(PackedImages):
+    def __getitem__(self, i):
+        return super().__getitem__(min(i, len(self) - 1))
+
+
+class WrongReshape(PackedImages):
+    def __getitem__(self, i):
+        img, label = super().__getitem__(i)
+        return img.reshape(-1).reshape(img.shape[0], img.shape[1], img.shape[2]).flip(0), label
+
+
+class StubGetitem(PackedImages):
+    def __getitem__(self, i):
+        raise NotImplementedError
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="the per-worker part of the check reads /proc/self/fd")
+def test_01_packed_images() -> None:
+    check = nb01.packed_images
+    assert status(check, PackedImages)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(check, StubGetitem)[0] is Status.NOT_ATTEMPTED
+    assert "check in __init__ that the file size" in status(check, NoSizeCheck)[1]
+    assert "__init__ opened the file" in status(check, OpenedInInit)[1]
+    assert "opens and closes the file again" in status(check, OpenPerSample)[1]
+    assert "you open a new one for every sample" in status(check, LeakPerSample)[1]
+    assert "kept using its handle" in status(check, NoPidCheck)[1]
+    assert "holds the pixels of record 0: seek" in status(check, NoSeek)[1]
+    assert "channels first" in status(check, ChannelsLast)[1]
+    assert "should be a tensor, got ndarray" in status(check, NumpyOut)[1]
+    assert "raise IndexError past the end" in status(check, NoIndexError)[1]
+    assert "is not record 7 of the file" in status(check, WrongReshape)[1]

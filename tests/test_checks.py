@@ -56,56 +56,6 @@ def test_outcomes_of_the_machinery() -> None:
     assert demo.evaluate(lambda: 1).passed
 
 
-# ----------------------------------------------------------------- notebook 02
-
-
-def test_02_unit_range() -> None:
-    assert status(nb02.to_unit_range, v2.Compose([Mult(2), Add(-1)]))[0] is Status.SOLVED
-    assert status(nb02.to_unit_range, v2.Compose([Add(-0.5), Mult(2)]))[0] is Status.SOLVED
-    assert "multiply first or add first" in status(nb02.to_unit_range, v2.Compose([Add(-1), Mult(2)]))[1]
-    assert status(nb02.to_unit_range, ...)[0] is Status.NOT_ATTEMPTED
-
-
-def test_02_pipelines() -> None:
-    to_float = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
-    train_tf = v2.Compose([v2.RandomResizedCrop(48, antialias=True), v2.RandomHorizontalFlip(), *to_float])
-    val_tf = v2.Compose([v2.Resize(52, antialias=True), v2.CenterCrop(48), *to_float])
-    assert status(nb02.train_and_val, train_tf, val_tf)[0] is Status.SOLVED
-    assert "deterministic" in status(nb02.train_and_val, train_tf, train_tf)[1]
-    assert "add a random augmentation" in status(nb02.train_and_val, val_tf, val_tf)[1]
-    unscaled = v2.Compose([v2.Resize(52, antialias=True), v2.CenterCrop(48), v2.ToImage(), v2.ToDtype(torch.float32)])
-    assert "scale=True" in status(nb02.train_and_val, train_tf, unscaled)[1]
-    assert "expected (3, 48, 48)" in status(nb02.train_and_val, train_tf, v2.Compose(to_float))[1]
-    assert "add v2.ToImage()" in status(nb02.train_and_val, train_tf, v2.CenterCrop(48))[1]
-    normalized = v2.Compose([val_tf, v2.Normalize([0.5] * 3, [0.5] * 3)])
-    assert "leave out Normalize" in status(nb02.train_and_val, train_tf, normalized)[1]
-    crop_only = v2.Compose([v2.RandomCrop(48, pad_if_needed=True), *to_float]), v2.Compose([v2.CenterCrop(48), *to_float])
-    assert status(nb02.train_and_val, *crop_only)[0] is Status.WRONG  # a 40x30 image is padded, not resized
-    short_side = v2.Compose([v2.Resize(48, antialias=True), *to_float])
-    assert "sets the *shorter* side" in status(nb02.train_and_val, train_tf, short_side)[1]
-
-
-def test_checks_leave_the_learners_random_state_alone() -> None:
-    to_float = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
-    train_tf = v2.Compose([v2.RandomResizedCrop(48, antialias=True), *to_float])
-    val_tf = v2.Compose([v2.Resize((48, 48), antialias=True), *to_float])
-    torch.manual_seed(5)
-    expected = torch.rand(3)
-    torch.manual_seed(5)
-    nb02.train_and_val.evaluate(train_tf, val_tf)
-    assert torch.equal(torch.rand(3), expected)
-
-
-def test_02_is_round() -> None:
-    classes = ["arrow", "circle", "crescent", "cross", "hexagon", "pentagon", "ring", "square", "star", "triangle"]
-    assert status(nb02.is_round, lambda y: int(classes[y] in ("circle", "ring", "crescent")), classes)[0] is Status.SOLVED
-    assert "did you forget `return`" in status(nb02.is_round, lambda y: None, classes)[1]
-    assert "(ring) should be 1" in status(nb02.is_round, lambda y: int(classes[y] == "circle" or y == 2), classes)[1]
-    assert "the number 0 or 1, got 'other'" in status(nb02.is_round, lambda y: "other", classes)[1]
-    assert "the number 0 or 1, got tensor" in status(nb02.is_round, lambda y: torch.tensor([1.0, 0.0]), classes)[1]
-    assert status(nb02.is_round, lambda y: torch.tensor(int(classes[y] in ("circle", "ring", "crescent"))), classes)[0] is Status.SOLVED
-
-
 # ----------------------------------------------------------------- notebook 03
 
 

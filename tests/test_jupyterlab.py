@@ -164,7 +164,8 @@ LEARNER_PATHS = [
     # 01.1: the wrong class forgets IndexError past the end (a plausible slip: the check says so).
     pytest.param(LearnerPath("01", ("## 2 · ", "## 3 · "), "01.1", cell="class Squares(Dataset):",
                              check="check.squares_dataset(Squares)", wrong=SQUARES.format(guard=""),
-                             right=SQUARES.format(guard="        if not 0 <= i < self.n:\n            raise IndexError(i)\n")),
+                             right=SQUARES.format(guard="        if i < 0:\n            i += self.n\n"
+                                                               "        if not 0 <= i < self.n:\n            raise IndexError(i)\n")),
                  id="01.1"),
     pytest.param(LearnerPath("04", ("### Exercise 04.2", "## 5 · "), "04.1", cell="def workers_needed(",
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",

@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
+
+from ..datasets import InMemoryDataset
 
 from ._core import Hint, attempted, exercise, require
 
 
-@exercise("02.1", "pixels in [0, 1] now span [-1, 1], with 0.5 landing on 0.")
-def to_unit_range(transform: Any) -> None:
-    """``transform`` maps a float tensor in [0, 1] linearly onto [-1, 1]."""
-    attempted(transform)
-    require(callable(transform), "to_unit_range should be a transform (e.g. a v2.Compose), not a value.")
+def _check_chain(chain_cls: Any) -> None:
+    """``chain_cls(*steps)`` applies the steps in order, is the identity when empty, and lists them in its repr."""
+    from ..transforms import Add, Mult
+
+    require(isinstance(chain_cls, type), "pass the class itself, `Chain`, not an instance.")
+    result = chain_cls(Add(2), Mult(3))(1)
+    require(result != 5, "Chain(Add(2), Mult(3))(1) gave 5: the steps ran last to first. Run them in the order given.")
+    require(result == 9, f"Chain(Add(2), Mult(3))(1) should be (1 + 2) * 3 = 9, got {result!r}: each step gets the "
+            "previous step's output, and __call__ returns the last one.")
+    require(chain_cls()(7) == 7, "an empty Chain() should return its input unchanged.")
+    x = torch.tensor([0.0, 1.0])
+    require(torch.equal(chain_cls(Mult(2))(x), x * 2), "Chain(Mult(2)) should work on tensors too.")
+    text = repr(chain_cls(Add(2), Mult(3)))
+    require("Add(2)" in text and "Mult(3)" in text and text.index("Add(2)") < text.index("Mult(3)"),
+            f"repr(Chain(Add(2), Mult(3))) is {text[:60]!r}: list the steps in order, e.g. Chain(Add(2), Mult(3)).")
+
+
+@exercise("02.1", "your Chain runs its steps in order, and maps pixels in [0, 1] onto [-1, 1], with 0.5 landing on 0.")
+def to_unit_range(chain_cls: Any, transform: Any) -> None:
+    """``chain_cls`` is the learner's Compose; ``transform``, built with it, maps [0, 1] linearly onto [-1, 1]."""
+    attempted(chain_cls, transform)
+    _check_chain(chain_cls)
+    require(isinstance(transform, chain_cls), f"build to_unit_range with your Chain, got {type(transform).__name__}.")
     x = torch.linspace(0, 1, 11).reshape(1, 1, 11)
     y = transform(x.clone())
     require(isinstance(y, torch.Tensor), f"the result should be a tensor, got {type(y).__name__}.")
@@ -83,3 +107,115 @@ def is_round(fn: Callable[[int], Any], classes: list[str]) -> None:
             raise Hint(f"is_round({label}) should return the number 0 or 1, got {got!r}.")
         if int(got) != want:
             raise Hint(f"is_round({label}) ({classes[label]}) should be {want}, got {got!r}.")
+
+
+# ----------------------------------------------------------------- 02.4: an image and its mask, transformed together
+
+
+def _image_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
+    """A 60 x 80 label map (classes 0-3, no symmetry) and an image whose grey level is 60 x the label."""
+    mask = torch.zeros(60, 80, dtype=torch.uint8)
+    mask[:30, :40] = 1
+    mask[35:, 50:] = 2
+    mask[5:20, 60:75] = 3
+    return (mask * 60).expand(3, 60, 80).clone(), mask
+
+
+@exercise("02.4", "augment_pair crops and flips the image and its mask together; the mask keeps its class ids.")
+def augment_pair(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+    """``fn(image uint8 [3, H, W], mask [H, W])`` returns a float image ``[3, 48, 48]`` and an aligned integer mask."""
+    attempted(fn)
+    require(callable(fn), "augment_pair should be a function of (image, mask).")
+    image, mask = _image_and_mask()
+    outputs = []
+    for seed in range(6):
+        torch.manual_seed(seed)
+        out = fn(image.clone(), mask.clone())
+        require(isinstance(out, (tuple, list)) and len(out) == 2, f"augment_pair should return (image, mask), got {type(out).__name__}.")
+        img, m = out
+        require(isinstance(img, torch.Tensor) and isinstance(m, torch.Tensor), "both results should be tensors.")
+        require(tuple(m.shape)[-2:] != (60, 80), "the mask came back untouched: wrap it as tv_tensors.Mask(mask), so that "
+                "the v2 transforms crop and flip it with the image (a plain tensor next to an image is passed through).")
+        require(tuple(img.shape) == (3, 48, 48), f"the image should have shape (3, 48, 48), got {tuple(img.shape)}.")
+        require(tuple(m.shape)[-2:] == (48, 48), f"the mask should be 48 x 48, got {tuple(m.shape)}.")
+        require(img.dtype == torch.float32 and 0 <= float(img.min()) and float(img.max()) <= 1,
+                f"the image should be float32 in [0, 1], got {img.dtype}: end with v2.ToDtype(torch.float32, scale=True).")
+        require(not m.is_floating_point() and set(m.unique().tolist()) <= {0, 1, 2, 3},
+                f"the mask holds {sorted(m.unique().tolist())[:6]}, not the class ids 0-3: a Mask is never scaled or "
+                "blended; do not convert it to float yourself (ToDtype(torch.float32, scale=True) converts images only).")
+        grey = (img[0] * 255 / 60).round()
+        agree = float((grey == m.reshape(48, 48).to(grey.dtype)).float().mean())
+        require(agree > 0.85, f"image and mask disagree on {1 - agree:.0%} of the pixels: they were cropped or flipped "
+                "differently. Call one pipeline once with both, tv_tensors.Image(image) and tv_tensors.Mask(mask).")
+        outputs.append(m.reshape(48, 48))
+    require(any(not torch.equal(outputs[0], o) for o in outputs[1:]),
+            "six calls gave the same crop: augmentation should be random (RandomResizedCrop, RandomHorizontalFlip).")
+
+
+# ----------------------------------------------------------------- 02.5: a transform class in a module, for spawn workers
+
+
+def _load(path: Path) -> Any:
+    """Import (or re-import, after an edit) the learner's module; its folder goes on ``sys.path``, which spawn workers copy."""
+    folder = str(path.parent.resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = importlib.import_module(path.stem)
+    return importlib.reload(module)
+
+
+def _raises(exc: type[BaseException], call: Callable[[], Any]) -> str:
+    """The message of the ``exc`` that ``call()`` raised, or ``""`` (no such exception: not the answer)."""
+    try:
+        call()
+    except exc as raised:
+        return str(raised) or type(raised).__name__
+    except NotImplementedError:
+        raise
+    except Exception:
+        return ""
+    return ""
+
+
+@exercise("02.5", "GaussianNoise lives in a module: spawn workers import it by name, and each worker draws its own noise.")
+def noise_module(path: Any) -> None:
+    """``path`` is a module defining ``GaussianNoise(std)``: adds N(0, std) noise from torch's generator, clamps to [0, 1]."""
+    attempted(path)
+    path = Path(path)
+    require(path.is_file(), f"there is no {path}: run the %%writefile cell first (it writes the module).")
+    noise_cls = getattr(_load(path), "GaussianNoise", None)
+    require(isinstance(noise_cls, type), f"{path.name} should define a class GaussianNoise.")
+    noise = noise_cls(0.1)
+    require(bool(_raises(ValueError, lambda: noise_cls(-0.1))), "GaussianNoise(-0.1) should raise ValueError: a standard "
+            "deviation cannot be negative, and the error should come when the pipeline is built.")
+    require("GaussianNoise" in repr(noise) and "0.1" in repr(noise),
+            f"repr(GaussianNoise(0.1)) is {repr(noise)[:60]!r}: give it a __repr__ such as GaussianNoise(std=0.1), so "
+            "that a printed Compose says what it does.")
+    x = torch.full((3, 64, 64), 0.5)
+    torch.manual_seed(0)
+    first = noise(x)
+    require(torch.equal(x, torch.full((3, 64, 64), 0.5)), "GaussianNoise changed its input in place (add_, +=): the "
+            "dataset's stored sample would drift on every read. Return image + noise, a new tensor.")
+    require(isinstance(first, torch.Tensor) and first.shape == x.shape and first.dtype == x.dtype,
+            "GaussianNoise should return a tensor of the input's shape and dtype.")
+    spread = float((first - x).std())
+    require(abs(spread - 0.1) < 0.01 and abs(float((first - x).mean())) < 0.01, f"the noise of GaussianNoise(0.1) has a "
+            f"standard deviation of {spread:.3f}: it should be 0.1, torch.randn_like(image) * std.")
+    torch.manual_seed(0)
+    require(torch.equal(noise(x), first), "with the same torch.manual_seed the noise differs: draw it from torch "
+            "(torch.randn_like), not NumPy or random, so that torch's seeds, the DataLoader's per-worker seeds "
+            "included, govern it.")
+    require(not torch.equal(noise(x), first), "two calls gave the same noise: draw new noise in __call__, not once in __init__.")
+    strong = noise_cls(1.0)(x)
+    require(0 <= float(strong.min()) and float(strong.max()) <= 1, "with std=1 values left [0, 1]: .clamp(0, 1) the result.")
+    require("ToImage" in _raises(TypeError, lambda: noise(Image.new("RGB", (4, 4)))), "GaussianNoise given a PIL image "
+            "should raise TypeError saying what to do: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
+    ds = InMemoryDataset(torch.full((4, 3, 8, 8), 0.5), transform=noise)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")  # one batch per worker
+    worker0, worker1 = list(loader)
+    require(not torch.equal(worker0[0] - 0.5, worker1[0] - 0.5), "both spawn workers drew the same noise: a generator "
+            "made in __init__ is copied into every worker. Use torch's own (torch.randn_like), which each worker seeds "
+            "differently.")
+
+
+__all__ = ["to_unit_range", "train_and_val", "is_round", "augment_pair", "noise_module"]

@@ -6,6 +6,9 @@ from typing import Any, Callable
 
 import torch
 
+from torch.utils.data import DataLoader
+
+from .._support import fork_context
 from ..datasets import RandomSequences
 from ._core import Hint, attempted, exercise, require
 
@@ -27,28 +30,51 @@ def count_batches(answer: Any) -> None:
     require(drop == 15, f"with drop_last: {drop!r} is not right. The 40 samples left over are dropped.")
 
 
-@exercise("03.3", "collate_with_mask pads the batch and marks real tokens with True (nn.MultiheadAttention wants the opposite: pass ~mask).")
-def collate_with_mask(fn: Callable[[list], Any]) -> None:
-    """``fn(samples) -> (padded [B, T] int64, mask [B, T] bool, labels [B])``."""
-    attempted(fn)
-    ds = RandomSequences(n=6, min_len=2, max_len=9, seed=3)
-    samples = [ds[i] for i in range(6)]
-    out = fn(samples)
-    require(isinstance(out, tuple) and len(out) == 3, "return three things: (padded, mask, labels).")
-    padded, mask, labels = out
-    longest = max(len(s) for s, _ in samples)
-    require(isinstance(padded, torch.Tensor) and tuple(padded.shape) == (6, longest),
-            f"padded should have shape (6, {longest}) (batch, longest sequence), got {getattr(padded, 'shape', padded)}.")
-    require(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
-            "mask should be a bool tensor (True where a real token is): compare positions with the lengths.")
-    require(tuple(mask.shape) == tuple(padded.shape), "mask should have the same shape as padded.")
-    for i, (seq, label) in enumerate(samples):
-        n = len(seq)
-        require(torch.equal(padded[i, :n], seq), f"row {i} of padded does not start with sample {i}'s tokens.")
-        require(bool((padded[i, n:] == 0).all()), f"row {i}: positions after the sequence must be padding (0).")
+def _records(n: int) -> list[dict[str, Any]]:
+    ds = RandomSequences(n=n, min_len=2, max_len=9, seed=3)
+    return [{"tokens": ds[i][0], "label": int(ds[i][1]), "id": f"doc-{i:02d}"} for i in range(n)]
+
+
+def _check_record_batch(batch: Any, samples: list[dict[str, Any]]) -> None:
+    require(isinstance(batch, dict), f"return a dict (keys tokens, mask, lengths, label, id), got {type(batch).__name__}.")
+    missing = {"tokens", "mask", "lengths", "label", "id"} - set(batch)
+    require(not missing, f"the batch has no {sorted(missing)}: return all of tokens, mask, lengths, label, id.")
+    tokens, mask, lengths = batch["tokens"], batch["mask"], batch["lengths"]
+    b, longest = len(samples), max(len(s["tokens"]) for s in samples)
+    shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+    require(shape != (longest, b) or longest == b,
+            f"tokens has shape {shape}, time first: pad_sequence(..., batch_first=True) puts the batch first.")
+    require(shape == (b, longest), f"tokens should have shape ({b}, {longest}) (batch, longest sequence in this "
+            f"batch), got {shape}.")
+    require(isinstance(lengths, torch.Tensor) and lengths.tolist() == [len(s["tokens"]) for s in samples],
+            "lengths should be a tensor of each sample's number of tokens, in batch order.")
+    require(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (b, longest),
+            "mask should be a bool tensor of the same shape as tokens (compare positions with the lengths).")
+    for i, s in enumerate(samples):
+        n = len(s["tokens"])
+        require(torch.equal(tokens[i, :n], s["tokens"]) and bool((tokens[i, n:] == 0).all()),
+                f"row {i} of tokens should be sample {i}'s tokens, then padding 0.")
         require(bool(mask[i, :n].all()) and not bool(mask[i, n:].any()),
-                f"row {i} of mask should be True for the first {n} positions and False after.")
-    require(torch.equal(torch.as_tensor(labels), torch.tensor([l for _, l in samples])), "labels should keep the samples' labels, in order.")
+                f"row {i} of mask should be True for the first {n} positions (real tokens) and False after.")
+    require(isinstance(batch["label"], torch.Tensor) and batch["label"].tolist() == [s["label"] for s in samples],
+            "label should be one int64 tensor of the samples' labels, in order: torch.tensor([...]).")
+    require(list(batch["id"]) == [s["id"] for s in samples] and not isinstance(batch["id"], torch.Tensor),
+            "id should be the list of the samples' ids, in order (strings stay a list, as default_collate keeps them).")
+
+
+@exercise("03.3", "collate_records pads each batch to its own longest record, with lengths and a mask, and works in workers.")
+def collate_records(fn: Callable[[list], Any]) -> None:
+    """``fn(list of {"tokens", "label", "id"})`` returns the batch as a dict; checked directly and in 2 workers."""
+    attempted(fn)
+    require(callable(fn), "collate_records should be a function of a list of samples.")
+    samples = _records(12)
+    _check_record_batch(fn(samples[:6]), samples[:6])
+    _check_record_batch(fn(samples[6:7]), samples[6:7])
+    loader = DataLoader(samples, batch_size=4, collate_fn=fn, num_workers=2, multiprocessing_context=fork_context())
+    batches = list(loader)
+    require(len(batches) == 3, f"12 records in batches of 4 gave {len(batches)} batches.")
+    for k, batch in enumerate(batches):
+        _check_record_batch(batch, samples[4 * k:4 * k + 4])
 
 
 def _indices(batch: Any) -> torch.Tensor:
@@ -73,8 +99,11 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
     epoch2, epoch3 = _order(a), _order(a)
     require(sorted(epoch2) == list(range(100)), "each epoch should contain every index 0..99 exactly once.")
     require(epoch2 != list(range(100)), "the order is 0, 1, 2, ...: turn shuffle on.")
+    own = getattr(a, "generator", "n/a")
+    if own is None:  # shuffling may also be a sampler's job, with the sampler's own generator (notebook 05)
+        own = getattr(getattr(a, "sampler", None), "generator", None)
     require(
-        getattr(a, "generator", "n/a") not in (None, torch.default_generator),
+        own not in (None, torch.default_generator),
         "this loader shuffles with PyTorch's global generator, so anything else that draws random numbers changes "
         "its order: give it its own, generator=torch.Generator().manual_seed(seed).",
     )
@@ -85,3 +114,81 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
         "two loaders made with the same seed give different orders: pass generator=torch.Generator().manual_seed(seed).",
     )
     require(_order(make_loader(1)) != _order(make_loader(0)), "seeds 0 and 1 give the same order: use the seed argument.")
+
+
+# ----------------------------------------------------------------- 03.4 and 03.5: a loader and a loop of your own
+
+
+@exercise("03.4", "my_batches slices shuffled batches straight from tensors: every sample once, the order set by the generator.")
+def my_batches(fn: Callable[..., Any]) -> None:
+    """``fn(x, y, batch_size, generator, drop_last=False)`` yields ``(x[idx], y[idx])`` batches of a fresh permutation."""
+    attempted(fn)
+    x, y = torch.arange(10) * 10.0, torch.arange(10)
+
+    def run(seed: int | None = None, drop_last: bool = False, generator: Any = None) -> list[tuple[Any, Any]]:
+        g = generator if generator is not None else torch.Generator().manual_seed(seed)
+        return list(fn(x, y, 4, g, drop_last=drop_last))
+
+    batches = run(0)
+    for xb, yb in batches:
+        require(isinstance(xb, torch.Tensor) and isinstance(yb, torch.Tensor), "each batch should be a pair of tensors (x, y).")
+        require(torch.equal(xb, yb * 10.0), "x and y no longer match within a batch: pick the same indices from both.")
+    sizes = [len(yb) for _, yb in batches]
+    require(sizes == [4, 4, 2], f"10 samples in batches of 4 should give sizes [4, 4, 2], got {sizes}.")
+    seen = sorted(int(v) for _, yb in batches for v in yb)
+    require(seen == list(range(10)), f"an epoch should hold every sample once, got {seen}.")
+    require(seen != [int(v) for _, yb in batches for v in yb], "the order is 0, 1, 2, ...: shuffle with "
+            "torch.randperm(len(x), generator=generator).")
+    torch.manual_seed(123)
+    again = run(0)
+    require(all(torch.equal(a[1], b[1]) for a, b in zip(batches, again)), "the same seed gave a different order: draw "
+            "the permutation from the generator you are given (generator=generator), not from the global one.")
+    g = torch.Generator().manual_seed(0)
+    first, second = run(generator=g), run(generator=g)
+    require(any(not torch.equal(a[1], b[1]) for a, b in zip(first, second)),
+            "two epochs with one generator gave the same order: draw a new permutation each time the function runs.")
+    dropped = [len(yb) for _, yb in run(0, drop_last=True)]
+    require(dropped == [4, 4], f"with drop_last=True the sizes should be [4, 4], got {dropped}.")
+
+
+@exercise("03.5", "my_train_epoch steps the optimiser once per batch and returns the mean loss per sample.")
+def my_train_epoch(fn: Callable[..., Any]) -> None:
+    """``fn(model, optimizer, batches)``: a training pass over any iterable; returns the mean loss per sample."""
+    attempted(fn)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 3, generator=g), torch.randint(0, 2, (10,), generator=g)
+    batches = [(x[:4], y[:4]), (x[4:8], y[4:8]), (x[8:], y[8:])]  # the last one smaller
+
+    def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+
+    model, optimizer = fresh()
+    result = fn(model, optimizer, iter(batches))  # an iterator: any iterable of batches will do
+    ref_model, ref_opt = fresh()
+    total = 0.0
+    batch_means = []
+    for xb, yb in batches:
+        loss = torch.nn.functional.cross_entropy(ref_model(xb), yb)
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_opt.step()
+        total += loss.item() * len(yb)
+        batch_means.append(loss.item())
+    require(result is not None, "my_train_epoch returned None: return the mean loss per sample.")
+    require(not (isinstance(result, torch.Tensor) and result.requires_grad),
+            "return a number (loss.item()), not a tensor that keeps the whole graph alive.")
+    same_weights = all(torch.allclose(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))
+    untouched = all(torch.allclose(a, b) for a, b in zip(model.parameters(), fresh()[0].parameters()))
+    require(not untouched, "the model did not change: call optimizer.step() after loss.backward().")
+    require(same_weights, "the weights differ from three plain SGD steps: call optimizer.zero_grad() before each "
+            "backward(), or the gradients of earlier batches add up.")
+    value = float(result)
+    require(abs(value - sum(batch_means) / 3) > 1e-6 or abs(value - total / 10) < 1e-6, "you averaged the batch means; "
+            "the last batch has only 2 samples: weight each loss by len(y) and divide by the number of samples.")
+    require(abs(value - total / 10) < 1e-5, f"the mean loss per sample should be {total / 10:.4f}, got {value:.4f}: "
+            "sum loss.item() * len(y) over the batches, then divide by the number of samples.")
+
+
+__all__ = ["count_batches", "reproducible_loader", "collate_records", "my_batches", "my_train_epoch"]

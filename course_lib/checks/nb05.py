@@ -8,11 +8,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..samplers import one_epoch, padding_fraction
+from torch.utils.data import DataLoader
+
+from ..samplers import one_epoch, padding_fraction, shared_batchmates
 from ._core import Hint, attempted, exercise, require
 
 
-@exercise("05.2", "one weight per sample, 1 / (samples in its class): every class now carries the same total weight.")
+@exercise("05.3", "one weight per sample, 1 / (samples in its class): every class now carries the same total weight.")
 def balanced_weights(weights: Any, targets: Any) -> None:
     """``weights`` (one per sample of ``targets``) make WeightedRandomSampler draw every class equally often."""
     attempted(weights)
@@ -76,7 +78,7 @@ def _is_block(indices: list[int]) -> bool:
     return len(indices) > 1 and max(indices) - min(indices) == len(indices) - 1
 
 
-@exercise("05.1", "one dataset, two disjoint samplers: a reproducible random split, training reshuffled every epoch, validation in a fixed order.")
+@exercise("05.2", "two disjoint samplers, one for each dataset object: a reproducible random split, training reshuffled every epoch, validation in a fixed order.")
 def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
     """``fn(n, val_fraction, seed) -> (train_sampler, val_sampler)`` over indices ``0..n-1``."""
     attempted(fn)
@@ -143,43 +145,77 @@ def _lengths(n: int, seed: int) -> list[int]:
     return torch.randint(5, 201, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@exercise("05.3", "sorted by length, cut into batches, batches shuffled: every index once, and hardly any padding.")
-def length_batches(fn: Callable[[Any, int, torch.Generator], Any]) -> None:
-    """``fn(lengths, batch_size, generator)`` -> batches with every index once and under 10 % padding."""
-    attempted(fn)
-    for n, batch_size in ((500, 16), (103, 10)):
-        lengths = _lengths(n, seed=n)
-        call = f"length_batches(lengths of {n} sequences, {batch_size}, generator)"
-        batches = _batches(fn(lengths, batch_size, torch.Generator().manual_seed(0)), call)
-        seen = Counter(i for b in batches for i in b)
-        twice = sorted(i for i, c in seen.items() if c > 1)
-        require(not twice, f"{call}: index {twice[0] if twice else ''} is in {seen[twice[0]] if twice else 0} batches; each index belongs in exactly one.")
-        missing = sorted(set(range(n)) - set(seen))
-        require(not missing, f"{call}: index {missing[0] if missing else ''} is in no batch (and {len(missing)} in all); an epoch covers every sample.")
-        require(not (set(seen) - set(range(n))), f"{call}: some indices are outside 0..{n - 1}: return positions in lengths, not lengths.")
-        too_big = [len(b) for b in batches if len(b) > batch_size]
-        require(not too_big, f"{call}: a batch has {too_big[0] if too_big else 0} indices; at most batch_size={batch_size}.")
-        short = [len(b) for b in batches if len(b) < batch_size]
-        require(
-            len(short) <= 1,
-            f"{call}: {len(short)} batches are smaller than batch_size={batch_size}. Cut the sorted indices into "
-            "consecutive chunks of batch_size, so that only the last one is short.",
-        )
-        share = padding_fraction(batches, lengths)
-        at_random = padding_fraction(torch.randperm(n, generator=torch.Generator().manual_seed(0)).split(batch_size), lengths)
-        require(
-            share < 0.10,
-            f"{call}: {share:.0%} of the padded batches is padding (random batches: {at_random:.0%}); sort the indices "
-            "by length before cutting them into batches (torch.argsort(torch.tensor(lengths))).",
-        )
-        longest = [max(lengths[i] for i in b) for b in batches]
-        require(
-            longest != sorted(longest) and longest != sorted(longest, reverse=True),
-            f"{call}: the batches go from short to long sequences, so every epoch would start the same way: shuffle the "
-            "order of the batches, e.g. with torch.randperm(len(batches), generator=generator).",
-        )
+# ----------------------------------------------------------------- 05.1: a first Sampler
+
+
+@exercise("05.1", "EpochShuffle's order is a function of (seed, epoch) alone: any process, any restart, computes the same one.")
+def epoch_shuffle(sampler_cls: Any) -> None:
+    """``sampler_cls(n, seed)``: a permutation of ``range(n)`` per epoch, fixed by ``seed + epoch`` (``set_epoch``)."""
+    attempted(sampler_cls)
+    require(isinstance(sampler_cls, type), "pass the class itself, `EpochShuffle`, not an instance.")
+    s = sampler_cls(10, seed=3)
+    require(len(s) == 10, f"len(EpochShuffle(10, seed=3)) should be 10, got {len(s)}.")
+    first = one_epoch(s)
+    require(sorted(first) == list(range(10)), f"an epoch should hold each index 0..9 once, got {first}.")
+    require(first != list(range(10)), "the order is 0, 1, 2, ...: shuffle with torch.randperm(n, generator=...).")
+    torch.manual_seed(99)
+    torch.rand(5)
+    again = one_epoch(s)
+    require(again == first, "epoch 0 gave a different order the second time: the order must depend on (seed, epoch) only. "
+            "Make a generator in __iter__, torch.Generator().manual_seed(self.seed + self.epoch).")
+    s.set_epoch(1)
+    require(one_epoch(s) != first, "set_epoch(1) gave the same order as epoch 0: seed the generator with seed + epoch.")
+    s.set_epoch(0)
+    require(one_epoch(s) == first, "set_epoch(0) did not bring back epoch 0's order: build the generator in __iter__ "
+            "from (seed, epoch), not once in __init__.")
+    require(one_epoch(sampler_cls(10, seed=3)) == first, "two samplers with seed=3 give different epoch-0 orders: "
+            "draw from a generator seeded with seed + epoch, not from the global one.")
+    require(one_epoch(sampler_cls(10, seed=4)) != first, "seeds 3 and 4 give the same order: use the seed argument.")
+    require(len(sampler_cls(7, seed=0)) == 7 and sorted(one_epoch(sampler_cls(7, seed=0))) == list(range(7)),
+            "EpochShuffle(7, ...) should cover 0..6: use n, not a fixed number.")
+    order = [int(i) for b in DataLoader(list(range(10)), batch_size=5, sampler=s) for i in b]
+    require(order == first, "through a DataLoader (sampler=...), the order differs from the sampler's own.")
+
+
+# ----------------------------------------------------------------- 05.4: a bucketing batch sampler
+
+
+@exercise("05.4", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
+def bucket_sampler(sampler_cls: Any) -> None:
+    """``sampler_cls(lengths, batch_size, bucket_size, generator)``: a batch sampler that buckets, sorts, reshuffles."""
+    attempted(sampler_cls)
+    require(isinstance(sampler_cls, type), "pass the class itself, `MyBucketSampler`, not an instance.")
     lengths = _lengths(500, seed=500)
-    first, again = (_batches(fn(lengths, 16, torch.Generator().manual_seed(0)), "length_batches") for _ in range(2))
-    require(first == again, "the same generator seed gives different batch orders: draw the shuffle from generator, not from the global generator.")
-    other = _batches(fn(lengths, 16, torch.Generator().manual_seed(1)), "length_batches")
-    require(other != first, "generators seeded 0 and 1 give the same batch order: shuffle with the generator you are given.")
+    s = sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0))
+    call = "MyBucketSampler(500 lengths, batch_size=16, bucket_size=64)"
+    epoch1 = _batches(list(s), call)
+    seen = Counter(i for b in epoch1 for i in b)
+    require(sorted(seen) == list(range(500)) and max(seen.values()) == 1,
+            f"{call}: an epoch should hold every index 0..499 exactly once, got {len(seen)} distinct in {sum(seen.values())}.")
+    sizes = [len(b) for b in epoch1]
+    require(max(sizes) <= 16 and sum(sz < 16 for sz in sizes) <= 1,
+            f"{call}: batch sizes {sorted(Counter(sizes).items())}: cut each sorted bucket into batches of batch_size; "
+            "with buckets a multiple of batch_size, only the last one can be short.")
+    require(len(s) == len(epoch1), f"len() says {len(s)} batches but an epoch has {len(epoch1)}: "
+            "__len__ is the number of batches, math.ceil(len(lengths) / batch_size).")
+    at_random = padding_fraction(torch.randperm(500, generator=torch.Generator().manual_seed(0)).split(16), lengths)
+    share = padding_fraction(epoch1, lengths)
+    require(share < 0.75 * at_random, f"{call}: {share:.0%} padding, about as much as random batches ({at_random:.0%}): "
+            "sort each bucket by length (torch.argsort) before cutting it into batches.")
+    longest = [max(lengths[i] for i in b) for b in epoch1]
+    require(longest != sorted(longest) and longest != sorted(longest, reverse=True),
+            f"{call}: the batches run from short to long: shuffle the order of the batches with the generator.")
+    epoch2 = _batches(list(s), call)
+    require(epoch2 != epoch1, "the second epoch repeats the first: draw the shuffle in __iter__ from self.generator, so "
+            "that every epoch (every `for` over the sampler) gets new buckets and a new batch order.")
+    kept = shared_batchmates(epoch1, epoch2)
+    require(kept < 0.5, f"{kept:.0%} of batch-mates share a batch again next epoch: shuffle all indices before cutting "
+            "them into buckets, and sort only within each bucket (a full sort fixes who shares a batch).")
+    twin = sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0))
+    require(_batches(list(twin), call) == epoch1 and _batches(list(twin), call) == epoch2,
+            "two samplers with generators seeded 0 give different epochs: draw every random choice from self.generator.")
+    loader = DataLoader(list(range(500)), batch_sampler=sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0)))
+    require([b.tolist() for b in loader] == epoch1, "as a DataLoader's batch_sampler it yields other batches than iterated directly.")
+
+
+__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "bucket_sampler"]

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler, SequentialSampler, SubsetRandomSampler
+from torch.utils.data import Sampler, SubsetRandomSampler
 
 from course_lib.checks import Status, nb05
 from course_lib.samplers import imbalanced_subset

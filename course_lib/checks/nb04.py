@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
@@ -13,10 +14,78 @@ from ..instrument import EpochRecord
 from ..workers import NoisyDataset
 from ._core import Hint, attempted, exercise, require
 
-STEP = 0.040  # the training step of exercise 04.2, in seconds
+STEP = 0.040  # the training step of exercise 04.3, in seconds
 
 
-@exercise("04.1", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
+# ----------------------------------------------------------------- 04.1: the data stall, measured by hand
+
+
+class _TimedBatches:
+    """``n`` batches, each ready ``load_s`` after it is asked for; ``iter()`` itself takes ``start_s`` (as starting
+    workers does). It records how long its consumer really waited, measured from inside."""
+
+    def __init__(self, n: int, load_s: float, start_s: float = 0.0) -> None:
+        self.n, self.load_s, self.start_s, self.waited = n, load_s, start_s, 0.0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        t0 = time.perf_counter()
+        time.sleep(self.start_s)  # at iter(), as a DataLoader starts its workers there
+        self.waited += time.perf_counter() - t0
+        return self._batches()
+
+    def _batches(self) -> Iterator[torch.Tensor]:
+        t0 = time.perf_counter()
+        for k in range(self.n):
+            time.sleep(self.load_s)
+            self.waited += time.perf_counter() - t0
+            yield torch.full((2,), k)
+            t0 = time.perf_counter()
+        self.waited += time.perf_counter() - t0
+
+
+def _run_stall(fn: Callable[..., Any], batches: _TimedBatches, step_s: float) -> tuple[float, float, list[int]]:
+    """(the learner's stall, the true one, the batches their loop stepped on)."""
+    stepped: list[int] = []
+
+    def step(batch: Any) -> None:
+        stepped.append(int(torch.as_tensor(batch).flatten()[0]))
+        time.sleep(step_s)
+
+    start = time.perf_counter()
+    result = fn(batches, step)
+    wall = time.perf_counter() - start
+    require(result is not None, "measure_stall returned None: return the share of the time spent waiting, waited / total.")
+    try:
+        share = float(result)
+    except (TypeError, ValueError):
+        raise Hint(f"measure_stall should return one number (a share between 0 and 1), got {type(result).__name__}.") from None
+    return share, batches.waited / wall, stepped
+
+
+@exercise("04.1", "your stopwatch agrees with the truth: time spent in iter() and next() over the wall time of the epoch.")
+def measure_stall(fn: Callable[..., Any]) -> None:
+    """``fn(loader, step)`` runs one epoch, calls ``step(batch)`` per batch, and returns the share of time spent waiting."""
+    attempted(fn)
+    require(callable(fn), "measure_stall should be a function of (loader, step).")
+    share, truth, stepped = _run_stall(fn, _TimedBatches(8, load_s=0.03), step_s=0.01)
+    require(stepped == list(range(8)), f"step(batch) should run once per batch, in order: it ran for batches {stepped}.")
+    require(share <= 1.0, f"measure_stall returned {share:.3g}: return a share of the wall time (between 0 and 1), not seconds.")
+    require(not share > truth + 0.15, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: only the time "
+            "inside next() (and iter()) is waiting; the step is work. Stop the stopwatch before step(batch).")
+    require(abs(share - truth) < 0.1, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: add up the "
+            "time of every next(), and divide by the wall time of the whole epoch.")
+    share, truth, _ = _run_stall(fn, _TimedBatches(4, load_s=0.0, start_s=0.15), step_s=0.02)
+    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.15 s, as starting workers does) you measured "
+            f"{share:.0%} waiting, the truth is {truth:.0%}: time iter(loader) too, the loop waits for it.")
+    share, truth, _ = _run_stall(fn, _TimedBatches(6, load_s=0.0), step_s=0.02)
+    require(abs(share - truth) < 0.1, f"a loader that never makes the loop wait got {share:.0%} from you (truth "
+            f"{truth:.0%}): count only the time spent getting batches.")
+
+
+@exercise("04.2", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
 def workers_needed(fn: Callable[[float, float], Any]) -> None:
     """``fn(load_s, step_s)``: the fewest workers that keep up when one worker needs ``load_s`` per batch."""
     attempted(fn)
@@ -37,7 +106,7 @@ def workers_needed(fn: Callable[[float, float], Any]) -> None:
             raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
 
 
-@exercise("04.2", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
+@exercise("04.3", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
                   "under 10 % after the first batch (on a machine too busy to get there: the most you measured).")
 def just_enough_workers(answer: Any, results: Any) -> None:
     """``answer`` agrees with ``results``, a dict ``num_workers -> EpochRecord`` measured with a training step."""
@@ -96,7 +165,7 @@ def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int]
     return shifts[0::2], shifts[1::2]
 
 
-@exercise("04.3", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
+@exercise("04.4", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
 def seed_workers(worker_init_fn: Any) -> None:
     """``worker_init_fn(worker_id)`` gives each worker's copy of a NoisyDataset its own ``rng``."""
     attempted(worker_init_fn)

@@ -1,0 +1,202 @@
+"""course_lib.checks.nb04: right answers pass, stubs are "not attempted", and each wrong answer gets its own hint."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from torch.utils.data import get_worker_info
+
+from course_lib.checks import Status, nb04
+from course_lib.instrument import BatchRecord, EpochRecord
+
+
+def status(check, *args) -> tuple[Status, str]:
+    result = check.evaluate(*args)
+    return result.status, result.message
+
+
+# ----------------------------------------------------------------- 04.1: the data stall, measured by hand
+
+
+def measure_stall(loader, step):
+    """The notebook's solution."""
+    start = time.perf_counter()
+    waited = 0.0
+    t0 = time.perf_counter()
+    batches = iter(loader)
+    waited += time.perf_counter() - t0
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        waited += time.perf_counter() - t0
+        if batch is None:
+            break
+        step(batch)
+    return waited / (time.perf_counter() - start)
+
+
+def counts_the_step(loader, step):
+    start, waited = time.perf_counter(), 0.0
+    for batch in loader:
+        t0 = time.perf_counter()
+        step(batch)
+        waited += time.perf_counter() - t0
+    return 1 - waited / (time.perf_counter() - start) + waited / (time.perf_counter() - start)
+
+
+def includes_the_step(loader, step):
+    start, waited = time.perf_counter(), 0.0
+    batches = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            break
+        step(batch)
+        waited += time.perf_counter() - t0
+    return waited / (time.perf_counter() - start)
+
+
+def forgets_iter(loader, step):
+    batches = iter(loader)  # before the stopwatch starts: the start-up is not counted
+    start, waited = time.perf_counter(), 0.0
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        waited += time.perf_counter() - t0
+        if batch is None:
+            break
+        step(batch)
+    return waited / (time.perf_counter() - start)
+
+
+def seconds(loader, step):
+    waited = 0.0
+    batches = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        waited += time.perf_counter() - t0
+        if batch is None:
+            break
+        step(batch)
+    return waited * 10  # the time itself (here scaled past 1 s), not a share
+
+
+def first_batch_only(loader, step):
+    start = time.perf_counter()
+    batches = iter(loader)
+    first = next(batches)
+    waited = time.perf_counter() - start
+    step(first)
+    for batch in batches:
+        step(batch)
+    return waited / (time.perf_counter() - start)
+
+
+def skips_the_step(loader, step):
+    return measure_stall(loader, lambda batch: None)
+
+
+def test_04_measure_stall() -> None:
+    check = nb04.measure_stall
+    assert status(check, measure_stall)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert "only the time inside next()" in status(check, includes_the_step)[1]
+    assert "time iter(loader) too" in status(check, forgets_iter)[1]
+    assert "not seconds" in status(check, seconds)[1]
+    assert "add up the time of every next()" in status(check, first_batch_only)[1]
+    assert "step(batch) should run once per batch" in status(check, skips_the_step)[1]
+    assert status(check, counts_the_step)[0] is Status.WRONG
+    assert "returned None" in status(check, lambda loader, step: None)[1]
+
+
+
+
+
+
+def test_04_workers_needed() -> None:
+    assert status(nb04.workers_needed, lambda load, step: math.ceil(load / step))[0] is Status.SOLVED
+    assert status(nb04.workers_needed, ...)[0] is Status.NOT_ATTEMPTED
+    wrong, hint = status(nb04.workers_needed, lambda load, step: max(1, round(load / step)))
+    assert wrong is Status.WRONG and "round up" in hint
+    assert "more than needed" in status(nb04.workers_needed, lambda load, step: math.ceil(load / step) + 1)[1]
+    assert status(nb04.workers_needed, lambda load, step: int(-(-load // step)))[0] is Status.SOLVED
+    assert "int" in status(nb04.workers_needed, lambda load, step: load / step)[1]
+    assert "even when" in status(nb04.workers_needed, lambda load, step: int(load // step))[1]
+
+
+def _epoch(stall: float, step: float = 0.04, complete: bool = True) -> EpochRecord:
+    """A made-up epoch of 10 batches in which the loop waits ``stall`` of the time after the first."""
+    wait = step * stall / (1 - stall)
+    batches, t = [], 0.0
+    for i in range(10):
+        w = 0.01 if i == 0 else wait
+        batches.append(BatchRecord(i, 0, t, t + w, t, t + w, t + w + step, 32, 100))
+        t += w + step
+    return EpochRecord(num_workers=1, t0=0.0, batches=batches, end=t if complete else None)
+
+
+def test_04_just_enough_workers() -> None:
+    results = {0: _epoch(0.5), 1: _epoch(0.2), 2: _epoch(0.05), 3: _epoch(0.04)}
+    assert status(nb04.just_enough_workers, 2, results)[0] is Status.SOLVED
+    assert status(nb04.just_enough_workers, ..., ...)[0] is Status.NOT_ATTEMPTED
+    assert "try more" in status(nb04.just_enough_workers, 1, results)[1]
+    assert "smallest" in status(nb04.just_enough_workers, 3, results)[1]
+    assert "every smaller" in status(nb04.just_enough_workers, 2, {2: _epoch(0.05)})[1]
+    assert "did not measure" in status(nb04.just_enough_workers, 5, results)[1]
+    assert "training step" in status(nb04.just_enough_workers, 2, {**results, 0: _epoch(0.5, step=0.0)})[1]
+    assert "whole epochs" in status(nb04.just_enough_workers, 2, {**results, 1: _epoch(0.2, complete=False)})[1]
+    assert "dict" in status(nb04.just_enough_workers, 2, [0.5, 0.2])[1]
+    assert "exercise's step" in status(nb04.just_enough_workers, 2, {w: _epoch(s, step=0.02) for w, s in [(0, 0.5), (1, 0.2), (2, 0.05)]})[1]
+    busy = {0: _epoch(0.5), 1: _epoch(0.4), 2: _epoch(0.3), 3: _epoch(0.2)}  # a machine too busy for any to get under 10 %
+    assert status(nb04.just_enough_workers, 3, busy)[0] is Status.SOLVED
+    assert "the most workers you measured, 3" in status(nb04.just_enough_workers, 2, busy)[1]
+    assert status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
+    # measure() records the step it was asked for: sleeps that overshoot on a loaded machine are still that step
+    overshot = {0: _epoch(0.5, step=0.06), 1: _epoch(0.2, step=0.06), 2: _epoch(0.05, step=0.06)}
+    for record in overshot.values():
+        record.settings["step_s"] = 0.04
+    assert status(nb04.just_enough_workers, 2, overshot)[0] is Status.SOLVED
+    for record in overshot.values():
+        record.settings["step_s"] = 0.02
+    assert "exercise's step" in status(nb04.just_enough_workers, 2, overshot)[1]
+
+
+def _reseed(worker_id: int) -> None:
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+
+
+def _by_worker_id(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng(worker_id)
+
+
+def _fresh_entropy(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def _stub(worker_id: int) -> None:
+    raise NotImplementedError
+
+
+def _crashes(worker_id: int) -> None:
+    1 / 0
+
+
+@pytest.mark.timeout(120)
+def test_04_seed_workers() -> None:
+    assert status(nb04.seed_workers, _reseed)[0] is Status.SOLVED
+    assert "same shifts" in status(nb04.seed_workers, lambda worker_id: None)[1]
+    assert "fresh entropy" in status(nb04.seed_workers, _fresh_entropy)[1]
+    assert "worker id" in status(nb04.seed_workers, _by_worker_id)[1]
+    stub = status(nb04.seed_workers, _stub)
+    assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
+    assert "function itself" in status(nb04.seed_workers, 3)[1]
+    crashed = status(nb04.seed_workers, _crashes)[1]
+    assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"
+
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,20 @@ from course_lib import data
 # oversubscribe the cores, where spinning threads made notebook 05's training cell take four times as long.
 # A learner's Jupyter keeps torch's default; the notebooks' measurements are ratios either way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 09 in
+    one scope, one after the other. mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free
+    number and then creating it, so two kernels that build a StreamingDataset at the same moment can pick the same
+    name, and the slower one fails with FileExistsError."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebookScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return re.sub(r"^notebooks/solutions/(09_)", r"notebooks/\1", super()._split_scope(nodeid))
+
+    return NotebookScopes(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -156,7 +156,8 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
     """Notebook 06, section 5: join the job as this process's rank; return ``(env, device)``.
 
     The device is a GPU per local rank when there is one (``device="auto"``), else the CPU; the
-    process group then uses NCCL or gloo. A job of one process (world size 1, e.g. a notebook)
+    process group then uses NCCL or gloo. Under srun it exports ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``
+    too, which DataLoader workers started with spawn or forkserver read (webdataset's ``split_by_node``). A job of one process (world size 1, e.g. a notebook)
     gets a group of one without any rendezvous or port. Keep ``timeout_s`` generous on a cluster:
     start-up and checkpoints wait too.
     """
@@ -178,8 +179,11 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
     if env.world_size == 1:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return env, dev
-    os.environ.setdefault("MASTER_ADDR", env.master_addr)  # torch's env:// rendezvous reads these two
-    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    # env:// rendezvous reads MASTER_*; spawn/forkserver DataLoader workers inherit no process group, and webdataset's
+    # split_by_node then reads RANK/WORLD_SIZE, which srun alone does not set: without them every rank reads every shard
+    for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port), ("RANK", env.rank),
+                        ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size)):
+        os.environ.setdefault(name, str(value))
     # timeout_s bounds how long a collective waits for the other ranks: a rank that runs out of
     # data then fails with an error instead of waiting torch's default (30 min for gloo, 10 for NCCL)
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=env.rank, world_size=env.world_size,

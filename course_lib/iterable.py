@@ -190,9 +190,10 @@ class BufferShuffled(_Epochs):
 class EndlessStream(_Epochs):
     """Notebook 07, section 6: a stream that never ends: ``(x, worker, step)``, ``x`` a float vector of ``dim``.
 
-    Worker ``w`` draws from ``default_rng((seed, epoch, w))``: the same on every run, different between
-    workers. ``worker`` is ``-1`` in the main process; ``step`` counts this worker's samples. No ``len()``:
-    take a fixed number of batches per "epoch" with ``itertools.islice``.
+    Worker ``w`` of rank ``r`` draws from ``default_rng((seed, epoch, r, w))``: the same on every run, different
+    between workers and between DDP ranks (``RANK``, set by torchrun and by ``distributed.start`` under srun; without
+    it every rank would train on the same batches). ``worker`` is ``-1`` in the main process; ``step`` counts this
+    worker's samples. No ``len()``: take a fixed number of batches per "epoch" with ``itertools.islice``.
     """
 
     def __init__(self, seed: int = 0, dim: int = 4) -> None:
@@ -200,7 +201,7 @@ class EndlessStream(_Epochs):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         worker = worker_slot(main=-1)[0]
-        rng = np.random.default_rng([self.seed, self.epoch, max(worker, 0)])
+        rng = np.random.default_rng([self.seed, self.epoch, int(os.environ.get("RANK", 0)), max(worker, 0)])
         for step in count():
             yield torch.from_numpy(rng.standard_normal(self.dim).astype(np.float32)), worker, step
 

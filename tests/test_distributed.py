@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from pathlib import Path
 
@@ -174,3 +175,54 @@ def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width
 def test_read_reports_says_what_to_run(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report"):
         read_reports(tmp_path)
+
+
+SPAWN_READER = """
+import json, sys
+import webdataset as wds
+from torch.utils.data import DataLoader
+from course_lib import distributed
+
+if __name__ == "__main__":  # a spawn worker imports this file again
+    env, _ = distributed.start(timeout_s=60)
+    pipeline = wds.WebDataset(sys.argv[1], shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
+    loader = DataLoader(pipeline, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    print(json.dumps({"rank": env.rank, "keys": [sample["__key__"] for sample in loader]}))
+    del loader
+    distributed.finish()
+"""
+
+
+def test_srun_style_ranks_with_spawn_workers_read_disjoint_shards(tmp_path: Path) -> None:
+    """Two processes started as srun starts tasks (only SLURM_* set), each reading shards through a spawn worker:
+    start() exports RANK/WORLD_SIZE, so split_by_node in the worker sees 2 ranks, and every sample is read once.
+    (Without the export each worker sees world size 1, and both ranks read all 20 samples.)"""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    import webdataset as wds
+
+    with wds.ShardWriter(str(tmp_path / "part-%03d.tar"), maxcount=5, verbose=0) as sink:
+        for i in range(20):
+            sink.write({"__key__": f"s{i:03d}", "txt": str(i)})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    script = tmp_path / "reader.py"
+    script.write_text(SPAWN_READER)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "part-{000..003}.tar")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": "2",
+                                   "SLURM_JOB_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    keys = [k for o in outs for k in o["keys"]]
+    assert sorted(o["rank"] for o in outs) == [0, 1]
+    assert sorted(keys) == [f"s{i:03d}" for i in range(20)], {o["rank"]: len(o["keys"]) for o in outs}

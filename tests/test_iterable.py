@@ -163,6 +163,16 @@ def test_endless_stream_is_deterministic_per_worker() -> None:
         len(EndlessStream())
 
 
+def test_endless_stream_differs_between_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded by (seed, epoch, worker) alone, every DDP rank would draw the very same batches."""
+    def first(rank: str) -> torch.Tensor:
+        monkeypatch.setenv("RANK", rank)
+        return next(iter(EndlessStream(seed=0)))[0]
+
+    assert torch.equal(first("1"), first("1"))
+    assert not torch.equal(first("0"), first("1"))
+
+
 def test_reprs_name_the_stream() -> None:
     assert repr(RangeStream(3)) == "RangeStream(start=0, stop=3)"
     assert "n=4" in repr(ShardedStream(4)) and "BufferShuffled" in repr(BufferShuffled(RangeStream(2), 2))

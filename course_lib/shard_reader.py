@@ -55,12 +55,14 @@ def build_loader(args: argparse.Namespace):
     options = dict(workersplitter=wds.split_by_worker, seed=args.seed)
     if not args.no_nodesplitter:
         options["nodesplitter"] = wds.split_by_node
-    if args.resampled:
-        dataset = wds.WebDataset(args.urls, resampled=True, shardshuffle=False, **options)
-    else:
+    if args.resampled:  # WebDataset(resampled=True) ignores seed= (webdataset 1.0.2): a seeded source instead, whose
+        # draws depend on (rank, worker, epoch, seed) only: reproducible, and different on every rank and worker
+        source = wds.ResampledShards(args.urls, seed=args.seed, deterministic=True)
+        dataset = wds.DataPipeline(source, wds.tarfile_to_samples(), wds.to_tuple("__key__", "cls", "__url__"))
+    else:  # keys and labels only: nothing to decode, this run is about who reads what
         dataset = wds.WebDataset(args.urls, shardshuffle=args.shardshuffle or False, **options)
-    # keys and labels only: nothing to decode, this run is about who reads what
-    dataset = dataset.to_tuple("__key__", "cls", "__url__").map(_tag_worker).batched(args.batch_size)
+        dataset = dataset.to_tuple("__key__", "cls", "__url__")
+    dataset = dataset.compose(wds.map(_tag_worker), wds.batched(args.batch_size))
     loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None)
     if args.epoch_batches:
         # on the loader, with_epoch counts this rank's batches (on the dataset it would count per worker)

@@ -70,17 +70,17 @@ def measure_stall(fn: Callable[..., Any]) -> None:
     """``fn(loader, step)`` runs one epoch, calls ``step(batch)`` per batch, and returns the share of time spent waiting."""
     attempted(fn)
     require(callable(fn), "measure_stall should be a function of (loader, step).")
-    share, truth, stepped = _run_stall(fn, _TimedBatches(8, load_s=0.03), step_s=0.01)
+    share, truth, stepped = _run_stall(fn, _TimedBatches(8, load_s=0.015), step_s=0.005)
     require(stepped == list(range(8)), f"step(batch) should run once per batch, in order: it ran for batches {stepped}.")
     require(share <= 1.0, f"measure_stall returned {share:.3g}: return a share of the wall time (between 0 and 1), not seconds.")
     require(not share > truth + 0.15, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: only the time "
             "inside next() (and iter()) is waiting; the step is work. Stop the stopwatch before step(batch).")
     require(abs(share - truth) < 0.1, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: add up the "
             "time of every next(), and divide by the wall time of the whole epoch.")
-    share, truth, _ = _run_stall(fn, _TimedBatches(4, load_s=0.0, start_s=0.15), step_s=0.02)
-    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.15 s, as starting workers does) you measured "
+    share, truth, _ = _run_stall(fn, _TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
+    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.08 s, as starting workers does) you measured "
             f"{share:.0%} waiting, the truth is {truth:.0%}: time iter(loader) too, the loop waits for it.")
-    share, truth, _ = _run_stall(fn, _TimedBatches(6, load_s=0.0), step_s=0.02)
+    share, truth, _ = _run_stall(fn, _TimedBatches(6, load_s=0.0), step_s=0.01)
     require(abs(share - truth) < 0.1, f"a loader that never makes the loop wait got {share:.0%} from you (truth "
             f"{truth:.0%}): count only the time spent getting batches.")
 

@@ -115,15 +115,24 @@ def test_01_split(tiny_set: Path) -> None:
     assert "in both parts" in status(nb01.seeded_split, *overlap, train)[1]
 
 
+def class_counts(ds):
+    """The notebook's solution."""
+    return {name: int((ds.targets == label).sum()) for label, name in enumerate(ds.classes)}
+
+
 def test_01_counts(tiny_set: Path) -> None:
     val = ImageFileDataset(tiny_set, "val")
-    right = {c: 2 for c in val.classes}
-    assert status(nb01.class_counts, right, val)[0] is Status.SOLVED
-    assert "class names as keys" in status(nb01.class_counts, {i: 2 for i in range(10)}, val)[1]
-    off = dict(right, star=3)
-    assert "the count for 'star' is 3" in status(nb01.class_counts, off, val)[1]
-    assert "should be a dict" in status(nb01.class_counts, [2] * 10, val)[1]
-
+    check = nb01.class_counts
+    assert status(check, class_counts, val)[0] is Status.SOLVED
+    assert status(check, lambda ds: dict(zip(ds.classes, np.bincount(ds.targets).tolist())), val)[0] is Status.SOLVED
+    assert status(check, ..., val)[0] is Status.NOT_ATTEMPTED
+    by_decoding = lambda ds: {c: sum(ds[i][1] == k for i in range(len(ds))) for k, c in enumerate(ds.classes)}  # noqa: E731
+    assert "indexed the dataset" in status(check, by_decoding, val)[1]
+    assert "class names as keys" in status(check, lambda ds: {i: 2 for i in range(10)}, val)[1]
+    assert "the count for 'star' is 3" in status(check, lambda ds: dict(class_counts(ds), star=3), val)[1]
+    assert "should return a dict" in status(check, lambda ds: [2] * 10, val)[1]
+    assert "a function of a dataset" in status(check, class_counts(val), val)[1]
+    assert "not those of `val`" in status(check, lambda ds: class_counts(val), val)[1]
 
 
 # ----------------------------------------------------------------- 01.2: labels from a CSV file, images read lazily

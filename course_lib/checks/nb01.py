@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import multiprocessing as mp
 import os
@@ -285,20 +286,40 @@ def seeded_split(train_part: Any, holdout: Any, dataset: Any) -> None:
     )
 
 
-@exercise("01.5", "the counts match. Read from .targets, they need no image decoding at all.")
-def class_counts(counts: Any, dataset: Any) -> None:
-    """``counts`` maps each class name to its number of samples in ``dataset``."""
-    attempted(counts)
-    require(isinstance(counts, dict), f"counts should be a dict {{class name: count}}, got {type(counts).__name__}.")
+def _no_decoding(dataset: Any) -> Any:
+    """A copy of ``dataset`` whose items cannot be read: a function given it may use its labels only."""
+    def refuse(self: Any, index: Any) -> Any:
+        raise Hint("class_counts indexed the dataset, and every ds[i] opens and decodes an image: count the labels "
+                   "in ds.targets instead (np.bincount, or == per class).")
+
+    probe = copy.copy(dataset)
+    probe.__class__ = type("NoDecoding", (type(dataset),), {"__getitem__": refuse, "load_image": refuse})
+    return probe
+
+
+@exercise("01.5", "the counts match, read from .targets: no image was decoded.")
+def class_counts(fn: Any, dataset: Any) -> None:
+    """``fn(ds)`` maps each class name of ``ds`` to its number of samples, without indexing ``ds``."""
+    attempted(fn)
+    require(callable(fn), f"class_counts should be a function of a dataset, got {type(fn).__name__}: def class_counts(ds): ...")
+    counts = fn(_no_decoding(dataset))
+    require(isinstance(counts, dict), f"class_counts(val) should return a dict {{class name: count}}, got {type(counts).__name__}.")
     truth = {c: int(k) for c, k in zip(dataset.classes, np.bincount(dataset.targets, minlength=len(dataset.classes)))}
     keys = {str(k) for k in counts}
     if keys != set(truth):
         if all(isinstance(k, (int, np.integer)) for k in counts):
-            raise Hint("use the class names as keys (dataset.classes[label]), not the integer labels.")
+            raise Hint("use the class names as keys (ds.classes[label]), not the integer labels.")
         raise Hint(f"the keys should be the class names {sorted(truth)}, got {sorted(keys)}.")
     wrong = [c for c in truth if int(counts[c]) != truth[c]]
     if wrong:
         raise Hint(f"the count for {wrong[0]!r} is {counts[wrong[0]]}, but the dataset has {truth[wrong[0]]}.")
+    part = copy.copy(dataset)
+    part.targets = dataset.targets[: len(dataset.targets) // 2]
+    half = fn(_no_decoding(part))
+    require({str(k): int(v) for k, v in half.items() if int(v)} == {c: int(k) for c, k in zip(
+        dataset.classes, np.bincount(part.targets, minlength=len(dataset.classes))) if int(k)},
+        "class_counts gives the same counts for another dataset: count the labels of the dataset it is given (ds), "
+        "not those of `val`.")
 
 
 __all__ = ["squares_dataset", "annotated_images", "packed_images", "seeded_split", "class_counts"]

@@ -310,3 +310,27 @@ def test_08_with_epoch_value() -> None:
     assert "per worker is per rank" in status(nb08.with_epoch_value, lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n))[1]
     assert "whole rank's epoch" in status(nb08.with_epoch_value, lambda n, b, w, on: n // max(1, w))[1]
     assert "whole number" in status(nb08.with_epoch_value, lambda n, b, w, on: n / max(1, w) if on == "dataset" else n)[1]
+
+
+class _FailsAtZero(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            raise ValueError("sample 0 is broken")
+        return index
+
+
+def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
+    """Left to the garbage collector, the workers of a failed pass outlive the check, and stop in a later cell."""
+    import multiprocessing
+
+    from course_lib.checks._core import drain
+
+    assert [b.tolist() for b in drain(torch.utils.data.DataLoader(range(6), batch_size=2, num_workers=2))] == [
+        [0, 1], [2, 3], [4, 5]]
+    loader = torch.utils.data.DataLoader(_FailsAtZero(), num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="sample 0 is broken"):
+        drain(loader)
+    assert multiprocessing.active_children() == []

@@ -284,3 +284,66 @@ def test_05_bucket_sampler() -> None:
     assert "run from short to long" in status(check, BatchesInOrder)[1]
     assert "__len__ is the number of batches" in status(check, WrongLength)[1]
     assert "draw every random choice from self.generator" in status(check, GlobalShuffle)[1]
+
+
+# ----------------------------------------------------------------- 05.4: a class first, then a sample of it
+
+
+class ClassThenSample(Sampler):
+    """The notebook's solution."""
+
+    def __init__(self, targets, num_samples, generator):
+        targets = torch.as_tensor(targets)
+        self.members = [torch.nonzero(targets == c).flatten() for c in targets.unique()]
+        self.num_samples = num_samples
+        self.generator = generator
+
+    def __iter__(self):
+        classes = torch.randint(len(self.members), (self.num_samples,), generator=self.generator)
+        for c in classes.tolist():
+            members = self.members[c]
+            yield int(members[torch.randint(len(members), (1,), generator=self.generator)])
+
+    def __len__(self):
+        return self.num_samples
+
+
+class UniformOverSamples(ClassThenSample):
+    def __iter__(self):
+        n = sum(len(m) for m in self.members)
+        yield from torch.randint(n, (self.num_samples,), generator=self.generator).tolist()
+
+
+class FirstMembers(ClassThenSample):
+    def __iter__(self):
+        classes = torch.randint(len(self.members), (self.num_samples,), generator=self.generator)
+        for c in classes.tolist():
+            yield int(self.members[c][torch.randint(5, (1,), generator=self.generator)])
+
+
+class FreshGenerator(ClassThenSample):
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(0)
+        yield from super().__iter__()
+
+
+class GlobalDraws(ClassThenSample):
+    def __iter__(self):
+        self.generator = None
+        yield from super().__iter__()
+
+
+class YieldsLabels(ClassThenSample):
+    def __iter__(self):
+        yield from torch.randint(len(self.members), (self.num_samples,), generator=self.generator).tolist()
+
+
+def test_05_class_then_sample() -> None:
+    check = nb05.class_then_sample
+    assert status(check, ClassThenSample)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert "pick the class first" in status(check, UniformOverSamples)[1]
+    assert "only 5 different ones" in status(check, FirstMembers)[1]
+    assert "second epoch repeats the first" in status(check, FreshGenerator)[1]
+    assert "not from torch's global generator" in status(check, GlobalDraws)[1]
+    assert "pick the class first" in status(check, YieldsLabels)[1]

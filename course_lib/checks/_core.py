@@ -81,6 +81,22 @@ def attempted(*answers: Any) -> None:
         raise NotAttempted("replace the `...` with your answer, run the cell, then run this check again.")
 
 
+def drain(loader: Any) -> list[Any]:
+    """Every batch of one pass over ``loader``, its worker processes shut down before this returns or raises.
+
+    When a learner's code fails in a worker, the exception's traceback keeps the loader's iterator, and its
+    workers, alive until some later garbage collection, which then stops them in the middle of another cell
+    (and can stall the kernel's output). ``_shutdown_workers`` is torch's own clean-up (private; checked with
+    torch 2.14 and 2.15)."""
+    batches = iter(loader)
+    try:
+        return list(batches)
+    finally:
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
 def _where(exc: BaseException) -> str:
     """The learner-facing part of an exception: type and message, plus the line in their code."""
     message = str(exc)

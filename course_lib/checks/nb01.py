@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
 
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, drain, exercise, require
 
 
 @exercise("01.1", "Squares follows the Dataset protocol: length, items, and IndexError past the end.")
@@ -255,7 +255,7 @@ def _handles_in_workers(ds: Any, path: str, records: np.ndarray, labels: np.ndar
     inherited = _fds_to(path) or frozenset()
     loader = DataLoader(_Probe(ds, path), batch_size=None, collate_fn=_as_is, num_workers=2, multiprocessing_context="fork")
     counts = set()
-    for k, item, fds, _ in loader:
+    for k, item, fds, _ in drain(loader):
         _check_packed_item(k, item, records, labels)
         counts.add(len(fds - inherited))
     return counts

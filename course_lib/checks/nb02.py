@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..datasets import InMemoryDataset
 
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, drain, exercise, require
 
 
 def _check_chain(chain_cls: Any) -> None:
@@ -212,7 +212,7 @@ def noise_module(path: Any) -> None:
             "should raise TypeError saying what to do: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
     ds = InMemoryDataset(torch.full((4, 3, 8, 8), 0.5), transform=noise)
     loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")  # one batch per worker
-    worker0, worker1 = list(loader)
+    worker0, worker1 = drain(loader)
     require(not torch.equal(worker0[0] - 0.5, worker1[0] - 0.5), "both spawn workers drew the same noise: a generator "
             "made in __init__ is copied into every worker. Use torch's own (torch.randn_like), which each worker seeds "
             "differently.")

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from .._support import fork_context
 from ..datasets import RandomSequences
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, drain, exercise, require
 
 
 @exercise("03.1", "1000 samples in batches of 64 give 16 batches (the last one has 40), or 15 with drop_last.")
@@ -71,7 +71,7 @@ def collate_records(fn: Callable[[list], Any]) -> None:
     _check_record_batch(fn(samples[:6]), samples[:6])
     _check_record_batch(fn(samples[6:7]), samples[6:7])
     loader = DataLoader(samples, batch_size=4, collate_fn=fn, num_workers=2, multiprocessing_context=fork_context())
-    batches = list(loader)
+    batches = drain(loader)
     require(len(batches) == 3, f"12 records in batches of 4 gave {len(batches)} batches.")
     for k, batch in enumerate(batches):
         _check_record_batch(batch, samples[4 * k:4 * k + 4])

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from .._support import fork_context
 from ..instrument import EpochRecord
 from ..workers import NoisyDataset
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, drain, exercise, require
 
 STEP = 0.040  # the training step of exercise 04.3, in seconds
 
@@ -161,7 +161,7 @@ def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int]
         generator=torch.Generator().manual_seed(seed),
         multiprocessing_context=ctx,
     )
-    shifts = [int(shift) for _, shift in loader]
+    shifts = [int(shift) for _, shift in drain(loader)]
     return shifts[0::2], shifts[1::2]
 
 

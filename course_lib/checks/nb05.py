@@ -177,10 +177,45 @@ def epoch_shuffle(sampler_cls: Any) -> None:
     require(order == first, "through a DataLoader (sampler=...), the order differs from the sampler's own.")
 
 
-# ----------------------------------------------------------------- 05.4: a bucketing batch sampler
+# ----------------------------------------------------------------- 05.4: a class first, then a sample of it
 
 
-@exercise("05.4", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
+def _skewed_targets() -> np.ndarray:
+    """600 labels of 3 classes: 400, 150 and 50 samples, interleaved."""
+    return np.random.default_rng(7).permutation(np.repeat([0, 1, 2], [400, 150, 50]))
+
+
+@exercise("05.4", "ClassThenSample balances the classes with no per-sample weights: a class at random, then one of its samples.")
+def class_then_sample(sampler_cls: Any) -> None:
+    """``sampler_cls(targets, num_samples, generator)``: each draw a uniform class, then a uniform sample of it."""
+    attempted(sampler_cls)
+    require(isinstance(sampler_cls, type), "pass the class itself, `ClassThenSample`, not an instance.")
+    targets = _skewed_targets()
+    s = sampler_cls(targets, 3000, torch.Generator().manual_seed(0))
+    require(len(s) == 3000, f"len() should be num_samples (3000), got {len(s)}.")
+    epoch1 = one_epoch(s)
+    require(len(epoch1) == 3000, f"an epoch should yield num_samples indices (3000), got {len(epoch1)}.")
+    require(all(0 <= i < len(targets) for i in epoch1), "indices must be positions in targets (0..599), not labels.")
+    per_class = np.bincount(targets[epoch1], minlength=3)
+    require(per_class.min() > 850, f"the classes were drawn {per_class.tolist()} times in 3000 draws: pick the class "
+            "first, uniformly (torch.randint(number of classes, ...)), then a sample of it.")
+    rare = [i for i in epoch1 if targets[i] == 2]
+    require(len(set(rare)) > 40, f"the 50 samples of the rarest class came as only {len(set(rare))} different ones: "
+            "pick the sample uniformly among the members of the drawn class.")
+    common = Counter(i for i in epoch1 if targets[i] == 0)
+    require(max(common.values()) < 15, "some samples of the largest class come far more often than others: draw "
+            "uniformly among the class's members, not always the first ones.")
+    require(one_epoch(s) != epoch1, "the second epoch repeats the first: draw from self.generator in __iter__, which "
+            "advances, rather than from a generator made anew each epoch.")
+    twin = sampler_cls(targets, 3000, torch.Generator().manual_seed(0))
+    require(one_epoch(twin) == epoch1, "two samplers with generators seeded 0 give different draws: draw every random "
+            "number from self.generator, not from torch's global generator.")
+
+
+# ----------------------------------------------------------------- 05.5: a bucketing batch sampler
+
+
+@exercise("05.5", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
 def bucket_sampler(sampler_cls: Any) -> None:
     """``sampler_cls(lengths, batch_size, bucket_size, generator)``: a batch sampler that buckets, sorts, reshuffles."""
     attempted(sampler_cls)
@@ -218,4 +253,4 @@ def bucket_sampler(sampler_cls: Any) -> None:
     require([b.tolist() for b in loader] == epoch1, "as a DataLoader's batch_sampler it yields other batches than iterated directly.")
 
 
-__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "bucket_sampler"]
+__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "class_then_sample", "bucket_sampler"]

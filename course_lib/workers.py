@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -52,10 +51,8 @@ class RandomnessProbe(Dataset):
 
 class NoisyDataset(Dataset):
     """Notebook 04, section 8: A dataset whose "augmentation" draws from a NumPy generator created in ``__init__``.
-
     Sample ``i`` is ``(i, shift)``, ``shift`` a random crop offset in ``0..999``. Each worker gets a *copy* of
-    ``self.rng`` in the same state: workers repeat each other's shifts unless a ``worker_init_fn`` reseeds it.
-    """
+    ``self.rng`` in the same state: workers repeat each other's shifts unless a ``worker_init_fn`` reseeds it."""
 
     def __init__(self, n: int = 8, seed: int = 0) -> None:
         self.n = n
@@ -133,10 +130,8 @@ def ppm_payloads(n: int = 100, side: int = 96, seed: int = 0, distinct: int = 8)
 
 
 def decode_jpeg(payload: bytes) -> np.ndarray:
-    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works.
-
-    NumPy, not torch: it runs in processes forked by a plain pool, where torch's thread pool can deadlock.
-    """
+    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works. NumPy, not
+    torch: it runs in processes forked by a plain pool, where torch's thread pool can deadlock."""
     with Image.open(io.BytesIO(payload)) as img:
         return np.asarray(img.convert("RGB"))
 
@@ -155,11 +150,9 @@ def _discard(fn: Callable[[Any], Any], item: Any) -> None:
 
 
 def parallel_speedups(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 2) -> dict[str, float]:
-    """Notebook 04, section 7: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes.
-
-    Returns ``{"threads": x, "processes": y}``, serial time / parallel time. The pools start before the clock does, as
-    a DataLoader's workers do before an epoch's steady state; processes are forked where the platform can.
-    """
+    """Notebook 04, section 7: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes:
+    ``{"threads": x, "processes": y}``, serial time / parallel time. The pools start before the clock does, as a
+    DataLoader's workers do before an epoch's steady state; processes are forked where the platform can."""
     fn = functools.partial(_discard, fn)
     start = time.perf_counter()
     for item in items:
@@ -211,36 +204,43 @@ def private_memory_growth(items: Any) -> float:
 
 
 # --- operating-system limits ----------------------------------------------------------------
-def _open_files_child(strategy: str, limit: int) -> None:
-    """Runs in a child process: keep every batch while the open-file limit is low."""
+def _open_files_child(strategy: str, limit: int, answer: Any) -> None:
+    """Runs in a forked child process: keep 400 small tensors from workers (each one a shared-memory handle, a file
+    descriptor) while the open-file limit is low; send back what happened."""
     import resource
-
+    os.closerange(3, answer.fileno())  # only what a fresh process has open: the parent's files are not the demo's
+    os.closerange(answer.fileno() + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     torch.multiprocessing.set_sharing_strategy(strategy)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     kept = []
     try:
-        # 400 small tensors: each one a worker sends is a shared-memory handle (a file descriptor)
         for batch in DataLoader(SlowStorage(n=400, slow_s=0.0), batch_size=None, num_workers=2):
             kept.append(batch)  # a kept tensor keeps its shared memory (and, by default, its fd) open
     except RuntimeError as exc:
-        print(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-        return
-    print(f"kept all {len(kept)} tensors from the workers")
+        return answer.send(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    answer.send(f"kept all {len(kept)} tensors from the workers")
 
 
 def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout: float = 120) -> str:
-    """Notebook 04, section 10: run a loader in a child process whose open-file limit is ``limit``; return what it printed.
-
-    The notebook's kernel keeps its own limit. ``strategy``: torch's ``"file_descriptor"`` (Linux default) or ``"file_system"``.
-    """
+    """Notebook 04, section 10: run a loader in a forked child process whose open-file limit is ``limit``; return what
+    happened. The notebook's kernel keeps its own limit. ``strategy``: torch's ``"file_descriptor"`` (Linux default) or
+    ``"file_system"``."""
     if sys.platform == "win32":
         raise RuntimeError("open-file limits are a Linux/macOS topic; Windows has none to show here")
-    code = f"from course_lib.workers import _open_files_child; _open_files_child({strategy!r}, {int(limit)})"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the demo process failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return lines[-1]
+    receive, send = fork_context().Pipe(duplex=False)
+    child = fork_context().Process(target=_open_files_child, args=(strategy, int(limit), send))
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            raise RuntimeError(f"the demo process gave no answer within {timeout} s")
+        return receive.recv()
+    except EOFError:  # the child ended without sending
+        raise RuntimeError("the demo process ended without an answer") from None
+    finally:
+        child.join(timeout=10)  # it shuts its own workers down first
+        child.kill()
+        child.join()
 
 
 def cpu_count() -> int:

@@ -115,6 +115,16 @@ def test_01_split(tiny_set: Path) -> None:
     assert "in both parts" in status(nb01.seeded_split, *overlap, train)[1]
 
 
+def test_01_split_from_the_global_seed(tiny_set: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.manual_seed(42) + an unseeded random_split gives the same indices: only the cell's code tells them apart."""
+    train = ImageFileDataset(tiny_set, "train")
+    good = two_views(tiny_set, [0.8, 0.2], 42)
+    monkeypatch.setattr(nb01, "_running_cell", lambda: "torch.manual_seed(42)\nparts = random_split(range(len(train)), [0.8, 0.2])\ncheck.seeded_split(a, b, train)")
+    assert "global generator" in status(nb01.seeded_split, *good, train)[1]
+    monkeypatch.setattr(nb01, "_running_cell", lambda: "parts = random_split(idx, [0.8, 0.2], generator=torch.Generator().manual_seed(42))")
+    assert status(nb01.seeded_split, *good, train)[0] is Status.SOLVED
+
+
 def class_counts(ds):
     """The notebook's solution."""
     return {name: int((ds.targets == label).sum()) for label, name in enumerate(ds.classes)}

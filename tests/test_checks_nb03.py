@@ -145,7 +145,7 @@ def test_03_collate_records() -> None:
     assert "longest sequence in this batch" in status(check, padded_to_fixed)[1]
 
 
-# ----------------------------------------------------------------- 03.4: batches sliced from tensors
+# ----------------------------------------------------------------- 03.5: batches sliced from tensors
 
 
 def my_batches(x, y, batch_size, generator, drop_last=False):
@@ -193,7 +193,7 @@ def test_03_my_batches() -> None:
     assert "two epochs with one generator gave the same order" in status(check, same_every_epoch)[1]
 
 
-# ----------------------------------------------------------------- 03.5: a training pass over any iterable
+# ----------------------------------------------------------------- 03.6: a training pass over any iterable
 
 
 def my_train_epoch(model, optimizer, batches):
@@ -260,3 +260,50 @@ def test_03_my_train_epoch() -> None:
     assert "call optimizer.step()" in status(check, no_step)[1]
     assert "not a tensor that keeps the whole graph" in status(check, keeps_graph)[1]
     assert "returned None" in status(check, no_return)[1]
+
+
+# ----------------------------------------------------------------- 03.4: MixUp by hand
+
+
+def mixup(images, labels, num_classes, generator):
+    """The notebook's solution."""
+    lam = torch.rand((), generator=generator)
+    perm = torch.randperm(len(images), generator=generator)
+    targets = nn.functional.one_hot(labels, num_classes).float()
+    return lam * images + (1 - lam) * images[perm], lam * targets + (1 - lam) * targets[perm]
+
+
+def mixup_with(lam=None, perm=None, labels_mixed=True, swap=False, in_place=False):
+    """A wrong MixUp: a fixed or per-sample lam, no permutation, hard labels, swapped weights, or written in place."""
+    def fn(images, labels, num_classes, generator):
+        g = generator if lam != "global" else None
+        w = torch.rand((), generator=g) if lam in (None, "global") else lam(len(images), generator)
+        p = torch.randperm(len(images), generator=g) if perm is None else perm(len(images))
+        t = nn.functional.one_hot(labels, num_classes).float()
+        wi = w.view(-1, 1, 1, 1) if torch.is_tensor(w) and w.dim() else w
+        wl = w.view(-1, 1) if torch.is_tensor(w) and w.dim() else w
+        other = images[p]
+        x = images.mul_(wi).add_((1 - wi) * other) if in_place else wi * images + (1 - wi) * other
+        y = ((1 - wl) * t + wl * t[p]) if swap else (wl * t + (1 - wl) * t[p])
+        return x, (y if labels_mixed else t)
+    return fn
+
+
+def test_03_my_mixup() -> None:
+    check = nb03.my_mixup
+    assert status(check, mixup)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(images, labels, num_classes, generator):
+        raise NotImplementedError
+
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    assert "the labels are not" in status(check, mixup_with(labels_mixed=False))[1]
+    assert "swapped" in status(check, mixup_with(swap=True))[1]
+    assert "not the global one" in status(check, mixup_with(lam="global"))[1]
+    assert "the same proportion" in status(check, mixup_with(lam=lambda n, g: torch.tensor(0.5)))[1]
+    assert "nothing was mixed" in status(check, mixup_with(perm=lambda n: torch.arange(n)))[1]
+    assert "different proportions" in status(check, mixup_with(lam=lambda n, g: torch.rand(n, generator=g)))[1]
+    assert "changed the batch" in status(check, mixup_with(in_place=True))[1]
+    assert "soft vectors" in status(check, lambda images, labels, k, g: (mixup(images, labels, k, g)[0], labels))[1]
+    assert "a pair" in status(check, lambda images, labels, k, g: mixup(images, labels, k, g)[0])[1]

@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from torch.utils.data import get_worker_info
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.data import DataLoader, get_worker_info
 
 from course_lib.checks import Status, nb04
 from course_lib.instrument import BatchRecord, EpochRecord
@@ -118,6 +119,45 @@ def test_04_measure_stall() -> None:
 
 
 
+# ----------------------------------------------------------------- 04.2: the same stall, from torch.profiler
+
+
+def profile_stall(loader, step, epoch_total="cpu_time_total", wrap_iter=True, waiting_key="waiting"):
+    """The notebook's solution, and (through the keywords) three wrong versions of it."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("epoch"):
+            if wrap_iter:
+                with record_function("waiting"):
+                    batches = iter(loader)
+            else:
+                batches = iter(loader)
+            while True:
+                with record_function("waiting"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                with record_function("step"):
+                    step(batch)
+    events = {event.key: event for event in prof.key_averages()}
+    return getattr(events[waiting_key], "cpu_time_total") / getattr(events["epoch"], epoch_total)
+
+
+def test_04_profile_stall() -> None:
+    check = nb04.profile_stall
+    assert status(check, profile_stall)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(loader, step):
+        raise NotImplementedError
+
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    assert "did not run under torch.profiler" in status(check, measure_stall)[1]
+    assert "put iter(loader) inside" in status(check, lambda l, s: profile_stall(l, s, wrap_iter=False))[1]
+    assert "not by its self time" in status(check, lambda l, s: profile_stall(l, s, epoch_total="self_cpu_time_total"))[1]
+    assert "where the loop waited" in status(check, lambda l, s: profile_stall(l, s, waiting_key="step"))[1]
+    assert "one number" in status(check, lambda l, s: str(profile_stall(l, s)))[1]
+
+
 def test_04_workers_needed() -> None:
     assert status(nb04.workers_needed, lambda load, step: math.ceil(load / step))[0] is Status.SOLVED
     assert status(nb04.workers_needed, ...)[0] is Status.NOT_ATTEMPTED
@@ -164,6 +204,61 @@ def test_04_just_enough_workers() -> None:
     for record in overshot.values():
         record.settings["step_s"] = 0.02
     assert "exercise's step" in status(nb04.just_enough_workers, 2, overshot)[1]
+
+
+# ----------------------------------------------------------------- 04.5: a sweep of your own
+
+
+def my_sweep(dataset, name, values, step, **settings):
+    """The notebook's solution."""
+    results = {}
+    for value in values:
+        loader = DataLoader(dataset, **{**settings, name: value})
+        start = time.perf_counter()
+        stall = measure_stall(loader, step)
+        results[value] = (stall, len(dataset) / (time.perf_counter() - start))
+    return results
+
+
+def sweep_with(build=None, rate=None, result=None):
+    """A wrong sweep: loaders built otherwise, another rate, or another result per value."""
+    def fn(dataset, name, values, step, **settings):
+        results = {}
+        for value in values:
+            loader = build(dataset, name, value, settings) if build else DataLoader(dataset, **{**settings, name: value})
+            start = time.perf_counter()
+            stall = measure_stall(loader, step)
+            seconds = time.perf_counter() - start
+            results[value] = result(stall, seconds, loader) if result else (stall, (rate or (lambda s, l: len(dataset) / s))(seconds, loader))
+        return results
+    return fn
+
+
+def test_04_my_sweep() -> None:
+    check = nb04.my_sweep
+    assert status(check, my_sweep)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(dataset, name, values, step, **settings):
+        raise NotImplementedError
+
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    ignores_value = sweep_with(build=lambda d, name, value, settings: DataLoader(d, **settings))
+    assert "with the value swept" in status(check, ignores_value)[1]
+    drops_settings = sweep_with(build=lambda d, name, value, settings: DataLoader(d, **{name: value}))
+    assert "with **settings" in status(check, drops_settings)[1]
+    per_batch = sweep_with(rate=lambda seconds, loader: len(loader) / seconds)
+    assert "not batches per second" in status(check, per_batch)[1]
+    per_step_only = sweep_with(rate=lambda seconds, loader: 10 * len(loader.dataset) / seconds)
+    assert "too fast" in status(check, per_step_only)[1]
+    assert "a pair of numbers" in status(check, sweep_with(result=lambda stall, seconds, loader: stall))[1]
+    assert "a share of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (100 * stall, 1.0)))[1]
+
+    def as_list(dataset, name, values, step, **settings):
+        return list(my_sweep(dataset, name, values, step, **settings).values())
+
+    assert "return a dict" in status(check, as_list)[1]
+    assert "about 75 % of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (1 - stall, len(loader.dataset) / seconds)))[1]
 
 
 def _reseed(worker_id: int) -> None:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler, SubsetRandomSampler
+from torch.utils.data import Sampler, SubsetRandomSampler, WeightedRandomSampler
 
 from course_lib.checks import Status, nb05
 from course_lib.samplers import imbalanced_subset
@@ -207,7 +207,7 @@ def test_05_epoch_shuffle() -> None:
     assert "not an instance" in status(check, EpochShuffle(10))[1]
 
 
-# ----------------------------------------------------------------- 05.4: a bucketing batch sampler
+# ----------------------------------------------------------------- 05.6: a bucketing batch sampler
 
 
 class MyBucketSampler(Sampler):
@@ -286,7 +286,7 @@ def test_05_bucket_sampler() -> None:
     assert "draw every random choice from self.generator" in status(check, GlobalShuffle)[1]
 
 
-# ----------------------------------------------------------------- 05.4: a class first, then a sample of it
+# ----------------------------------------------------------------- 05.5: a class first, then a sample of it
 
 
 class ClassThenSample(Sampler):
@@ -347,3 +347,50 @@ def test_05_class_then_sample() -> None:
     assert "second epoch repeats the first" in status(check, FreshGenerator)[1]
     assert "not from torch's global generator" in status(check, GlobalDraws)[1]
     assert "pick the class first" in status(check, YieldsLabels)[1]
+
+
+# ----------------------------------------------------------------- 05.4: softer balancing
+
+
+def balanced_sampler(targets, power, generator):
+    """The notebook's solution."""
+    targets = torch.as_tensor(targets)
+    weights = torch.bincount(targets).double()[targets] ** -power
+    return WeightedRandomSampler(weights, num_samples=len(targets), replacement=True, generator=generator)
+
+
+def test_05_balanced_sampler() -> None:
+    check = nb05.balanced_sampler
+    assert status(check, balanced_sampler)[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(targets, power, generator):
+        raise NotImplementedError
+
+    def weighted(weights_of, replacement=True, size=None, generator_of=lambda g: g):
+        def fn(targets, power, generator):
+            targets = torch.as_tensor(targets)
+            weights = weights_of(torch.bincount(targets).double(), targets, power)
+            return WeightedRandomSampler(weights, num_samples=size or len(targets), replacement=replacement,
+                                         generator=generator_of(generator))
+        return fn
+
+    class Reseeding:  # a new generator with the same seed every epoch: all epochs alike
+        def __init__(self, targets, power, generator):
+            self.args, self.seed = (targets, power), generator.initial_seed()
+
+        def __len__(self):
+            return len(self.args[0])
+
+        def __iter__(self):
+            return iter(balanced_sampler(*self.args, torch.Generator().manual_seed(self.seed)))
+
+    per_sample = lambda counts, targets, power: counts[targets] ** -power  # noqa: E731
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    assert "one per *class*" in status(check, weighted(lambda c, t, p: c ** -p))[1]
+    assert "with power=0.5" in status(check, weighted(lambda c, t, p: c[t] ** -1.0))[1]
+    assert "negative exponent" in status(check, weighted(lambda c, t, p: c[t] ** p))[1]
+    assert "replacement=True" in status(check, weighted(per_sample, replacement=False))[1]
+    assert "pass generator=generator" in status(check, weighted(per_sample, generator_of=lambda g: None))[1]
+    assert "num_samples=len(targets)" in status(check, weighted(per_sample, size=10))[1]
+    assert "instead of re-seeding" in status(check, Reseeding)[1]

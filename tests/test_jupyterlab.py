@@ -167,10 +167,10 @@ LEARNER_PATHS = [
                              right=SQUARES.format(guard="        if i < 0:\n            i += self.n\n"
                                                                "        if not 0 <= i < self.n:\n            raise IndexError(i)\n")),
                  id="01.1"),
-    pytest.param(LearnerPath("04", ("### Exercise 04.3", "## 5 · "), "04.2", cell="def workers_needed(",
+    pytest.param(LearnerPath("04", ("### Exercise 04.4", "## 5 · "), "04.3", cell="def workers_needed(",
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
                              wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
-                 id="04.2"),
+                 id="04.3"),
     # 10.1: no workers at all is the plausible wrong answer (the loop waits most of the time).
     pytest.param(LearnerPath("10", ("## 4 · ", "### Pitfall: fewer shards"), "10.1", cell="tuned = ...", stub="tuned = ...",
                              wrong="tuned = 0",

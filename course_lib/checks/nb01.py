@@ -284,6 +284,22 @@ def seeded_split(train_part: Any, holdout: Any, dataset: Any) -> None:
         list(train_part.indices) == list(expected[0].indices),
         "the split is not the one seed 42 gives: pass generator=torch.Generator().manual_seed(42) to random_split.",
     )
+    cell = _running_cell()
+    require("manual_seed(42)" not in cell.replace(" ", "") or "generator=" in cell, "the split is right, but it comes "
+            "from the global generator that torch.manual_seed(42) seeded: any random draw added before it (a model, an "
+            "augmentation) would change it. Give random_split a generator of its own: "
+            "generator=torch.Generator().manual_seed(42).")
+
+
+def _running_cell() -> str:
+    """The source of the notebook cell running now ("" outside IPython): the global seed leaves no trace in the result."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return ""
+    shell = get_ipython()
+    cell = shell.user_ns.get("In", [""])[-1] if shell is not None else ""
+    return cell if "seeded_split" in cell else ""  # a kernel run without history: In[-1] is an older cell
 
 
 def _no_decoding(dataset: Any) -> Any:

@@ -116,10 +116,10 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
     require(_order(make_loader(1)) != _order(make_loader(0)), "seeds 0 and 1 give the same order: use the seed argument.")
 
 
-# ----------------------------------------------------------------- 03.4 and 03.5: a loader and a loop of your own
+# ----------------------------------------------------------------- 03.5 and 03.6: a loader and a loop of your own
 
 
-@exercise("03.4", "my_batches slices shuffled batches straight from tensors: every sample once, the order set by the generator.")
+@exercise("03.5", "my_batches slices shuffled batches straight from tensors: every sample once, the order set by the generator.")
 def my_batches(fn: Callable[..., Any]) -> None:
     """``fn(x, y, batch_size, generator, drop_last=False)`` yields ``(x[idx], y[idx])`` batches of a fresh permutation."""
     attempted(fn)
@@ -151,7 +151,7 @@ def my_batches(fn: Callable[..., Any]) -> None:
     require(dropped == [4, 4], f"with drop_last=True the sizes should be [4, 4], got {dropped}.")
 
 
-@exercise("03.5", "my_train_epoch steps the optimiser once per batch and returns the mean loss per sample.")
+@exercise("03.6", "my_train_epoch steps the optimiser once per batch and returns the mean loss per sample.")
 def my_train_epoch(fn: Callable[..., Any]) -> None:
     """``fn(model, optimizer, batches)``: a training pass over any iterable; returns the mean loss per sample."""
     attempted(fn)
@@ -191,4 +191,68 @@ def my_train_epoch(fn: Callable[..., Any]) -> None:
             "sum loss.item() * len(y) over the batches, then divide by the number of samples.")
 
 
-__all__ = ["count_batches", "reproducible_loader", "collate_records", "my_batches", "my_train_epoch"]
+def _mix_weights(images: torch.Tensor, labels: torch.Tensor, out: Any, classes: int) -> torch.Tensor:
+    """The soft labels of ``out = fn(images, labels, ...)``, after checking their form; one row per output sample."""
+    require(isinstance(out, (tuple, list)) and len(out) == 2, "return a pair: (mixed images, mixed labels).")
+    mixed, soft = out
+    require(isinstance(mixed, torch.Tensor) and mixed.shape == images.shape,
+            f"the mixed images should keep the batch's shape {tuple(images.shape)}, got "
+            f"{tuple(mixed.shape) if isinstance(mixed, torch.Tensor) else type(mixed).__name__}.")
+    require(isinstance(soft, torch.Tensor) and soft.shape == (len(labels), classes),
+            f"the labels should become soft vectors, [batch, num_classes] = {(len(labels), classes)}: "
+            "one_hot(labels, num_classes).float(), then blend them as you blend the images.")
+    require(soft.is_floating_point() and bool((soft >= -1e-6).all()) and torch.allclose(soft.sum(1), torch.ones(len(soft))),
+            "every soft label should be a float vector of shares that add up to 1: lam * one_hot + (1 - lam) * one_hot[perm].")
+    # every sample has a class of its own, so a soft label says how much of each sample is in the mix
+    expected = soft[:, labels] @ images.flatten(1)
+    if not torch.allclose(mixed.flatten(1), expected, atol=1e-4):
+        pairs = (soft > 1e-6).sum(1, keepdim=True) == 2
+        require(bool(pairs.any()), "the images are mixed but the labels are not: a blend of two images needs a blend "
+                "of their labels, lam * one_hot + (1 - lam) * one_hot[perm], or the model learns the wrong target.")
+        swapped = torch.where(pairs & (soft > 1e-6), 1 - soft, soft)
+        require(not torch.allclose(mixed.flatten(1), swapped[:, labels] @ images.flatten(1), atol=1e-4),
+                "lam and 1 - lam are swapped between the images and the labels: the image that gets weight lam "
+                "must give its label weight lam too.")
+    require(torch.allclose(mixed.flatten(1), expected, atol=1e-4),
+            "the images and the labels are not blended alike: image i should be lam * images[i] + (1 - lam) * "
+            "images[perm[i]], and its label lam * one_hot[i] + (1 - lam) * one_hot[perm[i]] (same lam, same perm).")
+    return soft
+
+
+@exercise("03.4", "my_mixup blends images and one-hot labels with one lam and one permutation per batch, drawn from your generator.")
+def my_mixup(fn: Callable[..., Any]) -> None:
+    """``fn(images, labels, num_classes, generator) -> (mixed images, soft labels)``: MixUp by hand."""
+    attempted(fn)
+    batch, classes = 6, 6
+    labels = torch.tensor([3, 0, 5, 1, 4, 2])  # one sample per class
+    images = torch.arange(1.0, batch + 1)[:, None, None, None].expand(batch, 3, 4, 4).clone()
+    images[:, 1] *= -1  # not constant across channels: a mix of the wrong samples shows
+
+    def run(seed: int) -> Any:
+        before = images.clone()
+        out = fn(images, labels, classes, torch.Generator().manual_seed(seed))
+        require(torch.equal(images, before), "your function changed the batch it was given: compute new tensors "
+                "(lam * images + ...) instead of writing into images.")
+        return out
+
+    softs = [_mix_weights(images, labels, run(seed), classes) for seed in range(12)]
+    mixed_rows = [s for s in softs if bool(((s > 1e-6).sum(1) > 1).any())]
+    require(mixed_rows, "nothing was mixed: every image is itself and every label one-hot. Blend each sample with "
+            "the one a random permutation puts beside it: images[torch.randperm(len(images), generator=generator)].")
+    for s in mixed_rows:
+        rows = s[(s > 1e-6).sum(1) > 1]
+        lam = rows.max(1).values
+        require(torch.allclose(lam, lam[0], atol=1e-5), "the rows of one batch are mixed in different proportions: "
+                "draw one lam per batch (torch.rand((), generator=generator)), as MixUp does.")
+    lams = {round(float(s.max(1).values.min()), 4) for s in softs}
+    require(len(lams) > 3, "every batch is mixed in the same proportion: draw lam anew for each batch from the "
+            "generator, e.g. torch.rand((), generator=generator) (Beta(1, 1), the uniform distribution).")
+    torch.manual_seed(7)
+    first = run(0)
+    torch.manual_seed(8)
+    again = run(0)
+    require(all(torch.equal(a, b) for a, b in zip(first, again)), "the same generator seed gave a different mix: draw "
+            "lam and the permutation from the generator you are given (generator=generator), not the global one.")
+
+
+__all__ = ["count_batches", "reproducible_loader", "collate_records", "my_batches", "my_train_epoch", "my_mixup"]

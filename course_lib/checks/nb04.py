@@ -14,7 +14,7 @@ from ..instrument import EpochRecord
 from ..workers import NoisyDataset
 from ._core import Hint, attempted, drain, exercise, require
 
-STEP = 0.040  # the training step of exercise 04.3, in seconds
+STEP = 0.040  # the training step of exercise 04.4, in seconds
 
 
 # ----------------------------------------------------------------- 04.1: the data stall, measured by hand
@@ -26,12 +26,14 @@ class _TimedBatches:
 
     def __init__(self, n: int, load_s: float, start_s: float = 0.0) -> None:
         self.n, self.load_s, self.start_s, self.waited = n, load_s, start_s, 0.0
+        self.span = (0.0, 0.0)  # from iter() to the end of the batches: the epoch as the loop sees it
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         t0 = time.perf_counter()
+        self.span = (t0, t0)
         time.sleep(self.start_s)  # at iter(), as a DataLoader starts its workers there
         self.waited += time.perf_counter() - t0
         return self._batches()
@@ -44,6 +46,11 @@ class _TimedBatches:
             yield torch.full((2,), k)
             t0 = time.perf_counter()
         self.waited += time.perf_counter() - t0
+        self.span = (self.span[0], time.perf_counter())
+
+    def true_stall(self) -> float:
+        """The share of the epoch its consumer spent waiting, measured from inside."""
+        return self.waited / max(self.span[1] - self.span[0], 1e-9)
 
 
 def _run_stall(fn: Callable[..., Any], batches: _TimedBatches, step_s: float) -> tuple[float, float, list[int]]:
@@ -85,7 +92,48 @@ def measure_stall(fn: Callable[..., Any]) -> None:
             f"{truth:.0%}): count only the time spent getting batches.")
 
 
-@exercise("04.2", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
+# ----------------------------------------------------------------- 04.2: the same stall, from torch.profiler
+
+
+def _profiler_running() -> bool:
+    """Whether a torch.profiler session records this thread right now (private; checked with torch 2.14 and 2.15)."""
+    return bool(torch.autograd._profiler_enabled())
+
+
+@exercise("04.2", "your profiler trace gives the stall the loop really had: the 'waiting' ranges over the 'epoch' range.")
+def profile_stall(fn: Callable[..., Any]) -> None:
+    """``fn(loader, step)``: one epoch under ``torch.profiler``, the stall read from its recorded ranges."""
+    from ..pitfalls import capture_stderr_fd
+
+    attempted(fn)
+    require(callable(fn), "profile_stall should be a function of (loader, step).")
+    profiled: list[bool] = []
+
+    def run(batches: _TimedBatches, step_s: float) -> tuple[float, float]:
+        def step(batch: Any) -> None:
+            profiled.append(_profiler_running())
+            time.sleep(step_s)
+
+        with capture_stderr_fd():  # torch 2.14's profiler logs its start and stop to file descriptor 2
+            result = fn(batches, step)
+        require(isinstance(result, numbers.Real), f"profile_stall should return one number (a share between 0 and 1), "
+                f"got {type(result).__name__}.")
+        return float(result), batches.true_stall()  # the profiler's own start-up is not part of the epoch
+
+    share, truth = run(_TimedBatches(8, load_s=0.015), step_s=0.005)
+    require(profiled and all(profiled), "the steps did not run under torch.profiler: run the whole epoch inside "
+            "`with profile(activities=[ProfilerActivity.CPU]) as prof:`, and read the times from prof.")
+    require(share <= 1.0, f"profile_stall returned {share:.3g}, more than the whole epoch: divide the 'waiting' total by "
+            "the epoch's cpu_time_total (its whole duration), not by its self time or in other units.")
+    require(abs(share - truth) < 0.1, f"your trace says {share:.0%} waiting where the loop waited {truth:.0%}: wrap every "
+            "next() in record_function(\"waiting\") and the whole epoch in record_function(\"epoch\"), then divide "
+            "the two ranges' cpu_time_total from prof.key_averages().")
+    share, truth = run(_TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
+    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.08 s, as starting workers does) your trace says "
+            f"{share:.0%} waiting, the truth is {truth:.0%}: put iter(loader) inside a 'waiting' range too.")
+
+
+@exercise("04.3", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
 def workers_needed(fn: Callable[[float, float], Any]) -> None:
     """``fn(load_s, step_s)``: the fewest workers that keep up when one worker needs ``load_s`` per batch."""
     attempted(fn)
@@ -106,7 +154,7 @@ def workers_needed(fn: Callable[[float, float], Any]) -> None:
             raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
 
 
-@exercise("04.3", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
+@exercise("04.4", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
                   "under 10 % after the first batch (on a machine too busy to get there: the most you measured).")
 def just_enough_workers(answer: Any, results: Any) -> None:
     """``answer`` agrees with ``results``, a dict ``num_workers -> EpochRecord`` measured with a training step."""
@@ -150,6 +198,69 @@ def just_enough_workers(answer: Any, results: Any) -> None:
     )
 
 
+# ----------------------------------------------------------------- 04.5: a sweep of your own
+
+
+class _WhoMadeIt(torch.utils.data.Dataset):
+    """``n`` samples, each ``delay_s`` to make (a sleep: the same on a busy machine); sample ``i`` is
+    ``[i, id of the worker that made it]`` (-1 for the main process)."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([index, -1 if info is None else info.id])
+
+
+def _sweep_groups(fn: Callable[..., Any], name: str, values: list[Any], n: int, **settings: Any) -> tuple[Any, list, float]:
+    """Run ``fn`` over a ``_WhoMadeIt`` set; returns its result, the batches its step saw, and the wall time."""
+    seen: list[torch.Tensor] = []
+
+    def step(batch: Any) -> None:
+        seen.append(batch)
+        time.sleep(0.01)
+
+    t0 = time.perf_counter()
+    results = fn(_WhoMadeIt(n, 0.004), name, values, step, **settings)
+    elapsed = time.perf_counter() - t0
+    require(isinstance(results, dict), f"return a dict {{value: (stall, samples per second)}}, got {type(results).__name__}.")
+    require(list(results) == list(values), f"the dict's keys should be the values swept, in order ({values}), got {list(results)}.")
+    for value, pair in results.items():
+        require(isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(v, numbers.Real) for v in pair),
+                f"results[{value!r}] should be a pair of numbers (stall, samples per second), got {pair!r}.")
+        require(0.0 <= pair[0] <= 1.0, f"results[{value!r}]: the stall is a share of the time, between 0 and 1, got {pair[0]!r}.")
+    return results, seen, elapsed
+
+
+@exercise("04.5", "my_sweep builds one loader per value with the other settings kept, and measures its stall and samples per second.")
+def my_sweep(fn: Callable[..., Any]) -> None:
+    """``fn(dataset, name, values, step, **settings)`` -> ``{value: (stall, samples per second)}``, one fresh loader per value."""
+    attempted(fn)
+    _, seen, _ = _sweep_groups(fn, "batch_size", [4, 16], 32, num_workers=0)
+    sizes = [len(b) for b in seen]
+    require(sizes == [4] * 8 + [16] * 2, f"swept over batch_size=[4, 16], the step saw batches of sizes {sorted(set(sizes))}: "
+            "build each loader with the value swept, DataLoader(dataset, **{**settings, name: value}).")
+    n = 48
+    results, seen, elapsed = _sweep_groups(fn, "num_workers", [0, 2], n, batch_size=8)
+    require([len(b) for b in seen] == [8] * 12, "the other settings did not reach the loaders (batch_size=8 was given): "
+            "pass them on with **settings.")
+    makers = [set(b[:, 1].tolist()) for b in seen]
+    require(set().union(*makers[:6]) == {-1} and set().union(*makers[6:]) == {0, 1},
+            "with num_workers=2 the batches should come from two workers: build a fresh loader for each value.")
+    spent = sum(n / rate for _, rate in results.values() if rate > 0)
+    require(spent > 0.5 * elapsed, f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too fast for "
+            f"{n} samples in {elapsed:.2f} s: count samples (len(dataset)), and divide by the time of the whole epoch.")
+    require(spent < 1.5 * elapsed, f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too slow for "
+            f"{n} samples in {elapsed:.2f} s: samples per second is len(dataset) / the epoch's time, not batches per second.")
+    require(results[0][0] > 0.4, f"with no workers the loop waits for every batch, 32 ms to make, then steps for 10 ms: "
+            f"about 75 % of the time, not {results[0][0]:.0%}. Measure each loader with measure_stall(loader, step).")
+
+
 def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int], list[int]]:
     """Shifts made by worker 0 and worker 1 (in-order loading alternates between them)."""
     ctx = fork_context()  # a function defined in a notebook cell needs fork
@@ -165,7 +276,7 @@ def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int]
     return shifts[0::2], shifts[1::2]
 
 
-@exercise("04.4", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
+@exercise("04.6", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
 def seed_workers(worker_init_fn: Any) -> None:
     """``worker_init_fn(worker_id)`` gives each worker's copy of a NoisyDataset its own ``rng``."""
     attempted(worker_init_fn)

@@ -177,7 +177,7 @@ def epoch_shuffle(sampler_cls: Any) -> None:
     require(order == first, "through a DataLoader (sampler=...), the order differs from the sampler's own.")
 
 
-# ----------------------------------------------------------------- 05.4: a class first, then a sample of it
+# ----------------------------------------------------------------- 05.5: a class first, then a sample of it
 
 
 def _skewed_targets() -> np.ndarray:
@@ -185,7 +185,7 @@ def _skewed_targets() -> np.ndarray:
     return np.random.default_rng(7).permutation(np.repeat([0, 1, 2], [400, 150, 50]))
 
 
-@exercise("05.4", "ClassThenSample balances the classes with no per-sample weights: a class at random, then one of its samples.")
+@exercise("05.5", "ClassThenSample balances the classes with no per-sample weights: a class at random, then one of its samples.")
 def class_then_sample(sampler_cls: Any) -> None:
     """``sampler_cls(targets, num_samples, generator)``: each draw a uniform class, then a uniform sample of it."""
     attempted(sampler_cls)
@@ -212,10 +212,10 @@ def class_then_sample(sampler_cls: Any) -> None:
             "number from self.generator, not from torch's global generator.")
 
 
-# ----------------------------------------------------------------- 05.5: a bucketing batch sampler
+# ----------------------------------------------------------------- 05.6: a bucketing batch sampler
 
 
-@exercise("05.5", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
+@exercise("05.6", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
 def bucket_sampler(sampler_cls: Any) -> None:
     """``sampler_cls(lengths, batch_size, bucket_size, generator)``: a batch sampler that buckets, sorts, reshuffles."""
     attempted(sampler_cls)
@@ -253,4 +253,52 @@ def bucket_sampler(sampler_cls: Any) -> None:
     require([b.tolist() for b in loader] == epoch1, "as a DataLoader's batch_sampler it yields other batches than iterated directly.")
 
 
-__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "class_then_sample", "bucket_sampler"]
+@exercise("05.4", "balanced_sampler draws class c in proportion to count_c^(1 - power), with replacement, reproducibly from your generator.")
+def balanced_sampler(fn: Callable[..., Any]) -> None:
+    """``fn(targets, power, generator)``: a sampler of ``len(targets)`` draws, each sample weighted ``count**-power``."""
+    attempted(fn)
+    counts = np.array([40, 20, 10, 5, 3])
+    targets = np.repeat(np.arange(len(counts)), counts)  # stored class by class, as the notebook's subset
+    n = len(targets)
+
+    def draws(power: float, seed: int, epochs: int = 1) -> np.ndarray:
+        sampler = fn(targets, power, torch.Generator().manual_seed(seed))
+        require(sampler is not None, "balanced_sampler returned None: return the sampler.")
+        size = len(sampler)
+        require(size == n, f"one epoch should draw as many samples as the data set has ({n}), got len {size}: "
+                "num_samples=len(targets).")
+        out = np.array([int(i) for _ in range(epochs) for i in sampler])
+        require(out.size == n * epochs and out.min() >= 0 and out.max() < n,
+                f"the sampler should yield {n} indices in 0..{n - 1} per epoch.")
+        return out
+
+    first = draws(1.0, 0)
+    require(first.max() >= len(counts), f"only indices 0..{first.max()} come up: those are {len(counts)} weights, one per "
+            "*class*. Give every sample the weight of its class: (counts ** -power)[targets].")
+    torch.manual_seed(1)
+    a = draws(1.0, 0)
+    torch.manual_seed(2)
+    b = draws(1.0, 0)
+    require(np.array_equal(a, b), "the same generator seed gave different draws: pass generator=generator to the sampler.")
+    sampler = fn(targets, 1.0, torch.Generator().manual_seed(0))
+    require(list(sampler) != list(sampler), "two epochs of one sampler drew the same indices: let the sampler draw from "
+            "the generator you were given, epoch after epoch, instead of re-seeding it.")
+    for power in (1.0, 0.5, 0.0):
+        drawn = draws(power, 1, epochs=40)
+        shares = np.bincount(targets[drawn], minlength=len(counts)) / drawn.size
+        want = counts ** (1.0 - power) / (counts ** (1.0 - power)).sum()
+        if not np.allclose(shares, want, atol=0.03):
+            got = ", ".join(f"{v:.0%}" for v in shares)
+            goal = ", ".join(f"{v:.0%}" for v in want)
+            hint = (f"with power={power} the classes (sizes {counts.tolist()}) should come up {goal} of the time, got {got}: "
+                    "weight each sample by count ** -power, count being the size of its class")
+            if shares[0] > counts[0] / n + 0.03:
+                hint = (f"with power={power} the largest class comes up {shares[0]:.0%} of the time, more often than in the "
+                        "data set: the weight is count ** -power (a negative exponent), not count ** power")
+            elif power == 1.0 and np.allclose(shares, counts / n, atol=0.03):
+                hint = (f"with power={power} the classes come up {got} of the time, the data set's own proportions: draw "
+                        "with replacement=True (without it an epoch is a permutation, imbalance and all)")
+            raise Hint(hint + ".")
+
+
+__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "class_then_sample", "bucket_sampler", "balanced_sampler"]

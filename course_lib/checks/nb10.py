@@ -1,7 +1,7 @@
 """Checks for notebook 10 (the capstone).
 
 The measurements differ from machine to machine, so the checks never compare with stored numbers:
-they recompute the right answer from the learner's own measurement (as 04.2 does) and parse the
+they recompute the right answer from the learner's own measurement (as 04.4 does) and parse the
 Slurm script the learner wrote.
 """
 

@@ -1,4 +1,4 @@
-"""course_lib.checks: the machinery, and notebooks 06-08 (01-05 have a test file each, as 09 and 10 do)."""
+"""course_lib.checks: the machinery, and notebooks 07-08 (01-06 have a test file each, as 09 and 10 do)."""
 
 from __future__ import annotations
 
@@ -52,62 +52,6 @@ def test_outcomes_of_the_machinery() -> None:
     assert crashed.status is Status.WRONG and "ZeroDivisionError: division by zero" in crashed.message
     assert demo.evaluate(lambda: 2).message == "return 1"
     assert demo.evaluate(lambda: 1).passed
-
-
-# --------------------------------------------------------------------------- notebook 06
-
-from torch.utils.data.distributed import DistributedSampler  # noqa: E402
-
-from course_lib.checks import nb06  # noqa: E402
-
-
-def test_06_samples_per_rank() -> None:
-    assert status(nb06.samples_per_rank, lambda n, w, d: n // w if d else math.ceil(n / w))[0] is Status.SOLVED
-    assert status(nb06.samples_per_rank, lambda n, w, d: n // w if d else -(-n // w))[0] is Status.SOLVED
-    assert status(nb06.samples_per_rank, ...)[0] is Status.NOT_ATTEMPTED
-    assert "round down" in status(nb06.samples_per_rank, lambda n, w, d: math.ceil(n / w))[1]
-    assert "round up" in status(nb06.samples_per_rank, lambda n, w, d: n // w)[1]
-    assert "whole number" in status(nb06.samples_per_rank, lambda n, w, d: n / w)[1]
-    assert "whole data set" in status(nb06.samples_per_rank, lambda n, w, d: n)[1]
-    assert "whole number" in status(nb06.samples_per_rank, lambda n, w, d: "3")[1]
-
-
-def _epoch_sampler(dataset, world, rank, epoch, seed=0, shuffle=True, set_epoch=True):
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
-    if set_epoch:
-        sampler.set_epoch(epoch)
-    return sampler
-
-
-def test_06_epoch_sampler() -> None:
-    assert status(nb06.epoch_sampler, _epoch_sampler)[0] is Status.SOLVED
-    assert status(nb06.epoch_sampler, ...)[0] is Status.NOT_ATTEMPTED
-    assert "set_epoch" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, set_epoch=False))[1]
-    assert "same seed" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, seed=r))[1]
-    assert "turn shuffle on" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, shuffle=False))[1]
-    assert "rank=rank" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, 0, e))[1]
-    assert "sampler" in status(nb06.epoch_sampler, lambda d, w, r, e: 3)[1]
-    assert status(nb06.epoch_sampler, _dl)[0] is Status.SOLVED  # drop_last=True is fine for training
-    assert "set_epoch" in status(nb06.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e % 2))[1]
-
-
-def _dl(dataset, world, rank, epoch):
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0, drop_last=True)
-    sampler.set_epoch(epoch)
-    return sampler
-
-
-def test_06_eval_indices() -> None:
-    assert status(nb06.eval_indices, lambda n, w, r: range(r, n, w))[0] is Status.SOLVED
-    assert status(nb06.eval_indices, lambda n, w, r: list(np.array_split(np.arange(n), w)[r]))[0] is Status.SOLVED
-    assert status(nb06.eval_indices, ...)[0] is Status.NOT_ATTEMPTED
-    padded = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False))  # noqa: E731
-    assert "padding" in status(nb06.eval_indices, padded)[1]
-    dropped = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False, drop_last=True)) if n >= w else []  # noqa: E731
-    assert "never evaluated" in status(nb06.eval_indices, dropped)[1]
-    lopsided = lambda n, w, r: list(range(n)) if r == 0 else []  # noqa: E731
-    assert "balance" in status(nb06.eval_indices, lopsided)[1]
-    assert "outside" in status(nb06.eval_indices, lambda n, w, r: [n + r])[1]
 
 
 # --------------------------------------------------------------------------- notebook 07

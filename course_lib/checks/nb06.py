@@ -6,14 +6,18 @@ data set sizes and world sizes, so a formula that only fits the notebook's examp
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ..samplers import coverage
-from ._core import Hint, attempted, exercise, require, whole_number
+from ._core import Hint, NotAttempted, attempted, exercise, require, whole_number
 
 CASES = [(n, w) for n in (1, 7, 10, 23, 100, 101) for w in (1, 2, 3, 4, 8) if n >= w]
 
@@ -104,3 +108,77 @@ def eval_indices(fn: Callable[[int, int, int], Any]) -> None:
             )
         sizes = [len(s) for s in shares]
         require(max(sizes) - min(sizes) <= 1, f"{call}: ranks get {sizes} samples; balance them (at most one apart).")
+
+
+# ----------------------------------------------------------------- 06.4: a DDP training script of your own
+
+TRAIN_N, VAL_N = 201, 51  # the points of the learner's script: 201 to train on, 51 to evaluate (odd: padding would show)
+
+
+def points(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    """The exercise's data: ``(index, point, label)``, 2-D points, label 1 outside the unit circle."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return torch.utils.data.TensorDataset(torch.arange(n), x, (x.norm(dim=1) > 1).long())
+
+
+def _model_from(weights: list[Any]) -> torch.nn.Module:
+    """The script's model, ``Linear(2, 16) -> ReLU -> Linear(16, 2)``, with a rank's reported weights."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    require(len(weights) == 4, f"report the model's 4 parameter tensors (model.module.parameters()), got {len(weights)}.")
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            require(tuple(torch.tensor(w).shape) == tuple(p.shape), "the reported weights do not fit "
+                    "Linear(2, 16) -> ReLU -> Linear(16, 2): keep the model of the template.")
+            p.copy_(torch.tensor(w))
+    return model
+
+
+def check_ddp_reports(reports: list[dict[str, Any]], world: int = 2) -> None:
+    """What the ranks of the learner's script did, from their reports: raises Hint at the first fault."""
+    require(sorted(r.get("rank", -1) for r in reports) == list(range(world)), f"expected one report from each of the "
+            f"{world} ranks, got ranks {sorted(r.get('rank', -1) for r in reports)}: take the rank from dist.get_rank().")
+    reports = sorted(reports, key=lambda r: r["rank"])
+    epochs = [r["epochs"] for r in reports]
+    require(all(len(e) == 2 for e in epochs), "each report should list the indices of 2 epochs.")
+    for epoch in range(2):
+        shares = [e[epoch] for e in epochs]
+        cov = coverage(shares, TRAIN_N)
+        require(not cov.missing, f"epoch {epoch}: {len(cov.missing)} samples were never loaded, e.g. {cov.missing[:5]}, "
+                "and others twice: give the DistributedSampler one seed on every rank (seed=0), not one per rank.")
+        require(cov.drawn == math.ceil(TRAIN_N / world) * world and all(len(s) == cov.drawn // world for s in shares),
+                f"epoch {epoch}: the ranks loaded {[len(s) for s in shares]} samples; each should load "
+                f"ceil({TRAIN_N} / {world}) = {math.ceil(TRAIN_N / world)}, its DistributedSampler share. Every rank loading "
+                "the whole set means the loader has no DistributedSampler (sampler=sampler).")
+    require(all(e[0] != e[1] for e in epochs), "both epochs loaded the same order: call sampler.set_epoch(epoch) at the "
+            "top of every epoch, so that the shuffle changes.")
+    models = [_model_from(r["weights"]) for r in reports]
+    same = all(torch.equal(a, b) for m in models[1:] for a, b in zip(models[0].parameters(), m.parameters()))
+    require(same, "the ranks ended with different weights: wrap the model in DistributedDataParallel, which averages "
+            "the gradients of all ranks before every step (and start from one seed, torch.manual_seed(0)).")
+    val = points(VAL_N, 1)
+    with torch.no_grad():
+        truth = int((models[0](val.tensors[1]).argmax(1) == val.tensors[2]).sum())
+    for r in reports:
+        require(r.get("seen") == VAL_N, f"rank {r['rank']} reports {r.get('seen')} validation samples seen over all "
+                f"ranks, not {VAL_N}: give each rank an exact share (range(rank, {VAL_N}, world)), no DistributedSampler "
+                "padding, and all_reduce the counts.")
+        require(r.get("correct") == truth, f"rank {r['rank']} reports {r.get('correct')} correct over all ranks; the "
+                f"final model gets {truth} of {VAL_N} right: sum [correct, seen] over the ranks with dist.all_reduce, "
+                "after evaluating model.module under torch.no_grad().")
+
+
+@exercise("06.4", "your script's 2 ranks split every epoch, reshuffled, trained identical models, and counted every "
+                  "validation sample exactly once.")
+def ddp_script(path: Any, launch: Callable[..., Any]) -> None:
+    """Start the learner's script with ``launch`` (``course_tools.launch.launch``) on 2 ranks; check their reports."""
+    if re.search(r"^\s*raise NotImplementedError", Path(path).read_text(), flags=re.MULTILINE):
+        raise NotAttempted(f"{path} still holds the stub's `raise NotImplementedError`: write the script, run its "
+                           "cell, then run this check again.")
+    with tempfile.TemporaryDirectory(prefix="course06-") as folder:
+        run = launch(str(path), folder, nproc=2, timeout=120, check=False, show=False)
+        require(run.ok, f"the job failed: {run.first_error()}")
+        files = sorted(Path(folder).glob("rank*.json"))
+        require(bool(files), "the ranks wrote no report: json.dump(report, f) into the folder given as sys.argv[1], "
+                "as rank<rank>.json.")
+        check_ddp_reports([json.loads(f.read_text()) for f in files])

@@ -108,6 +108,45 @@ def _batches07(n, batch_size, num_workers, drop_last):
     return iterable.batches_per_epoch(n, batch_size, num_workers, drop_last)
 
 
+def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w: [s.seed, s.epoch, s.rank, w],
+                  share=lambda s, w, workers: s.rank * workers + w, total=lambda s, workers: s.world_size * workers,
+                  global_noise=False, shuffle=True, set_epoch=True, stub=False):
+    """Exercise 07.2's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    class RankedStream(IterableDataset):
+        def __init__(self, n, rank, world_size, seed=0):
+            self.n, self.rank, self.world_size, self.seed, self.epoch = n, rank, world_size, seed, 0
+
+        def __iter__(self):
+            if stub:
+                raise NotImplementedError
+            info = get_worker_info()
+            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            order = np.random.default_rng(perm_seed(self)).permutation(self.n) if shuffle else np.arange(self.n)
+            noise = np.random.default_rng(noise_seed(self, worker))
+            for i in order[share(self, worker, workers)::total(self, workers)].tolist():
+                yield i, float(np.random.random() if global_noise else noise.random())
+
+    if set_epoch:
+        RankedStream.set_epoch = lambda self, epoch: setattr(self, "epoch", epoch)
+    return RankedStream
+
+
+def test_07_ranked_stream() -> None:
+    check = nb07.ranked_stream
+    assert status(check, ranked_stream())[0] is Status.SOLVED
+    assert status(check, ranked_stream(share=lambda s, w, workers: w * s.world_size + s.rank))[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(check, ranked_stream(stub=True))[0] is Status.NOT_ATTEMPTED
+    assert "every rank yielded the same" in status(check, ranked_stream(share=lambda s, w, workers: w, total=lambda s, workers: workers))[1]
+    assert "every worker yielded all" in status(check, ranked_stream(share=lambda s, w, workers: s.rank, total=lambda s, workers: s.world_size))[1]
+    assert "different permutations" in status(check, ranked_stream(perm_seed=lambda s: [s.seed, s.epoch, s.rank]))[1]
+    assert "epochs 0 and 1" in status(check, ranked_stream(perm_seed=lambda s: [s.seed], noise_seed=lambda s, w: [s.seed, s.rank, w]))[1]
+    assert "rank, worker" in status(check, ranked_stream(noise_seed=lambda s, w: [s.seed, s.epoch, w]))[1]
+    assert "not from the global ones" in status(check, ranked_stream(global_noise=True))[1]
+    assert "order 0, 1, 2" in status(check, ranked_stream(shuffle=False))[1]
+    assert "set_epoch(epoch) method" in status(check, ranked_stream(set_epoch=False))[1]
+
+
 def test_07_batches_per_epoch() -> None:
     assert status(nb07.batches_per_epoch, _batches07)[0] is Status.SOLVED
     assert status(nb07.batches_per_epoch, ...)[0] is Status.NOT_ATTEMPTED

@@ -2,8 +2,8 @@
 
 07.1 runs the learner's ``IterableDataset`` in the main process, as each worker of 1 to 4 (with
 torch's worker information set in this process, which is quick), and finally in real DataLoader
-worker processes. 07.2 compares a formula with what the DataLoader does (``course_lib.iterable``,
-which the tests hold to real DataLoaders). 07.3 compares an eviction policy with the rule
+worker processes; 07.2 runs the learner's stream for ranks x workers the same way. 07.3 compares a formula with what the DataLoader does (``course_lib.iterable``,
+which the tests hold to real DataLoaders). 07.4 compares an eviction policy with the rule
 "as few as possible, oldest first, until the rest fits".
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import iterable
-from ._core import Hint, attempted, exercise, require, whole_number
+from ._core import Hint, attempted, drain, exercise, require, whole_number
 
 
 @contextlib.contextmanager
@@ -119,7 +119,7 @@ def _call(fn: Callable[..., Any], n: int, b: int, w: int, drop_last: bool) -> in
     return whole_number(value, call, "a count of batches is a whole number (math.ceil, //).")
 
 
-@exercise("07.2", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")
+@exercise("07.3", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")
 def batches_per_epoch(fn: Callable[[int, int, int, bool], Any]) -> None:
     """``fn(n, batch_size, num_workers, drop_last)``: batches in one epoch over a sharded ``n``-sample stream."""
     attempted(fn)
@@ -161,7 +161,7 @@ POLICY_CASES = [
 ]
 
 
-@exercise("07.3", "as few deletions as possible, oldest first, until the rest fits the budget.")
+@exercise("07.4", "as few deletions as possible, oldest first, until the rest fits the budget.")
 def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
     """``fn(entries, budget_bytes)`` returns the names to evict; ``entries`` are ``(name, bytes)``, oldest first."""
     attempted(fn)
@@ -200,3 +200,62 @@ def iterable_evict(entries: Sequence[tuple[str, int]], budget: int) -> list[str]
     from ..growing import evict_oldest
 
     return evict_oldest(entries, budget)
+
+
+# ----------------------------------------------------------------- 07.2: a stream for ranks x workers
+
+
+def _ranked_run(cls: Any, n: int, world: int, workers: int, seed: int, epoch: int) -> list[list[tuple[int, float]]]:
+    """One epoch of ``cls(n, rank, world, seed)`` on every rank, each as ``workers`` workers (0: the main process):
+    one list of ``(index, noise)`` per (rank, worker) stream."""
+    streams = []
+    for rank in range(world):
+        ds = cls(n, rank, world, seed)
+        require(hasattr(ds, "set_epoch"), "give the class a set_epoch(epoch) method that stores the epoch.")
+        ds.set_epoch(epoch)
+        for worker in range(max(workers, 1)):
+            with (as_worker(worker, workers, ds) if workers else contextlib.nullcontext()):
+                items = list(ds)
+            for item in items:
+                require(isinstance(item, tuple) and len(item) == 2, f"yield pairs (index, noise), got {item!r}.")
+            streams.append([(int(i), float(x)) for i, x in items])
+    return streams
+
+
+@exercise("07.2", "every sample once per epoch over ranks x workers, a new order each epoch, and each stream's own "
+                  "noise, reproducible from (seed, epoch, rank, worker).")
+def ranked_stream(cls: Any) -> None:
+    """``cls(n, rank, world_size, seed)`` with ``set_epoch``: an IterableDataset of ``(index, noise)`` pairs."""
+    attempted(cls)
+    require(isinstance(cls, type) and issubclass(cls, IterableDataset),
+            f"pass the class itself, a subclass of IterableDataset; got {cls!r}.")
+    n = 24
+    for world, workers in ((1, 0), (2, 0), (1, 3), (2, 2), (3, 2)):
+        streams = _ranked_run(cls, n, world, workers, seed=0, epoch=0)
+        setting = f"{world} rank(s) x {workers} worker(s)"
+        got = [i for s in streams for i, _ in s]
+        per_rank = [sorted(i for s in streams[r * max(workers, 1):(r + 1) * max(workers, 1)] for i, _ in s) for r in range(world)]
+        require(world == 1 or len({tuple(p) for p in per_rank}) == world, f"{setting}: every rank yielded the same "
+                "samples: divide the permutation into world_size x num_workers shares, rank r's worker w taking "
+                "share r * num_workers + w.")
+        require(len(got) != n or len(set(got)) == n, f"{setting}: some samples came twice and others never, though the "
+                "shares add up to the data set: the ranks or workers cut their shares from different permutations. "
+                "Seed the permutation with (seed, epoch) only, the same on every rank and worker.")
+        _judge(got, n, setting, shares=[[i for i, _ in s] for s in streams] if world == 1 else None)
+    a = _ranked_run(cls, n, 2, 2, seed=0, epoch=0)
+    require(a == _ranked_run(cls, n, 2, 2, seed=0, epoch=0), "the same seed and epoch gave different streams: draw "
+            "every random number from generators seeded by (seed, epoch, ...), not from the global ones.")
+    order = [i for s in _ranked_run(cls, n, 1, 0, seed=0, epoch=0) for i, _ in s]
+    require(order != sorted(order), "the samples come in order 0, 1, 2, ...: shuffle them with a permutation drawn "
+            "from np.random.default_rng([seed, epoch]).")
+    require(a != _ranked_run(cls, n, 2, 2, seed=0, epoch=1), "epochs 0 and 1 gave the same streams: put the epoch "
+            "into the seed of the permutation (and of the noise).")
+    require(a != _ranked_run(cls, n, 2, 2, seed=1, epoch=0), "seeds 0 and 1 gave the same streams: use the seed.")
+    firsts = [s[0][1] for s in a if s]
+    require(len(set(firsts)) == len(firsts), "two streams drew the same noise: seed each stream's noise generator "
+            "with all of (seed, epoch, rank, worker), e.g. np.random.default_rng([seed, epoch, rank, worker]).")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = [list(drain(DataLoader(cls(n, rank, 2, 0), batch_size=None, num_workers=2,
+                                      multiprocessing_context=mp.get_context("fork")))) for rank in range(2)]
+    _judge([int(i) for r in real for i, _ in r], n, "2 ranks x 2 real worker processes")

@@ -305,6 +305,36 @@ class _FailsAtZero(torch.utils.data.Dataset):
         return index
 
 
+def rank_loader(node=True, worker=True, epoch_on="loader"):
+    """Exercise 08.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    def fn(urls, batch_size, steps):
+        options = dict(shardshuffle=100, seed=0, workersplitter=wds.split_by_worker if worker else None)
+        if node:
+            options["nodesplitter"] = wds.split_by_node
+        dataset = wds.WebDataset(urls, **options).shuffle(100, seed=0).decode("torchrgb").to_tuple("jpg", "cls")
+        dataset = dataset.batched(batch_size)
+        if epoch_on == "dataset":
+            dataset = dataset.with_epoch(steps)
+        loader = wds.WebLoader(dataset, num_workers=2, batch_size=None).unbatched().shuffle(200, seed=0).batched(batch_size)
+        return loader.with_epoch(steps) if epoch_on == "loader" else loader
+    return fn
+
+
+def test_08_rank_loader() -> None:
+    check = nb08.rank_loader
+    assert status(check, rank_loader())[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(urls, batch_size, steps):
+        raise NotImplementedError
+
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    assert "nodesplitter=wds.split_by_node" in status(check, rank_loader(node=False))[1]
+    assert "workersplitter=wds.split_by_worker" in status(check, rank_loader(worker=False))[1]
+    assert "counts each worker's batches" in status(check, rank_loader(epoch_on="dataset"))[1]
+    assert "waiting in a collective" in status(check, rank_loader(epoch_on=None))[1]
+
+
 def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
     """Left to the garbage collector, the workers of a failed pass outlive the check, and stop in a later cell."""
     import multiprocessing

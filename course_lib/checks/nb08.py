@@ -182,3 +182,82 @@ def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
             raise Hint(f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
                        "is the whole rank's epoch, whatever the number of workers.")
         raise Hint(f"{call} = {got}, but the rank would then not get {n} batches.")
+
+
+# ----------------------------------------------------------------- 08.4: one rank's loader, equal steps on every rank
+
+
+def _labelled_shards(folder: Any, shards: int, per_shard: int) -> list[str]:
+    """``shards`` small tar shards whose every sample says where it comes from: class ``shard * 100 + i``."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (90, 60, 30)).save(buf, "JPEG")
+    urls = []
+    for s in range(shards):
+        path = f"{folder}/check-{s:06d}.tar"
+        with wds.TarWriter(path) as sink:
+            for i in range(per_shard):
+                sink.write({"__key__": f"s{s:02d}i{i:02d}", "jpg": buf.getvalue(), "cls": s * 100 + i})
+        urls.append(path)
+    return urls
+
+
+def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int) -> list[int]:
+    """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps)``, batch by batch."""
+    from ..shards import simulated_reader
+
+    with simulated_reader(rank, world):
+        loader = fn(urls, batch_size, steps)
+        require(loader is not None, "rank_loader returned None: return the loader.")
+        error = ""
+        try:
+            batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here
+        except ValueError as exc:
+            error = str(exc)
+        del loader
+    gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
+    require("splitter" not in error, "webdataset refused to read: with several ranks it needs "
+            "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
+    require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")
+    labels = []
+    for batch in batches:
+        require(isinstance(batch, (tuple, list)) and len(batch) == 2, "each batch should be a pair (images, labels).")
+        labels.append([int(v) for v in _as_list(batch[1])])
+    return labels
+
+
+@exercise("08.4", "every rank reads only its own shards, each worker its part of them, and all ranks take the same "
+                  "number of steps: with_epoch on the loader repeats a short rank's data and cuts a long one's.")
+def rank_loader(fn: Callable[..., Any]) -> None:
+    """``fn(urls, batch_size, steps)``: this rank's loader, split by node and worker, exactly ``steps`` batches long."""
+    import tempfile
+
+    attempted(fn)
+    world, batch_size, steps = 2, 4, 7
+    with tempfile.TemporaryDirectory(prefix="course08-") as folder:
+        urls = _labelled_shards(folder, shards=5, per_shard=10)  # rank 0 gets 3 shards (30 samples), rank 1 gets 2 (20)
+        runs = [_rank_run(fn, urls, rank, world, batch_size, steps) for rank in range(world)]
+    counts = [len(r) for r in runs]
+    if counts != [steps] * world:
+        hint = (f"the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
+                "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
+        if all(c > steps for c in counts):
+            hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
+        elif counts[0] != counts[1]:
+            hint += "; unequal steps leave the longer rank waiting in a collective forever (notebook 06)"
+        raise Hint(hint + ".")
+    for rank, batches in enumerate(runs):
+        shards = {label // 100 for batch in batches for label in batch}
+        mine = set(range(rank, 5, world))
+        require(shards <= mine, f"rank {rank} read shards {sorted(shards - mine)} of the other rank: split the shards "
+                "between ranks with nodesplitter=wds.split_by_node.")
+        sizes = {len(batch) for batch in batches[:-1]}
+        require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size.")
+        labels = [label for batch in batches for label in batch]
+        first_pass = labels[:10 * len(mine)]
+        require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
+                "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")

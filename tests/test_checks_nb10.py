@@ -44,6 +44,44 @@ def sweep(stalls: dict[int, float] = STALLS, **kw) -> dict[int, EpochRecord]:
 # --------------------------------------------------------------------------- 10.1
 
 
+def pipeline(node=True, worker=True, cycle=True, decode=True, fields=("jpg", "cls", "__key__"), simulate=True, fixed_seed=False):
+    """Exercise 10.1's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    import webdataset as wds
+
+    from course_lib import capstone
+
+    def fn(urls, seed, decode_ms):
+        stages = [wds.SimpleShardList(urls)]
+        stages += [wds.split_by_node] if node else []
+        stages += [wds.split_by_worker] if worker else []
+        stages += [capstone.EndlessShardCycle(0 if fixed_seed else seed)] if cycle else []
+        stages += [wds.tarfile_to_samples()] + ([wds.decode("torchrgb")] if decode else []) + [wds.to_tuple(*fields)]
+        stages += [wds.map(capstone.SimulatedDecode(decode_ms))] if simulate else []
+        return wds.DataPipeline(*stages)
+    return fn
+
+
+def test_10_build_dataset() -> None:
+    check = nb10.build_dataset
+    assert status(check, pipeline())[0] is Status.SOLVED
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+
+    def stub(urls, seed, decode_ms):
+        raise NotImplementedError
+
+    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
+    assert "wds.split_by_node" in status(check, pipeline(node=False))[1]
+    assert "wds.split_by_worker" in status(check, pipeline(worker=False))[1]
+    assert "EndlessShardCycle(seed) after the splitters" in status(check, pipeline(cycle=False))[1]
+    assert "float tensor" in status(check, pipeline(decode=False))[1]
+    assert "float tensor" in status(check, pipeline(fields=("cls", "jpg", "__key__")))[1]
+    assert "seeds 0 and 1" in status(check, pipeline(fixed_seed=True))[1]
+    assert "SimulatedDecode" in status(check, pipeline(simulate=False))[1]
+
+
+# --------------------------------------------------------------------------- 10.2
+
+
 def test_synthetic_records_have_the_stall_asked_for() -> None:
     assert record(1, 0.35).steady_stall_fraction == pytest.approx(0.35, abs=0.04)
 
@@ -87,7 +125,7 @@ def test_tuned_workers_on_a_real_measurement(tmp_path, tiny_root) -> None:
         assert status(nb10.tuned_workers, best, results)[0] is Status.SOLVED
 
 
-# --------------------------------------------------------------------------- 10.2
+# --------------------------------------------------------------------------- 10.3
 
 
 def test_cpus_per_task_right_answer() -> None:
@@ -115,7 +153,7 @@ def test_cpus_per_task_stub() -> None:
     assert status(nb10.cpus_per_task, stub)[0] is Status.NOT_ATTEMPTED
 
 
-# --------------------------------------------------------------------------- 10.3
+# --------------------------------------------------------------------------- 10.4
 
 
 def write(tmp_path: Path, **settings) -> Path:
@@ -156,6 +194,6 @@ def test_slurm_script_elsewhere_or_missing(tmp_path) -> None:
                                         nodes=2)
     assert "runs/capstone/" in status(nb10.slurm_script, other, sweep())[1]
     assert "no file" in status(nb10.slurm_script, tmp_path / "runs" / "capstone" / "nope.sbatch", sweep())[1]
-    assert "finish exercise 10.1" in status(nb10.slurm_script, write(tmp_path), sweep({0: 0.6, 1: 0.4}))[1]
+    assert "finish exercise 10.2" in status(nb10.slurm_script, write(tmp_path), sweep({0: 0.6, 1: 0.4}))[1]
     assert status(nb10.slurm_script, ..., sweep())[0] is Status.NOT_ATTEMPTED
     assert "pass the path" in status(nb10.slurm_script, None, sweep())[1]

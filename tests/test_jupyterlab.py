@@ -171,11 +171,11 @@ LEARNER_PATHS = [
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
                              wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
                  id="04.3"),
-    # 10.1: no workers at all is the plausible wrong answer (the loop waits most of the time).
-    pytest.param(LearnerPath("10", ("## 4 · ", "### Pitfall: fewer shards"), "10.1", cell="tuned = ...", stub="tuned = ...",
+    # 10.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
+    pytest.param(LearnerPath("10", ("## 4 · ", "### Pitfall: fewer shards"), "10.2", cell="tuned = ...", stub="tuned = ...",
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
-                 id="10.1"),
+                 id="10.2"),
 ]
 
 

@@ -7,19 +7,24 @@ Slurm script the learner wrote.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from course_tools.slurm import sbatch_options, script_settings
 
 from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
+from ..shards import simulated_reader
 from ..instrument import EpochRecord
 from ._core import Hint, attempted, exercise, require, whole_number
+from .nb08 import _labelled_shards
 
-#: Exercise 10.3's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
+#: Exercise 10.4's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
 NODES, GPUS_PER_NODE, CPUS_PER_NODE = 2, 4, 32
 CLUSTER_SHARDS = "/scratch/$USER/course-shards"
 
@@ -52,7 +57,63 @@ def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL
     return None
 
 
-@exercise("10.1", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
+# --------------------------------------------------------------------------- 10.1: the pipeline, assembled
+
+
+def _reader(fn: Callable[..., Any], urls: list[str], rank: int, worker: int, take: int, seed: int = 0,
+            decode_ms: float = 0.0) -> list[tuple[Any, ...]]:
+    """The first ``take`` samples reader (rank ``rank`` of 2, worker ``worker`` of 2) gets from ``fn(urls, seed, decode_ms)``."""
+    with simulated_reader(rank, 2, worker, 2):
+        pipeline = fn(urls, seed, decode_ms)
+        require(pipeline is not None, "my_build_dataset returned None: return the wds.DataPipeline.")
+        return list(itertools.islice(iter(pipeline), take))
+
+
+@exercise("10.1", "each of 4 readers cycles through its own shards endlessly, a new order each pass, decoded to "
+                  "(image, label, key), with the simulated decode cost.")
+def build_dataset(fn: Callable[..., Any]) -> None:
+    """``fn(urls, seed, decode_ms)``: the capstone's pipeline (notebook 10, section 1), assembled by the learner."""
+    attempted(fn)
+    with tempfile.TemporaryDirectory(prefix="course10-") as folder:
+        urls = _labelled_shards(folder, shards=16, per_shard=2)  # 2 ranks x 2 workers: 4 shards, 8 samples per reader
+        first = _reader(fn, urls, 0, 0, 1)
+        require(len(first) == 1, "the pipeline yielded nothing for rank 0's worker 0.")
+        image, *rest = first[0]
+        require(len(rest) == 2 and hasattr(image, "shape") and tuple(image.shape)[0] == 3 and image.is_floating_point(),
+                f"each sample should be (image, label, key), the image a float tensor [3, H, W]: wds.decode(\"torchrgb\") "
+                f"before wds.to_tuple(\"jpg\", \"cls\", \"__key__\"); got {tuple(type(v).__name__ for v in first[0])}.")
+        streams = {(r, w): _reader(fn, urls, r, w, 24) for r in range(2) for w in range(2)}
+        read = {reader: {int(item[1]) // 100 for item in items} for reader, items in streams.items()}
+        require(read[(0, 0)] != read[(1, 0)], "ranks 0 and 1 read the same shards: split them between the ranks with "
+                "wds.split_by_node, right after wds.SimpleShardList(urls).")
+        require(read[(0, 0)] != read[(0, 1)], "the two workers of a rank read the same shards: split the rank's shards "
+                "between its workers with wds.split_by_worker, after wds.split_by_node.")
+        for (r, w), items in streams.items():
+            require(len(items) == 24, f"rank {r}'s worker {w} stopped after {len(items)} samples, its shards' 8: an endless "
+                    "stream needs capstone.EndlessShardCycle(seed) after the splitters.")
+            labels = [int(item[1]) for item in items]
+            shards = sorted({label // 100 for label in labels})
+            require(len(shards) == 4, f"rank {r}'s worker {w} read shards {shards}; each of the 4 readers should read 4 "
+                    "of the 16: wds.split_by_node, then wds.split_by_worker, right after wds.SimpleShardList(urls).")
+            passes = [labels[k:k + 8] for k in range(0, 24, 8)]
+            require(all(len(set(p)) == 8 for p in passes), f"rank {r}'s worker {w} got a sample twice within one pass over "
+                    "its shards: cycle through them (EndlessShardCycle), do not draw shards with replacement.")
+            require(len({tuple(p) for p in passes}) > 1, f"rank {r}'s worker {w} read its shards in the same order every "
+                    "pass: EndlessShardCycle(seed) draws a new order each pass.")
+        readers = [sorted({int(item[1]) // 100 for item in items}) for items in streams.values()]
+        require(len({tuple(s) for s in readers}) == 4, f"two readers read the same shards ({readers}): split by node "
+                "and by worker.")
+        require([item[2] for item in _reader(fn, urls, 1, 1, 12)] == [item[2] for item in streams[(1, 1)][:12]], "the same seed gave another order: seed "
+                "EndlessShardCycle with the seed you are given.")
+        require([item[2] for item in _reader(fn, urls, 1, 1, 24, seed=1)] != [item[2] for item in streams[(1, 1)]],
+                "seeds 0 and 1 gave the same order: pass the seed you are given to EndlessShardCycle(seed).")
+        start = time.perf_counter()
+        _reader(fn, urls, 0, 0, 4, decode_ms=40.0)
+        require(time.perf_counter() - start > 0.1, "4 samples with decode_ms=40 took no time: end the pipeline with "
+                "wds.map(capstone.SimulatedDecode(decode_ms)).")
+
+
+@exercise("10.2", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
                   "from your own measurement.")
 def tuned_workers(answer: Any, results: Any) -> None:
     """``answer`` is the smallest num_workers in ``results`` with a steady stall under the target."""
@@ -71,7 +132,7 @@ def tuned_workers(answer: Any, results: Any) -> None:
                             f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
 
 
-@exercise("10.2", "ranks per node × (workers + 1): every rank's training process needs a core besides its workers.")
+@exercise("10.3", "ranks per node × (workers + 1): every rank's training process needs a core besides its workers.")
 def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
     """``fn(ranks_per_node, num_workers)`` is the ``--cpus-per-task`` of a one-task-per-node job."""
     attempted(fn)
@@ -91,7 +152,7 @@ def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
                    f"+ {workers} worker{'s' if workers != 1 else ''}.")
 
 
-@exercise("10.3", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
+@exercise("10.4", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
 def slurm_script(path: Any, results: Any) -> None:
     """The script at ``path`` trains on NODES × GPUS_PER_NODE with the workers ``results`` call for."""
     attempted(path, results)
@@ -104,14 +165,14 @@ def slurm_script(path: Any, results: Any) -> None:
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     require(done.returncode == 0, f"bash cannot parse the script: {done.stderr.strip()[:200]}")
     workers = smallest_under_target(_validate_results(results))
-    require(workers is not None, f"no setting in results stays under {STALL_TARGET * 100:.0f} %: finish exercise 10.1 first.")
+    require(workers is not None, f"no setting in results stays under {STALL_TARGET * 100:.0f} %: finish exercise 10.2 first.")
     options, settings = sbatch_options(text), script_settings(text)
     require(options.get("nodes") == str(NODES), f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.")
     require(options.get("gres") == f"gpu:{GPUS_PER_NODE}" and settings.get("GPUS_PER_NODE", "").endswith(f"{GPUS_PER_NODE}}}\""),
             f"the nodes have {GPUS_PER_NODE} GPUs, one rank each: gpus_per_node={GPUS_PER_NODE}.")
     require(settings.get("WORKERS") == str(workers),
             f"the script runs {settings.get('WORKERS')} workers per rank, but your measurement calls for {workers} "
-            "(the answer of 10.1): num_workers=tuned.")
+            "(the answer of 10.2): num_workers=tuned.")
     want_cpus = GPUS_PER_NODE * (workers + 1)
     require(options.get("cpus-per-task") == str(want_cpus),
             f"--cpus-per-task is {options.get('cpus-per-task')}, expected {want_cpus}.")

@@ -10,13 +10,7 @@ from torch.utils.data import Sampler, SubsetRandomSampler, WeightedRandomSampler
 
 from course_lib.checks import Status, nb05
 from course_lib.samplers import imbalanced_subset
-
-
-def status(check, *args) -> tuple[Status, str]:
-    result = check.evaluate(*args)
-    return result.status, result.message
-
-
+from exercise_status import status
 
 
 IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]
@@ -128,8 +122,6 @@ def test_05_checks_leave_the_learners_random_state_alone() -> None:
     nb05.epoch_shuffle.evaluate(EpochShuffle)
     nb05.balanced_weights.evaluate(np.ones(len(IMBALANCED)), IMBALANCED)
     assert torch.equal(torch.rand(3), expected)
-
-
 
 
 # ----------------------------------------------------------------- 05.1: a first Sampler

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,15 +12,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.checks import Status, nb06
 from course_tools.launch import launch
-
-
-def status(check, *args) -> tuple[Status, str]:
-    result = check.evaluate(*args)
-    return result.status, result.message
-
-
-from torch.utils.data.distributed import DistributedSampler  # noqa: E402
-
+from exercise_status import status
 
 
 def test_06_samples_per_rank() -> None:
@@ -71,8 +62,6 @@ def test_06_eval_indices() -> None:
     lopsided = lambda n, w, r: list(range(n)) if r == 0 else []  # noqa: E731
     assert "balance" in status(nb06.eval_indices, lopsided)[1]
     assert "outside" in status(nb06.eval_indices, lambda n, w, r: [n + r])[1]
-
-
 
 
 # ----------------------------------------------------------------- 06.4: a DDP training script of your own

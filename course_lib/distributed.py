@@ -49,13 +49,10 @@ class DistEnv:
     master_addr: str
     master_port: int
     source: str  # "torchrun", "slurm" or "single"
-
-    @property
-    def is_main(self) -> bool:  # the one process (rank 0) that should print, save and plot
-        return self.rank == 0
+    local_world_size: int = 1  # processes on this node (what MDS reads as LOCAL_WORLD_SIZE)
 
     def __str__(self) -> str:
-        return (f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}), "
+        return (f"rank {self.rank} of {self.world_size} (local rank {self.local_rank} of {self.local_world_size}), "
                 f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}")
 
 
@@ -111,6 +108,15 @@ def _check_ranks(rank: int, local_rank: int, world_size: int, names: tuple[str, 
         raise DistEnvError(f"{names[1]}={local_rank} cannot be above {names[0]}={rank} or negative")
 
 
+def _tasks_on_node(env: Mapping[str, str]) -> int:
+    """The tasks on this task's node, from Slurm's ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``: 2, 2, 2 and 1)."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or env["SLURM_NTASKS"]
+    if not re.fullmatch(r"\d+(\(x\d+\))?(,\d+(\(x\d+\))?)*", spec):
+        raise DistEnvError(f"cannot read tasks per node from {spec!r}")
+    counts = [int(n) for n, times in re.findall(r"(\d+)(?:\(x(\d+)\))?", spec) for _ in range(int(times or 1))]
+    return counts[min(int(env.get("SLURM_NODEID", 0)), len(counts) - 1)]
+
+
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Notebook 06, section 4: read rank, local rank, world size and the rendezvous address from the environment.
 
@@ -129,7 +135,8 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
                                "which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process.")
         rank, local, world = (_int_var(env, n) for n in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         _check_ranks(rank, local, world, ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-        return DistEnv(rank, local, world, env["MASTER_ADDR"], _int_var(env, "MASTER_PORT"), "torchrun")
+        local_world = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
+        return DistEnv(rank, local, world, env["MASTER_ADDR"], _int_var(env, "MASTER_PORT"), "torchrun", local_world)
     if any(name in env for name in SLURM_VARS):
         missing = [name for name in SLURM_VARS if name not in env]
         if not any(name in env for name in SLURM_NODELIST_VARS) and "MASTER_ADDR" not in env:
@@ -148,16 +155,16 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
             except ValueError as exc:
                 raise DistEnvError(f"{exc}; set MASTER_ADDR to the first node's host name instead") from None
         port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT
-        return DistEnv(rank, local, world, addr, port, "slurm")
-    return DistEnv(0, 0, 1, "127.0.0.1", DEFAULT_PORT, "single")
+        return DistEnv(rank, local, world, addr, port, "slurm", _tasks_on_node(env))
+    return DistEnv(0, 0, 1, "127.0.0.1", DEFAULT_PORT, "single", 1)
 
 
 def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]:
     """Notebook 06, section 5: join the job as this process's rank; return ``(env, device)``.
 
     The device is a GPU per local rank when there is one (``device="auto"``), else the CPU; the
-    process group then uses NCCL or gloo. Under srun it exports ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``
-    too, which DataLoader workers started with spawn or forkserver read (webdataset's ``split_by_node``). A job of one process (world size 1, e.g. a notebook)
+    process group then uses NCCL or gloo. Under srun it exports ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE``, which spawn/forkserver DataLoader workers read (webdataset's ``split_by_node``, MDS). A job of one process (world size 1, e.g. a notebook)
     gets a group of one without any rendezvous or port. Keep ``timeout_s`` generous on a cluster:
     start-up and checkpoints wait too.
     """
@@ -181,8 +188,8 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
         return env, dev
     # env:// rendezvous reads MASTER_*; spawn/forkserver DataLoader workers inherit no process group, and webdataset's
     # split_by_node then reads RANK/WORLD_SIZE, which srun alone does not set: without them every rank reads every shard
-    for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port), ("RANK", env.rank),
-                        ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size)):
+    for name, value in dict(MASTER_ADDR=env.master_addr, MASTER_PORT=env.master_port, RANK=env.rank, LOCAL_RANK=env.local_rank,
+                            WORLD_SIZE=env.world_size, LOCAL_WORLD_SIZE=env.local_world_size).items():
         os.environ.setdefault(name, str(value))
     # timeout_s bounds how long a collective waits for the other ranks: a rank that runs out of
     # data then fails with an error instead of waiting torch's default (30 min for gloo, 10 for NCCL)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ._support import check_int
 from .datasets import ImageFileDataset
 
-__all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream", "batches_per_epoch",
+__all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream",
            "buffer_shuffle", "contiguous_share", "copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
            "plot_copies", "split_range_per_worker", "strided_share", "worker_shares", "worker_slot"]
 
@@ -105,7 +105,8 @@ class _Epochs(IterableDataset):
 
 
 class ShardedStream(_Epochs):
-    """Notebook 07, section 3: the numbers ``0 .. n-1``, each yielded once over all workers: each takes its share.
+    """Notebook 07, sections 3-4: the numbers ``0 .. n-1``, each yielded once over all workers (and ranks, given
+    ``rank``/``world_size`` in the main process as to a ``DistributedSampler``: exercise 07.2): each takes its share.
 
     ``sharding`` is ``"strided"`` (worker ``w`` takes positions ``w, w+k, ...``) or ``"contiguous"`` (blocks).
     ``shuffle=True`` first permutes the positions with ``(seed, epoch)``: the same permutation in every
@@ -114,11 +115,12 @@ class ShardedStream(_Epochs):
     """
 
     def __init__(self, n: int, sharding: str = "strided", *, shuffle: bool = False, seed: int = 0,
-                 seed_per_worker: bool = False, with_worker: bool = False) -> None:
+                 seed_per_worker: bool = False, with_worker: bool = False, rank: int = 0, world_size: int = 1) -> None:
         if sharding not in _SHARDINGS:
             raise ValueError(f"sharding must be one of {', '.join(map(repr, _SHARDINGS))}, got {sharding!r}")
         self.n, self.sharding, self.share = check_int(n, "n", 0), sharding, _SHARDINGS[sharding]
         self.shuffle, self.seed, self.seed_per_worker, self.with_worker = shuffle, seed, seed_per_worker, with_worker
+        self.rank, self.world_size = rank, world_size
 
     def order(self, worker_id: int = 0) -> np.ndarray:
         """The positions in the order worker ``worker_id`` cuts its share from (all of ``0..n-1``)."""
@@ -131,7 +133,8 @@ class ShardedStream(_Epochs):
         worker, num_workers = worker_slot()  # (0, 1) in the main process (num_workers=0)
         label = worker_slot(main=-1)[0]  # what with_worker reports: -1 for the main process
         order = self.order(worker)  # 0..n-1, or a permutation that every worker draws alike
-        for position in self.share(self.n, worker, num_workers):  # this worker's positions only
+        reader, readers = self.rank * num_workers + worker, self.world_size * num_workers
+        for position in self.share(self.n, reader, readers):  # this worker's positions only
             i = int(order[position])
             yield (i, label) if self.with_worker else i
 
@@ -255,16 +258,6 @@ def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_las
         full, rest = divmod(share, b)
         per_worker.append([b] * full + ([rest] if rest and not drop_last else []))
     return [size for turn in zip_longest(*per_worker) for size in turn if size is not None]
-
-
-def batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *,
-                      sharded: bool = True) -> int:
-    """Notebook 07, section 5: how many batches one epoch over an ``n``-sample stream has.
-
-    The sum over workers of ``ceil(share / batch_size)`` (``floor`` with ``drop_last``); ``len(loader)``
-    says ``ceil(n / batch_size)`` whatever ``num_workers`` is.
-    """
-    return len(epoch_batch_sizes(n, batch_size, num_workers, drop_last, sharded=sharded))
 
 
 @dataclass(frozen=True)

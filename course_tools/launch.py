@@ -142,10 +142,14 @@ def launch(
     env: Mapping[str, str] | None = None,
     check: bool = True,
     show: bool = True,
+    style: str = "torchrun",
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and collect the output.
 
-    ``target`` is a module name (``"course_lib.train"``) or a path to a ``.py`` script. Each
+    ``style="srun"`` starts the ``nproc`` processes as ``srun`` starts the tasks of one node instead: with
+    ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, ``SLURM_STEP_NODELIST`` and
+    ``SLURM_STEP_TASKS_PER_NODE`` set (and ``MASTER_PORT``, as the hpc/ scripts export it), and no ``RANK`` or
+    ``WORLD_SIZE``. ``target`` is a module name (``"course_lib.train"``) or a path to a ``.py`` script. Each
     rank's lines are shown in rank order when the job ends (``show``). The whole job is killed
     after ``timeout`` seconds, so a rank stuck in a collective cannot hang the notebook. With
     ``check``, a failed or timed-out job raises :class:`LaunchError` naming the failed rank and
@@ -153,6 +157,8 @@ def launch(
     """
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
+    if style not in ("torchrun", "srun"):
+        raise ValueError(f"style must be 'torchrun' or 'srun', got {style!r}")
     module = not target.endswith(".py")
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no script {target!r}; give a path to a .py file or a module name")
@@ -168,24 +174,68 @@ def launch(
     )
     if not child_env["GLOO_SOCKET_IFNAME"]:
         del child_env["GLOO_SOCKET_IFNAME"]
-    cmd = torchrun_command([target, *args], nproc, module=module)
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env, start_new_session=True
-    )
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        out, _ = proc.communicate()
-    result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
-    result.ranks, result.launcher = _split_by_rank(out, nproc)
+    if style == "srun":
+        result = _run_tasks([sys.executable, *(["-m"] if module else []), target, *args], nproc, child_env, timeout)
+    else:
+        proc = subprocess.Popen(torchrun_command([target, *args], nproc, module=module), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=child_env, start_new_session=True)
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            out, _ = proc.communicate()
+        result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
+        result.ranks, result.launcher = _split_by_rank(out, nproc)
     if show:
         result.show()
     if check and not result.ok:
         raise LaunchError(result.summary(), result)
+    return result
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) -> LaunchResult:
+    """One process per task, as srun starts them on one node. When a task fails the others are stopped (as
+    ``srun --kill-on-bad-exit=1`` and torchrun do); at the timeout all are."""
+    import tempfile
+
+    slurm = dict(SLURM_NTASKS=str(nproc), SLURM_NODEID="0", SLURM_STEP_NODELIST="127.0.0.1",
+                 SLURM_STEP_TASKS_PER_NODE=str(nproc), MASTER_PORT=env.get("MASTER_PORT", str(_free_port())))
+    start, deadline = time.perf_counter(), time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="course-tasks-") as folder:
+        logs = [open(Path(folder) / f"task{r}.log", "w+") for r in range(nproc)]
+        procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                  env={**env, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
+                 for r, log in enumerate(logs)]
+        timed_out = False
+        while None in (codes := [p.poll() for p in procs]):  # every task polled, each time
+            failed = any(code not in (None, 0) for code in codes)
+            timed_out = time.monotonic() > deadline
+            if failed or timed_out:
+                for p in procs:
+                    _kill_group(p)
+                break
+            time.sleep(0.05)
+        codes = [p.wait() for p in procs]
+        outs = []
+        for log in logs:
+            log.seek(0)
+            outs.append(log.read())
+            log.close()
+    result = LaunchResult(nproc, next((c for c in codes if c), 0), timed_out, time.perf_counter() - start)
+    # torch prefixes a rank's traceback lines with "[rankN]:" once the process group exists
+    result.ranks = {r: [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in out.splitlines() if line.strip()]
+                    for r, out in enumerate(outs)}
     return result
 
 

@@ -101,7 +101,7 @@ def test_07_sharded_stream() -> None:
 
 
 def _batches07(n, batch_size, num_workers, drop_last):
-    return iterable.batches_per_epoch(n, batch_size, num_workers, drop_last)
+    return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
 
 
 def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w: [s.seed, s.epoch, s.rank, w],

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +106,30 @@ def test_dist_env_from_torchrun_slurm_or_nothing() -> None:
     both = dist_env({**SLURM, **TORCHRUN, "SLURM_PROCID": "0"})  # srun torchrun: torchrun's numbers win
     assert both.source == "torchrun" and both.rank == 3
     single = dist_env({})
-    assert (single.rank, single.world_size, single.source, single.is_main) == (0, 1, "single", True)
+    assert (single.rank, single.world_size, single.source, single.local_world_size) == (0, 1, "single", 1)
     assert "rank 3 of 4" in str(dist_env(TORCHRUN))
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({}, 4),  # nothing says how many per node: all on one
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "1"}, 2),
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "1"}, 1),
+        ({"SLURM_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "0"}, 3),  # the job's, when the step's is not set
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+    ],
+)
+def test_local_world_size_from_slurm_tasks_per_node(extra: dict, expected: int) -> None:
+    """What MDS (and torchrun) call LOCAL_WORLD_SIZE: the processes of this node; start() exports it under srun."""
+    assert dist_env({**SLURM, **extra}).local_world_size == expected
+    assert dist_env({**TORCHRUN, "LOCAL_WORLD_SIZE": "2"}).local_world_size == 2
+    assert "local rank 1 of 2" in str(dist_env({**TORCHRUN, "LOCAL_WORLD_SIZE": "2"}))
+
+
+def test_unreadable_tasks_per_node_is_an_error() -> None:
+    with pytest.raises(DistEnvError, match="tasks per node"):
+        dist_env({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "2(y2)"})
 
 
 @pytest.mark.parametrize("missing", ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"])
@@ -175,54 +195,3 @@ def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width
 def test_read_reports_says_what_to_run(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report"):
         read_reports(tmp_path)
-
-
-SPAWN_READER = """
-import json, sys
-import webdataset as wds
-from torch.utils.data import DataLoader
-from course_lib import distributed
-
-if __name__ == "__main__":  # a spawn worker imports this file again
-    env, _ = distributed.start(timeout_s=60)
-    pipeline = wds.WebDataset(sys.argv[1], shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-    loader = DataLoader(pipeline, batch_size=None, num_workers=1, multiprocessing_context="spawn")
-    print(json.dumps({"rank": env.rank, "keys": [sample["__key__"] for sample in loader]}))
-    del loader
-    distributed.finish()
-"""
-
-
-def test_srun_style_ranks_with_spawn_workers_read_disjoint_shards(tmp_path: Path) -> None:
-    """Two processes started as srun starts tasks (only SLURM_* set), each reading shards through a spawn worker:
-    start() exports RANK/WORLD_SIZE, so split_by_node in the worker sees 2 ranks, and every sample is read once.
-    (Without the export each worker sees world size 1, and both ranks read all 20 samples.)"""
-    import json
-    import socket
-    import subprocess
-    import sys
-
-    import webdataset as wds
-
-    with wds.ShardWriter(str(tmp_path / "part-%03d.tar"), maxcount=5, verbose=0) as sink:
-        for i in range(20):
-            sink.write({"__key__": f"s{i:03d}", "txt": str(i)})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    script = tmp_path / "reader.py"
-    script.write_text(SPAWN_READER)
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "part-{000..003}.tar")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                              env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": "2",
-                                   "SLURM_JOB_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    keys = [k for o in outs for k in o["keys"]]
-    assert sorted(o["rank"] for o in outs) == [0, 1]
-    assert sorted(keys) == [f"s{i:03d}" for i in range(20)], {o["rank"]: len(o["keys"]) for o in outs}

@@ -27,7 +27,6 @@ from course_lib.iterable import (
     ImageStream,
     RangeStream,
     ShardedStream,
-    batches_per_epoch,
     buffer_shuffle,
     contiguous_share,
     copies,
@@ -199,19 +198,18 @@ def _reference(n: int, b: int | None, k: int, drop_last: bool, sharded: bool = T
 def test_epoch_batch_sizes_follow_the_per_worker_rule(n, b, k, drop_last, sharded) -> None:
     sizes = epoch_batch_sizes(n, b, k, drop_last, sharded=sharded)
     assert sizes == _reference(n, b, k, drop_last, sharded)
-    assert batches_per_epoch(n, b, k, drop_last, sharded=sharded) == len(sizes)
     assert sum(sizes) <= n * max(k, 1)
 
 
-def test_batches_per_epoch_worked_examples() -> None:
+def test_epoch_batch_sizes_worked_examples() -> None:
     assert epoch_batch_sizes(10, 4, 0) == [4, 4, 2]
     assert epoch_batch_sizes(10, 4, 2) == [4, 4, 1, 1]
     assert epoch_batch_sizes(10, 4, 3) == [4, 3, 3]
     assert epoch_batch_sizes(10, 4, 3, drop_last=True) == [4]
     assert epoch_batch_sizes(10, 4, 2, sharded=False) == [4, 4, 4, 4, 2, 2]
-    assert batches_per_epoch(0, 4, 3) == 0
+    assert epoch_batch_sizes(0, 4, 3) == []
     with pytest.raises(ValueError):
-        batches_per_epoch(10, 0, 2)
+        epoch_batch_sizes(10, 0, 2)
 
 
 @pytest.mark.timeout(300)

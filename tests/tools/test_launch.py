@@ -21,7 +21,7 @@ distributed.finish()
 
 SCRIPT_FAILS = """
 import os, sys, time
-if os.environ["RANK"] == "1":
+if os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == "1":  # torchrun's variable, or srun's
     raise KeyError("rank 1 lost its key")
 time.sleep(30)
 """
@@ -40,8 +40,10 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90)
+@pytest.mark.parametrize("style", ["torchrun", "srun"])
+def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         style: str) -> None:
+    result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90, style=style)
     assert result.ok and result.summary() == "2 ranks finished"
     assert result.ranks == {0: ["rank 0 of 2: sum 3"], 1: ["rank 1 of 2: sum 3"]}
     out = capsys.readouterr().out
@@ -49,16 +51,18 @@ def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys:
 
 
 @pytest.mark.timeout(120)
-def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("style", ["torchrun", "srun"])
+def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path, style: str) -> None:
     with pytest.raises(LaunchError, match="rank 1 failed first: KeyError: 'rank 1 lost its key'") as info:
-        launch(write(tmp_path, "fails.py", SCRIPT_FAILS), nproc=2, timeout=90, show=False)
+        launch(write(tmp_path, "fails.py", SCRIPT_FAILS), nproc=2, timeout=90, show=False, style=style)
     assert info.value.result.returncode != 0 and not info.value.result.timed_out
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("style", ["torchrun", "srun"])
+def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None:
     with pytest.raises(LaunchError, match="timed out") as info:
-        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False)
+        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False, style=style)
     result = info.value.result
     assert result.timed_out and not result.ok and result.seconds < 25
     assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
@@ -69,6 +73,8 @@ def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
         launch("course_lib.train", nproc=0)
     with pytest.raises(FileNotFoundError, match="no script"):
         launch(str(tmp_path / "missing.py"))
+    with pytest.raises(ValueError, match="style"):
+        launch("course_lib.train", style="mpirun")
 
 
 def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:

@@ -1,7 +1,6 @@
 """``python -m course_lib <command>``: prepare, verify, doctor, bench, slides, authoring.
 
-The commands are instructors' and maintainers' tools; they live in :mod:`course_tools` and are
-imported only when one runs.
+The commands are instructors' and maintainers' tools; they live in :mod:`course_tools`, imported only when one runs.
 """
 
 import sys

@@ -1,13 +1,13 @@
 """Notebook 09: beyond WebDataset, the same images as MDS shards (mosaicml-streaming) and litdata chunks.
 
-The images are written in three streaming formats (WebDataset, MDS, litdata) and read through the
-same decoding and the same ``DataLoader``, so that measured differences are the formats' own.
-What worker processes must import lives here: ``litdata.optimize`` sends its function to worker
-processes, which under ``spawn`` find it only in a module.
+The images are written in three streaming formats (WebDataset, MDS, litdata) and read through the same decoding and
+the same ``DataLoader``, so that measured differences are the formats' own. What worker processes must import lives
+here: ``litdata.optimize`` sends its function to worker processes, which under ``spawn`` find it only in a module.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from pathlib import Path
@@ -31,8 +31,6 @@ class FormatError(RuntimeError):
 
 def _require(module: str, package: str) -> Any:
     """Import ``module``, or say which package to install."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -57,12 +55,7 @@ def encoded_sample(item: _Item) -> dict[str, Any]:
     return {"jpg": Path(path).read_bytes(), "cls": int(label)}
 
 
-# --------------------------------------------------------------------------- writing
-
-
 # --------------------------------------------------------------------------- reading
-
-
 class _Decoded(IterableDataset):
     """Any iterable dataset of ``{"jpg": ..., "cls": ...}`` samples, decoded by :func:`image_tensor`.
 
@@ -106,9 +99,8 @@ def _streaming_dataset(**kwargs: Any) -> Any:
 def mds_images(local: str | os.PathLike[str], batch_size: int) -> IterableDataset:
     """Notebook 09, section 2: MDS shards in a local folder, read by ``streaming.StreamingDataset(local=..., remote=None)``.
 
-    No download: ``remote=None`` reads the folder in place. ``batch_size`` must be the
-    DataLoader's: the dataset deals whole batches to workers and ranks, and refuses to iterate
-    without it.
+    No download: ``remote=None`` reads the folder in place. ``batch_size`` must be the DataLoader's: the dataset deals
+    whole batches to workers and ranks, and refuses to iterate without it.
     """
     if not (Path(local) / "index.json").is_file():
         raise FormatError(f"no MDS index.json in {Path(local).name}/: write it with streaming.MDSWriter first")
@@ -161,8 +153,6 @@ def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
 
 
 # --------------------------------------------------------------------------- measuring
-
-
 def _samples_per_second(make_loader: Callable[[], Iterable[Any]], expected: int | None = None) -> float:
     """Samples/s of one pass over a fresh loader of ``(images, labels)`` batches, workers' start-up included."""
     loader = make_loader()
@@ -178,9 +168,8 @@ def compare_formats(datasets: dict[str, Callable[[], IterableDataset]], samples:
                     num_workers: int = 2, rounds: int = 3, seed: int = 0) -> dict[str, list[float]]:
     """Notebook 09, section 4: ``{format: [samples/s per round]}``, each dataset through the same ``DataLoader`` settings.
 
-    Formats take turns within every round, so drift of the machine hits them alike; each pass
-    builds a fresh loader (start-up counted, as in an epoch with non-persistent workers) and must
-    yield exactly ``samples`` samples.
+    Formats take turns within every round, so drift of the machine hits them alike; each pass builds a fresh loader
+    (start-up counted, as in an epoch with non-persistent workers) and must yield exactly ``samples`` samples.
     """
     results: dict[str, list[float]] = {name: [] for name in datasets}
     for _ in range(rounds):

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from . import distributed
-from .datasets import image_tensor
+from .datasets import DataNotFoundError, image_tensor
 from .instrument import EpochRecord, InstrumentedLoader, simulated_step
-from .shards import ShardError, _find_shards, check_enough_shards, read_shardset
+from .shards import ShardError, _find_shards, check_enough_shards, read_shardset, write_image_shards
 
 __all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "STALL_TARGET", "STEP_MS", "SimulatedDecode", "build_dataset",
            "check_job", "cpus_per_task", "make_loader", "measure", "plot_stall", "run_epoch", "sweep"]
@@ -37,8 +38,6 @@ STALL_TARGET = 0.15
 
 
 # --------------------------------------------------------------------------- the pipeline
-
-
 class EndlessShardCycle:
     """Notebook 10, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
@@ -48,8 +47,7 @@ class EndlessShardCycle:
     """
 
     def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
-        self.calls = 0
+        self.seed, self.calls = seed, 0
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         import webdataset as wds
@@ -78,9 +76,7 @@ class SimulatedDecode:
     def __init__(self, ms: float, chunk_ms: float = 10.0) -> None:
         if ms < 0:
             raise ValueError(f"decode_ms must be >= 0, got {ms}")
-        self.seconds = ms / 1000
-        self.chunk = chunk_ms / 1000
-        self.debt = 0.0
+        self.seconds, self.chunk, self.debt = ms / 1000, chunk_ms / 1000, 0.0
 
     def __call__(self, sample: tuple) -> tuple:
         self.debt += self.seconds
@@ -130,10 +126,8 @@ def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
     """Notebook 10, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
-
     Returns the epoch's record and the batches' worker ids. Closing the iterator at the end ends
-    the last step's timing (the loop never asks for a batch after it).
-    """
+    the last step's timing (the loop never asks for a batch after it)."""
     if batches < 1:
         raise ValueError(f"batches must be at least 1, got {batches}")
     it = iter(loader)
@@ -180,17 +174,13 @@ def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, na
     ax.bar(labels, stalls, color=["#2ca02c" if s < 100 * target else "#d62728" for s in stalls])
     ax.axhline(100 * target, color="black", linestyle="--", linewidth=1)
     ax.text(len(labels) - 0.5, 100 * target, f"target {100 * target:.0f} %", ha="right", va="bottom", fontsize=9)
-    ax.set_ylim(0, 100)
-    ax.set_xlabel(name)
-    ax.set_ylabel("% of time waiting for data\n(after the first batch)")
-    ax.set_title(f"data stall vs {name}")
+    ax.set(ylim=(0, 100), xlabel=name, ylabel="% of time waiting for data\n(after the first batch)",
+           title=f"data stall vs {name}")
     fig.tight_layout()
     return fig
 
 
 # --------------------------------------------------------------------------- the training script
-
-
 def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m course_lib.capstone", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -280,8 +270,6 @@ def _train(args: argparse.Namespace) -> dict:
 def _run(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
          epoch_batches: int) -> dict:
     """One rank's training; everything holding the process group (DDP model, loader, workers) lives in here."""
-    import torch.nn.functional as F
-
     from .train import ddp_model, epoch_mean_loss, weights_digest
 
     loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
@@ -328,8 +316,6 @@ def _run(args: argparse.Namespace, env: distributed.DistEnv, device: torch.devic
 def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from .datasets import DataNotFoundError
-
     args = _parse_args(argv)
     try:
         if args.command == "train":
@@ -339,8 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
                   f"{len(paths) / (args.ranks * max(1, args.workers)):.1f} shards per reader")
         else:
-            from .shards import write_image_shards
-
             written = write_image_shards(args.out, size=args.size, root=args.data, maxcount=args.maxcount)
             print(written.describe())
     except (ShardError, DataNotFoundError, distributed.DistEnvError) as exc:
@@ -351,8 +335,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------- the Slurm script
-
-
 def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
     """Notebook 10, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
     and ``num_workers`` DataLoader workers, each of which keeps one core busy when it must."""

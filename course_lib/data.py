@@ -1,10 +1,9 @@
 """Notebook 01: the course's offline data set, coloured geometric shapes as real JPEG files.
 
-``prepare_data()`` draws a small image-classification set (10 shape classes, deterministic variation in
-size, position, rotation, colour and noise) into ``<data dir>/shapes-<size>-seed<seed>/{train,val}/<class>/``
-with a ``manifest.json`` (counts, seed, checksums) written last, in a temporary folder renamed into place
-when complete: a set with a manifest is a finished one, and a second call reuses it. The data dir is the
-``root`` argument, else ``$COURSE_DATA_DIR``, else ``$XDG_CACHE_HOME/pytorch-data-course`` (``~/.cache/...``).
+``prepare_data()`` draws a small image-classification set (10 shape classes, deterministic variation in size,
+position, rotation, colour and noise) into ``<data dir>/shapes-<size>-seed<seed>/{train,val}/<class>/`` (see
+:func:`data_dir`) with a ``manifest.json`` (counts, seed, checksums) written last: a set with a manifest is a
+finished one, and a second call reuses it.
 """
 
 from __future__ import annotations
@@ -106,13 +105,10 @@ def _hsv_to_rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
 
 
 def draw_shape(label: int, rng: np.random.Generator, image_size: int = 64) -> Image.Image:
-    """Notebook 01, section 0: one RGB image of class ``CLASSES[label]``, its variation drawn from ``rng``.
-
-    Drawn at twice the size and downsampled, which smooths the edges.
-    """
+    """Notebook 01, section 0: one RGB image of class ``CLASSES[label]``, its variation drawn from ``rng``."""
     if not 0 <= label < len(CLASSES):
         raise ValueError(f"label must be in 0..{len(CLASSES) - 1}, got {label}")
-    big = image_size * 2
+    big = image_size * 2  # drawn at twice the size, then downsampled: smoother edges
     bg_v = float(rng.uniform(0.05, 0.35)) if rng.random() < 0.5 else float(rng.uniform(0.7, 0.95))
     bg = _hsv_to_rgb(float(rng.random()), float(rng.uniform(0.0, 0.25)), bg_v)
     fg = _hsv_to_rgb(float(rng.random()), float(rng.uniform(0.6, 1.0)), 0.95 if bg_v < 0.5 else 0.55)
@@ -198,9 +194,7 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict:
 
 def verify(folder: str | os.PathLike[str], checksums: bool = False) -> dict:
     """Notebook 01, section 0: check that every file the manifest lists exists (and, with ``checksums``, is intact).
-
-    Returns the manifest; raises ``DataError`` naming the first problems found.
-    """
+    Returns the manifest; raises ``DataError`` naming the first problems found."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     missing, damaged = [], []
@@ -239,8 +233,7 @@ def prepare_data(size: str = DEFAULT_SIZE, seed: int = 0, root: str | os.PathLik
     try:
         with new_folder(final, _MANIFEST, DataError) as tmp:
             manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
-            # The manifest is written last: a folder with a manifest is a finished one.
-            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))  # last: the set is finished
     except OSError as exc:  # read-only shared folder, full disk, quota...
         raise DataError(f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
                         f"folder with free space; if an instructor prepared a shared folder, ask for "

@@ -1,8 +1,7 @@
 """Notebook 01: map-style datasets, used throughout the course.
 
-A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes are short
-enough to read whole, and live in a module (not a notebook cell) so that DataLoader workers can
-pickle them under any start method.
+A map-style dataset is anything with ``__len__`` and ``__getitem__(index)``. The classes are short enough to read
+whole, and live in a module (not a notebook cell) so that DataLoader workers can pickle them under any start method.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ class DataNotFoundError(FileNotFoundError):
 
 def check_index(index: Any, length: int) -> int:
     """Notebook 01, section 1: turn ``index`` into a valid non-negative position, as a Python sequence would.
-
     Raises ``IndexError`` (with the dataset's length) when it is out of range: ``for x in
-    dataset`` relies on that error to know where the data ends.
-    """
+    dataset`` relies on that error to know where the data ends."""
     try:
         i = operator.index(index)  # accepts int, numpy ints and 0-d integer tensors
     except TypeError:
@@ -156,9 +153,7 @@ class ImageFileDataset(Dataset):
 
 def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int | None = None) -> torch.Tensor:
     """Notebook 01, section 2: an image (JPEG/PNG bytes, a file or a PIL image) as a float tensor ``[3, H, W]`` in [0, 1].
-
-    ``size`` resizes it to ``size`` × ``size`` pixels first. Pillow decodes in C, releasing the GIL.
-    """
+    ``size`` resizes it to ``size`` × ``size`` pixels first. Pillow decodes in C, releasing the GIL."""
     if isinstance(image, Image.Image):
         rgb = image.convert("RGB")
     else:
@@ -207,9 +202,7 @@ class RandomSequences(Dataset):
 
 class WithIndex(Dataset):
     """Notebook 06, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
-
-    The index rides through the DataLoader with the sample: which indices a rank or a worker loaded is then known.
-    """
+    The index rides through the DataLoader with the sample: which indices a rank or a worker loaded is then known."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

@@ -9,9 +9,12 @@ error naming what is missing. :func:`start` joins the job, :func:`sampler_shares
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import re
+import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,8 +40,6 @@ class DistEnvError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- who am I?
-
-
 @dataclass(frozen=True)
 class DistEnv:
     """Notebook 06, section 4: where this process sits in a job, what ``torch.distributed`` needs to start."""
@@ -58,9 +59,7 @@ class DistEnv:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """Notebook 06, section 4: expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
-
-    Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames`` does.
-    """
+    Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames`` does."""
     hosts: list[str] = []
     # split on commas that are not inside brackets
     parts = re.findall(r"(?:[^,\[\]]|\[[^\]\[]*\])+", nodelist.strip())
@@ -83,8 +82,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
                 lo, hi = m.group(1), m.group(2) or m.group(1)
                 if int(hi) < int(lo):
                     raise ValueError(f"range {item!r} runs backwards in Slurm node list {nodelist!r}")
-                width = len(lo)
-                choices += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+                choices += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
             expanded = [e + c for e in expanded for c in choices]
         hosts += expanded
     if not hosts or any(not h for h in hosts):
@@ -120,11 +118,10 @@ def _tasks_on_node(env: Mapping[str, str]) -> int:
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Notebook 06, section 4: read rank, local rank, world size and the rendezvous address from the environment.
 
-    torchrun's variables win when any of them is set (under ``srun torchrun`` both are present,
-    and torchrun's describe the process it started). Otherwise Slurm's: ``SLURM_PROCID``,
-    ``SLURM_LOCALID``, ``SLURM_NTASKS``, and the first host of ``SLURM_JOB_NODELIST`` (or
-    ``SLURM_NODELIST``) as the rendezvous address, with ``MASTER_ADDR``/``MASTER_PORT`` taking
-    precedence when set. With neither, a single process: rank 0 of 1 on 127.0.0.1.
+    torchrun's variables win when any of them is set (under ``srun torchrun`` both are present, and torchrun's
+    describe the process it started). Otherwise Slurm's: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, and
+    the first host of the node list (:data:`SLURM_NODELIST_VARS`) as the rendezvous address, unless
+    ``MASTER_ADDR``/``MASTER_PORT`` are set. With neither, a single process: rank 0 of 1 on 127.0.0.1.
     """
     env = os.environ if environ is None else environ
     if any(name in env for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
@@ -204,10 +201,6 @@ def finish() -> None:
     Call it once the DDP model and the DataLoaders are gone (they sit in reference cycles: collected first);
     a ``RuntimeWarning`` says if anything still holds the group, whose threads would outlive Python's shutdown.
     """
-    import gc
-    import warnings
-    import weakref
-
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -222,15 +215,11 @@ def finish() -> None:
 
 
 # --------------------------------------------------------------------------- what does each rank get?
-
-
 def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = False,
                    seed: int = 0, set_epoch: bool = True) -> np.ndarray:
     """Notebook 06, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
-
     It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
-    is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``.
-    """
+    is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``."""
     from torch.utils.data.distributed import DistributedSampler
 
     check_int(dataset_len, "dataset_len", 1), check_int(world_size, "world_size", 1)
@@ -277,17 +266,13 @@ def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None
     for i in np.flatnonzero(totals > 1):  # samples loaded more than once over all ranks
         ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, world, fill=False, lw=1.5, ec="black"))
     ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
-    step = max(1, dataset_len // 25)
-    ax.set_xticks(range(0, dataset_len, step))
-    ax.set_xlabel("sample index in the data set (outlined: loaded more than once; white column: never)")
-    ax.set_xlim(-0.5, dataset_len - 0.5)
-    ax.set_title(title or f"{dataset_len} samples over {world} ranks")
+    ax.set(xticks=range(0, dataset_len, max(1, dataset_len // 25)), xlim=(-0.5, dataset_len - 0.5),
+           xlabel="sample index in the data set (outlined: loaded more than once; white column: never)",
+           title=title or f"{dataset_len} samples over {world} ranks")
     return fig
 
 
 # --------------------------------------------------------------------------- reading the ranks' reports
-
-
 def write_report(folder: str | os.PathLike[str], rank: int, report: dict) -> Path:
     """Notebook 06, section 5: write one rank's JSON report as ``FOLDER/rankN.json``, atomically
     (a reader never sees half of one)."""

@@ -19,14 +19,13 @@ class LoaderExplorer:
     """Notebook 04, section 11: holds the widgets and the measurements; a cell ending in ``explorer`` shows it."""
 
     def __init__(self, dataset: Dataset, step_ms: float = 20.0, max_workers: int = 4, max_batches: int | None = 24) -> None:
-        self.dataset = dataset
-        self.max_batches = max_batches
-        style = {"description_width": "150px"}
-        layout = widgets.Layout(width="420px")
-        self.workers = widgets.IntSlider(value=0, min=0, max=max_workers, description="num_workers", style=style, layout=layout)
-        self.batch_size = widgets.IntSlider(value=32, min=8, max=128, step=8, description="batch_size", style=style, layout=layout)
-        self.prefetch = widgets.IntSlider(value=2, min=1, max=8, description="prefetch_factor", style=style, layout=layout)
-        self.step_ms = widgets.FloatSlider(value=step_ms, min=0.0, max=100.0, step=5.0, description="training step (ms)", style=style, layout=layout)
+        self.dataset, self.max_batches = dataset, max_batches
+        look = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="420px"))
+        self.workers = widgets.IntSlider(value=0, min=0, max=max_workers, description="num_workers", **look)
+        self.batch_size = widgets.IntSlider(value=32, min=8, max=128, step=8, description="batch_size", **look)
+        self.prefetch = widgets.IntSlider(value=2, min=1, max=8, description="prefetch_factor", **look)
+        self.step_ms = widgets.FloatSlider(value=step_ms, min=0.0, max=100.0, step=5.0,
+                                           description="training step (ms)", **look)
         self.button = widgets.Button(description="Measure one epoch", button_style="primary", icon="play",
                                      layout=widgets.Layout(width="auto"))  # the default width cuts the label
         self.output = widgets.Output()

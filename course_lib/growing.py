@@ -122,9 +122,7 @@ def evict_oldest(entries: Sequence[tuple[str, int]], budget_bytes: int) -> list[
 
 class CacheSnapshot(Dataset):
     """Notebook 07, section 7: the cache's samples at one moment: a map-style dataset over a fixed list of files.
-
-    ``dataset[i]`` is ``(float image C×H×W in 0..1, label)``, or ``(transform(uint8 image H×W×3), label)``.
-    """
+    ``dataset[i]`` is ``(float image C×H×W in 0..1, label)``, or ``(transform(uint8 image H×W×3), label)``."""
 
     def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Callable | None = None) -> None:
         self.folder, self.transform = Path(folder), transform

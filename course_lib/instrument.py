@@ -321,9 +321,7 @@ class _Recorder:
 # --------------------------------------------------------------------------- measuring a setting
 def simulated_step(batch: Any, seconds: float, device: torch.device | str | None = None, non_blocking: bool = False) -> None:
     """Notebook 04, section 1: stand-in for a training step on an accelerator, copy the batch there, then wait ``seconds``.
-
-    A GPU computing leaves the CPU free: ``time.sleep`` models that (busy work would not). No copy to a CPU device.
-    """
+    A GPU computing leaves the CPU free: ``time.sleep`` models that (busy work would not). No copy to a CPU device."""
     if device is not None and torch.device(device).type != "cpu":
         for t in batch if isinstance(batch, (list, tuple)) else [batch]:
             if isinstance(t, torch.Tensor):

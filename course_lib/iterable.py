@@ -28,9 +28,7 @@ _T = TypeVar("_T")
 
 def worker_slot(main: int = 0) -> tuple[int, int]:
     """Notebook 07, section 3: ``(worker id, number of workers)`` of the calling process.
-
-    Outside DataLoader workers (``num_workers=0``) the main process is the only worker: ``(main, 1)``.
-    """
+    Outside DataLoader workers (``num_workers=0``) the main process is the only worker: ``(main, 1)``."""
     info = get_worker_info()
     return (main, 1) if info is None else (info.id, info.num_workers)
 
@@ -167,9 +165,7 @@ def buffer_shuffle(items: Iterable[_T], size: int, rng: np.random.Generator) -> 
 
 class BufferShuffled(_Epochs):
     """Notebook 07, section 4: ``source`` (an iterable dataset) shuffled by :func:`buffer_shuffle` in each worker.
-
-    Each worker seeds with ``(seed, epoch, worker id)``; :meth:`set_epoch` is passed on to ``source``.
-    """
+    Each worker seeds with ``(seed, epoch, worker id)``; :meth:`set_epoch` is passed on to ``source``."""
 
     def __init__(self, source: IterableDataset, size: int, seed: int = 0) -> None:
         self.source, self.size, self.seed = source, check_int(size, "size", 1), seed
@@ -235,9 +231,7 @@ class ImageStream(ShardedStream):
 
 def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
     """Notebook 07, section 5: how many samples each process iterates in one epoch over an ``n``-sample stream.
-
-    All ``n`` in the main process (``num_workers=0``); else ``n`` split evenly if ``sharded``, or ``n`` each.
-    """
+    All ``n`` in the main process (``num_workers=0``); else ``n`` split evenly if ``sharded``, or ``n`` each."""
     n, num_workers = check_int(n, "n", 0), check_int(num_workers, "num_workers", 0)
     if num_workers == 0:
         return [n]
@@ -272,9 +266,7 @@ class _BatchInfo:
 
 def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_BatchInfo]:
     """Notebook 07, section 5: one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs: its batches.
-
-    The dataset yields pairs (``with_worker=True``), and the loader batches; a batch mixing workers is an error.
-    """
+    The dataset yields pairs (``with_worker=True``), and the loader batches; a batch mixing workers is an error."""
     out = []
     for numbers, workers in DataLoader(dataset, **loader_kwargs):
         ws = {int(w) for w in workers}

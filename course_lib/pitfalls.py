@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
 from typing import Iterator
 
 __all__ = ["capture_stderr_fd", "expect_error"]
@@ -16,10 +19,9 @@ class PitfallDidNotHappen(AssertionError):
 def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
     """Notebook 01, section 1: run a block that is *meant* to fail, and print the error as a learner would meet it.
 
-    Prints ``TypeError: <first line of the message>`` (``lines`` lines of it). If the block
-    does not raise one of ``kinds`` (default: any ``Exception``), this raises
-    :class:`PitfallDidNotHappen`, so a notebook run in CI notices when a pitfall it teaches
-    has gone away (for example after a library upgrade).
+    Prints ``TypeError: <first line of the message>`` (``lines`` lines of it). If the block does not raise one of
+    ``kinds`` (default: any ``Exception``), this raises :class:`PitfallDidNotHappen`, so a notebook run in CI notices
+    when a pitfall it teaches has gone away (for example after a library upgrade).
     """
     kinds = kinds or (Exception,)
     try:
@@ -46,16 +48,11 @@ class _CapturedStderr:
 def capture_stderr_fd() -> Iterator[_CapturedStderr]:
     """Notebook 04, section 9: collect what is written to file descriptor 2 (also by child processes) in the block.
 
-    A worker process that crashes while starting writes its traceback to the operating
-    system's standard error, not to Python's ``sys.stderr``: in Jupyter it lands in the
-    terminal that started the server, or, with a recent ipykernel, in the cell output with
-    machine-specific paths. This puts it in a temporary file instead, so a notebook can show
+    A worker process that crashes while starting writes its traceback to the operating system's standard error, not to
+    Python's ``sys.stderr``: in Jupyter it lands in the terminal that started the server, or, with a recent ipykernel,
+    in the cell output with machine-specific paths. This puts it in a temporary file instead, so a notebook can show
     the line that matters.
     """
-    import os
-    import sys
-    import tempfile
-
     captured = _CapturedStderr()
     sys.stderr.flush()
     saved = os.dup(2)

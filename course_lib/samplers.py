@@ -126,9 +126,7 @@ def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices
 # ----------------------------------------------------------------- classes and weights
 def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None = None) -> np.ndarray:
     """Notebook 05, section 4: how many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
-
-    ``targets[i]`` is sample ``i``'s class; the result has ``num_classes`` entries (default: the largest label + 1).
-    """
+    ``targets[i]`` is sample ``i``'s class; the result has ``num_classes`` entries (default: the largest label + 1)."""
     labels, k = _labels(targets, num_classes)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= len(labels)):
@@ -141,10 +139,9 @@ def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None =
 def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Tensor:
     """Notebook 05, section 4: one weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
 
-    Every class then carries the same total weight, so ``WeightedRandomSampler(weights,
-    num_samples=len(weights), replacement=True)`` draws each class equally often on average.
-    (Passing one weight per *class* instead is a classic mistake: the sampler reads each weight
-    as a sample, and draws only indices ``0 .. num_classes - 1``.)
+    Every class then carries the same total weight, so ``WeightedRandomSampler(weights, num_samples=len(weights),
+    replacement=True)`` draws each class equally often on average. (Passing one weight per *class* instead is a
+    classic mistake: the sampler reads each weight as a sample, and draws only indices ``0 .. num_classes - 1``.)
     """
     labels, k = _labels(targets, num_classes)
     return torch.from_numpy(1.0 / np.bincount(labels, minlength=k)[labels])
@@ -152,10 +149,8 @@ def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Ten
 
 def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.ndarray:
     """Notebook 05, section 4: indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
-
     Only the labels are needed (``dataset.targets``), so no image is decoded. The indices come
-    back sorted, so ``Subset(dataset, indices)`` keeps the dataset's class-by-class order.
-    """
+    back sorted, so ``Subset(dataset, indices)`` keeps the dataset's class-by-class order."""
     labels, k = _labels(targets, None)
     want = _int_array(list(counts), "counts")
     if len(want) != k:
@@ -197,10 +192,8 @@ class _Coverage:
 
 def coverage(indices: Iterable[Any], n: int) -> _Coverage:
     """Notebook 05, section 2: count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples.
-
     ``indices`` may be a sampler, a batch sampler, a list of indices, or one list per rank or per
-    worker (notebooks 06-08): they are joined into one epoch.
-    """
+    worker (notebooks 06-08): they are joined into one epoch."""
     n = check_int(n, "n", 1)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
@@ -213,10 +206,8 @@ def coverage(indices: Iterable[Any], n: int) -> _Coverage:
 # ----------------------------------------------------------------- batching by length
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
     """Notebook 05, section 6: the share of padded batch tensors that is padding, over all ``batches``.
-
     A batch of ``b`` sequences padded to its longest, ``L``, is a ``b × L`` tensor holding
-    ``sum(lengths)`` real tokens; the rest is padding. ``batches`` may be a batch sampler.
-    """
+    ``sum(lengths)`` real tokens; the rest is padding. ``batches`` may be a batch sampler."""
     lens = _int_array(lengths, "lengths")
     cells = real = 0
     for batch in batches:
@@ -234,10 +225,8 @@ def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
 
 def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequence[int]]) -> float:
     """Notebook 05, section 6: the share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
-
     About ``(batch_size - 1) / (n - 1)`` for random batches; close to 1 when batches barely change
-    from epoch to epoch (sorting the whole data set by length, for example).
-    """
+    from epoch to epoch (sorting the whole data set by length, for example)."""
     where = {i: k for k, batch in enumerate(epoch_b) for i in one_epoch([batch])}
     pairs = kept = 0
     for batch in epoch_a:

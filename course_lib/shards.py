@@ -271,8 +271,7 @@ def _write_atomically(out_dir: _StrPath, params: dict, samples: Iterator[dict], 
                     "shards": shards}
         if not manifest["samples"]:
             raise ValueError("no samples to write")
-        # The manifest is written last: a folder with a manifest is a finished one.
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))  # last: a folder with a manifest is finished
     return read_shardset(final)
 
 

@@ -17,9 +17,8 @@ __all__ = ["format_seconds", "medians", "seconds_per_call"]
 def seconds_per_call(fn: Callable[[], Any], repeat: int = 5, min_seconds: float = 0.05) -> float:
     """Notebook 02, section 4: best-of-``repeat`` seconds per call of ``fn()``.
 
-    One call first says how long a call takes; each round then calls ``fn`` as many times as last about
-    ``min_seconds`` (once, for a slow call). The minimum over rounds is the measurement least disturbed
-    by other work on the machine.
+    One call first says how long a call takes; each round then calls ``fn`` as many times as last about ``min_seconds``
+    (once, for a slow call). The minimum over rounds is the measurement least disturbed by other work on the machine.
     """
     timer = timeit.Timer(fn)
     once = timer.timeit(1)

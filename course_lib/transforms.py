@@ -1,9 +1,8 @@
 """Notebook 02: custom transforms are callables.
 
-``Compose`` (torchvision's v1 or v2) calls each one on the output of the previous. ``Add`` and
-``Mult`` are classes, not lambdas, so they pickle into DataLoader workers under every start method,
-and their ``repr`` says what they do. ``decode_augment`` is the realistic CPU-bound image pipeline
-notebook 04 and ``python -m course_lib bench`` load JPEG files with.
+``Compose`` (torchvision's v1 or v2) calls each one on the output of the previous. ``Add`` and ``Mult`` are classes,
+not lambdas, so they pickle into DataLoader workers under every start method, and their ``repr`` says what they do.
+``decode_augment`` is the realistic CPU-bound image pipeline notebook 04 and ``python -m course_lib bench`` use.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Notebooks 01-05: the course's pictures, drawn with matplotlib (sample grids, class histograms, batch layouts).
 
-Every function returns the ``Figure`` it drew, so a notebook's stored output is the picture plus
-one ``<Figure ...>`` line.
+Every function returns the ``Figure`` it drew: a notebook's stored output is the picture and a ``<Figure ...>`` line.
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ def class_histogram(counts: dict[str, Sequence[int]] | Sequence[int], classes: S
     for k, (name, values) in enumerate(series.items()):
         ax.bar(x + (k - (len(series) - 1) / 2) * width, list(values), width, label=name)
     ax.set_xticks(x, list(classes), rotation=30)
-    ax.set_ylabel("samples")
-    ax.set_title(title)
+    ax.set(ylabel="samples", title=title)
     if len(series) > 1:  # above the bars, in room of its own: it covers none of them
         ax.set_ylim(top=1.3 * max(max(v) for v in series.values()))
         ax.legend(loc="upper center", ncol=len(series), frameon=False)
@@ -83,9 +81,7 @@ def show_padded_batch(padded: torch.Tensor, lengths: torch.Tensor, title: str = 
     fig, ax = plt.subplots(figsize=(min(12, 1 + t * 0.35), 0.6 + b * 0.3))
     ax.imshow(real.numpy(), cmap=ListedColormap(["#d9d9d9", "#2b6cb0"]), vmin=0, vmax=1, aspect="auto")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("position in sequence (blue: real tokens, grey: padding)")
-    ax.set_ylabel("sample in batch")
-    ax.set_yticks(range(b))
+    ax.set(xlabel="position in sequence (blue: real tokens, grey: padding)", ylabel="sample in batch", yticks=range(b))
     share = 1 - float(real.float().mean())
     ax.set_title(f"{title}: {b} sequences padded to {t}, {share:.0%} of the tensor is padding")
     fig.tight_layout()
@@ -103,10 +99,7 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
     for r, b in enumerate(batches):
         for c, idx in enumerate(b):
             ax.text(c, r, str(int(idx)), ha="center", va="center", fontsize=7, color="white")
-    ax.set_xlabel("position in batch")
-    ax.set_ylabel("batch")
-    ax.set_yticks(range(len(batches)))
-    ax.set_title(title)
+    ax.set(xlabel="position in batch", ylabel="batch", yticks=range(len(batches)), title=title)
     fig.tight_layout()
     return fig
 
@@ -122,6 +115,5 @@ def _relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Se
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, title=title)
     return ax.figure

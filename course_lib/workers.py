@@ -55,8 +55,7 @@ class NoisyDataset(Dataset):
     ``self.rng`` in the same state: workers repeat each other's shifts unless a ``worker_init_fn`` reseeds it."""
 
     def __init__(self, n: int = 8, seed: int = 0) -> None:
-        self.n = n
-        self.rng = np.random.default_rng(seed)
+        self.n, self.rng = n, np.random.default_rng(seed)
 
     def __len__(self) -> int:
         return self.n
@@ -70,8 +69,7 @@ class EpochTagged(Dataset):
     """Notebook 04, section 5: sample ``i`` is ``(i, epoch)`` where ``epoch`` is a plain attribute set from the loop."""
 
     def __init__(self, n: int = 4) -> None:
-        self.n = n
-        self.epoch = 0
+        self.n, self.epoch = n, 0
 
     def __len__(self) -> int:
         return self.n

@@ -27,7 +27,7 @@ from .shards import _load_npy, brace_urls
 from .iterable import worker_slot
 from .timing import medians
 
-__all__ = ["RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_shards", "gbps", "index_tensor_shards",
+__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards",
            "plot_main_process", "plot_rates", "write_raw_tensors"]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
@@ -232,18 +232,20 @@ def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_opt
                          num_workers=num_workers, **loader_options)
 
 
-def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse: bool = True) -> Iterator[torch.Tensor]:
+def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse: bool = True,
+                dtype: Any = np.uint8) -> Iterator[torch.Tensor]:
     """Read files front to back in one process, ``chunk_bytes`` at a time: into one reused buffer (``reuse=True``,
     overwritten by the next chunk), or into a fresh buffer per chunk, as ``np.empty`` in a loop would."""
-    buffer = np.empty(chunk_bytes, dtype=np.uint8)
+    itemsize = np.dtype(dtype).itemsize
+    buffer = np.empty(chunk_bytes // itemsize, dtype=dtype)
     for path in paths:
         with open(path, "rb", buffering=0) as f:
             while True:
-                buf = buffer if reuse else np.empty(chunk_bytes, dtype=np.uint8)
-                n = f.readinto(memoryview(buf))
+                buf = buffer if reuse else np.empty(chunk_bytes // itemsize, dtype=dtype)
+                n = f.readinto(memoryview(buf).cast("B"))
                 if not n:
                     break
-                yield torch.from_numpy(buf[:n])
+                yield torch.from_numpy(buf[: n // itemsize])
 
 
 def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any) -> None:
@@ -382,15 +384,60 @@ class RingLoader:
             self.close()
 
 
-def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None) -> float:
-    """Notebook 09, section 7: GB/s (10^9 bytes per second) of one pass, each batch touched by :func:`_touch`.
+def _count_records(path: str | os.PathLike[str], record_bytes: int) -> int:
+    """How many float32 records of ``record_bytes`` the file at ``path`` holds; a clear error where it does not divide."""
+    size = os.path.getsize(path)
+    if record_bytes < 4 or record_bytes % 4 or size == 0 or size % record_bytes:
+        raise RawDataError(f"{Path(path).name} holds {size} bytes, not a whole number of {record_bytes}-byte float32 "
+                           "records: check record_bytes (a multiple of 4), or write the file again")
+    return size // record_bytes
+
+
+class MappedBatches:
+    """Notebook 09, section 10: batches of fixed-size float32 records, gathered from a memory-mapped file.
+
+    The file is mapped, not read: the OS brings pages in from its cache as they are touched. Each batch is one
+    ``index_select`` into a buffer allocated once, valid until the next batch is requested (clone what you keep,
+    as with :class:`RingLoader`). No workers, no per-record Python. A new order each epoch from ``seed + epoch``."""
+
+    def __init__(self, path, record_bytes, batch_size, shuffle=True, seed=0):
+        self.n, self.record_len = _count_records(path, record_bytes), record_bytes // 4
+        self.records = torch.from_file(str(path), size=self.n * self.record_len).view(self.n, self.record_len)
+        self.buffer = torch.empty(batch_size, self.record_len)
+        self.batch_size, self.shuffle, self.seed, self.epoch = batch_size, shuffle, seed, 0
+
+    def __len__(self):
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
+        self.epoch += 1
+        for start in range(0, self.n, self.batch_size):
+            rows = order[start:start + self.batch_size]
+            yield torch.index_select(self.records, 0, rows, out=self.buffer[: len(rows)])
+
+
+def _stack_numpy(samples: list[torch.Tensor]) -> np.ndarray:
+    """A collate that returns NumPy: the batch is pickled through the worker's pipe, not sent as a shared-memory handle."""
+    return np.stack([sample.numpy() for sample in samples])
+
+
+def _sum_step(batch: torch.Tensor) -> float:
+    """A stand-in for a training step that uses the main process's CPU: it reads every value of the batch."""
+    return float(batch.sum())
+
+
+def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
+         step: Callable[[torch.Tensor], Any] = _touch) -> float:
+    """Notebook 09, section 7: GB/s (10^9 bytes per second) of one pass, each batch given to ``step`` (:func:`_touch`).
 
     With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): what the
     training loop's own process paid, as opposed to waiting for workers."""
     start, start_cpu = time.perf_counter(), time.process_time()
     seen = 0
     for batch in make_batches():
-        _touch(batch)
+        step(batch)
         seen += batch.numel() * batch.element_size()
     seconds = time.perf_counter() - start
     if seen != nbytes:
@@ -401,20 +448,24 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
 
 
 def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
-             cpu: dict[str, list[float]] | None) -> dict[str, list[float]]:
+             cpu: dict[str, list[float]] | None, step: Callable[[torch.Tensor], Any] = _touch) -> dict[str, list[float]]:
     """One untimed pass of every method (fills the page cache, starts workers, maps slots), then each method
     once per round, in turn, so that drift of the machine hits them all alike. On one torch thread, as in a
-    worker: ``torch.stack`` here would start a thread per core, whose spinning makes the results swing."""
+    worker: ``torch.stack`` here would start a thread per core, whose spinning makes the results swing.
+    With two raw reads or more, their best of each round comes first, as "fastest raw read": the limit every ratio is taken to."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for make, nbytes in methods.values():
-            gbps(make, nbytes)
+            gbps(make, nbytes, step=step)
         results: dict[str, list[float]] = {name: [] for name in methods}
         for _ in range(rounds):
             for name, (make, nbytes) in methods.items():
-                results[name].append(gbps(make, nbytes, None if cpu is None else cpu.setdefault(name, [])))
-        return results
+                results[name].append(gbps(make, nbytes, None if cpu is None else cpu.setdefault(name, []), step))
+        raw = [name for name in methods if name.startswith("raw read")]
+        if len(raw) < 2:
+            return results
+        return {"fastest raw read": [max(values) for values in zip(*(results[name] for name in raw))], **results}
     finally:
         torch.set_num_threads(threads)
 
@@ -423,7 +474,7 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Notebook 09, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
-    Returns ``{method: [GB/s per round]}``, the limit first (one sample at a time into one reused buffer);
+    Returns ``{method: [GB/s per round]}``, the limit first (the faster of the raw reads, in each round);
     ``cpu``, if given, receives the main process's CPU seconds per GB for each method and round. Workers
     persist across rounds, so start-up is not counted."""
     plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
@@ -461,6 +512,35 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
             f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
             f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
         }, rounds, cpu)
+
+
+def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] = (4096, 65536, 1 << 20),
+                    total_bytes: int = 128 << 20, batch_bytes: int = 4 << 20, workers: int = 2, rounds: int = 3,
+                    cpu: dict[int, dict[str, list[float]]] | None = None) -> dict[int, dict[str, list[float]]]:
+    """Notebook 09, section 11: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
+
+    Batches of ``batch_bytes``; every loop runs :func:`_sum_step` on each batch (the main process's own CPU work).
+    Returns ``{record_bytes: {method: [GB/s per round]}}``, each led by the fastest raw read (the limit)."""
+    out = {}
+    for size in record_sizes:
+        raw = write_raw_tensors(Path(folder) / f"records-{size}.f32", total_bytes // size, sample_bytes=size)
+        batch = max(1, batch_bytes // size)
+        shuffled = dict(batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True)
+        tensors = DataLoader(RawTensorDataset(raw), generator=torch.Generator().manual_seed(0), **shuffled)
+        arrays = DataLoader(RawTensorDataset(raw), generator=torch.Generator().manual_seed(0), collate_fn=_stack_numpy,
+                            **shuffled)
+        mapped = MappedBatches(raw.path, size, batch)
+        with RingLoader(raw, batch, num_workers=workers, shuffle=True) as ring:
+            out[size] = _measure({
+                "raw read, record-sized reused buffer": (lambda: _read_files(raw.files, size, dtype=np.float32), raw.nbytes),
+                "raw read, batch-sized reused buffer": (lambda: _read_files(raw.files, batch * size, dtype=np.float32),
+                                                        raw.nbytes),
+                f"DataLoader, {workers} workers, tensors": (lambda: tensors, raw.nbytes),
+                f"DataLoader, {workers} workers, NumPy batches": (lambda: map(torch.from_numpy, arrays), raw.nbytes),
+                f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
+                "MappedBatches, no workers": (lambda: mapped, raw.nbytes),
+            }, rounds, None if cpu is None else cpu.setdefault(size, {}), step=_sum_step)
+    return out
 
 
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
@@ -503,7 +583,7 @@ def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float
     import matplotlib.pyplot as plt
 
     med, busy = medians(results), medians(cpu)
-    names = list(med)
+    names = [name for name in med if name in busy]  # "fastest raw read" is a best of, not a run of its own
     wall = [1 / med[n] for n in names]
     own = [min(busy[n], w) for n, w in zip(names, wall)]
     if ax is None:

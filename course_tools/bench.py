@@ -194,7 +194,7 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
     plain, ring = med[plain_name], med[ring_name]
     goals = {
         f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
-        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the sequential read into a reused buffer ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
+        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the fastest raw read ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
     }
     return {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals}
 
@@ -202,8 +202,9 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
 def highrate_report(result: dict[str, Any]) -> list[str]:
     lines = ["", "GB/s (median of rounds), share of the limit (the first line), main process CPU s per GB:"]
     for name, value in result["medians"].items():
+        cpu = result["cpu"].get(name)  # none for "fastest raw read": the best of the raw reads, not a run of its own
         lines.append(f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
-                     f"{result['cpu'][name]:.3f} CPU s/GB")
+                     + (f"{cpu:.3f} CPU s/GB" if cpu is not None else "(the best raw read of each round)"))
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
     return lines

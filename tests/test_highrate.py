@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from course_tools import bench
 from course_lib.timing import medians
 from course_lib.highrate import (
+    MappedBatches,
     RawDataError,
     RawTensorDataset,
     RingLoader,
@@ -23,6 +24,7 @@ from course_lib.highrate import (
     _touch,
     breakdown,
     compare,
+    compare_records,
     compare_shards,
     gbps,
     index_tensor_shards,
@@ -141,12 +143,14 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     threads = torch.get_num_threads()
     results = compare(raw, batch_size=8, workers=1, rounds=1, cpu=cpu)
     assert torch.get_num_threads() == threads, "measured on one thread, then restored"
-    assert list(results) == ["raw read, sample-sized reused buffer", "raw read, batch-sized reused buffer", "raw read, fresh batch buffer", "DataLoader, 0 workers",
+    assert list(results) == ["fastest raw read", "raw read, sample-sized reused buffer", "raw read, batch-sized reused buffer", "raw read, fresh batch buffer", "DataLoader, 0 workers",
                              "DataLoader, 1 workers", "DataLoader, batch reads, 1 workers", "RingLoader, 1 workers"]
     assert all(len(v) == 1 and v[0] > 0 for v in results.values())
-    assert list(cpu) == list(results) and all(v[0] >= 0 for v in cpu.values())
+    assert results["fastest raw read"] == [max(results["raw read, sample-sized reused buffer"][0],
+                                                results["raw read, batch-sized reused buffer"][0])]
+    assert list(cpu) == list(results)[1:] and all(v[0] >= 0 for v in cpu.values())
     fig = plot_rates(results)
-    assert len(fig.axes[0].patches) == 7
+    assert len(fig.axes[0].patches) == 8
     fig = plot_main_process(results, cpu)
     assert len(fig.axes[0].patches) == 14  # own CPU + waiting, per method
     costs = breakdown(results, cpu, workers=1)
@@ -282,3 +286,46 @@ def test_breakdown_of_known_numbers() -> None:
                                    "main process, RingLoader slots": 0.04})
     noisy = dict(results, **{"raw read, fresh batch buffer": [6.0]})  # faster than the reused buffer, by noise
     assert breakdown(noisy, cpu, workers=2)["a fresh buffer per batch"] == 0.0
+
+
+def test_mapped_batches_gather_every_record_once_into_one_buffer(raw) -> None:
+    truth = whole(raw)
+    reader = MappedBatches(raw.path, raw.sample_bytes, 8, seed=3)
+    assert len(reader) == 5
+    epochs = []
+    for _ in range(2):
+        batches = [(b.untyped_storage().data_ptr(), b.clone()) for b in reader]
+        assert len({ptr for ptr, _ in batches}) == 1, "one buffer, allocated once"
+        assert [b.shape[0] for _, b in batches] == [8, 8, 8, 8, 5]
+        got = torch.cat([b for _, b in batches])
+        order = [int(torch.nonzero((truth == row).all(dim=1))[0]) for row in got]
+        assert sorted(order) == list(range(raw.n))
+        epochs.append(order)
+    assert epochs[0] != epochs[1], "a new order each epoch"
+    again = [int(torch.nonzero((truth == row).all(dim=1))[0]) for b in MappedBatches(raw.path, raw.sample_bytes, 8, seed=3)
+             for row in b.clone()]
+    assert again == epochs[0], "the same seed, the same first epoch"
+    assert torch.equal(torch.cat([b.clone() for b in MappedBatches(raw.path, raw.sample_bytes, 8, shuffle=False)]), truth)
+
+
+def test_mapped_batches_refuse_a_file_that_is_not_whole_records(raw) -> None:
+    with pytest.raises(RawDataError, match="not a whole number of 1000-byte"):
+        MappedBatches(raw.path, 1000, 8)
+    with pytest.raises(RawDataError, match="multiple of 4"):
+        MappedBatches(raw.path, 6, 8)
+
+
+@pytest.mark.timeout(120)
+def test_compare_records_measures_every_reader_at_every_size(tmp_path: Path) -> None:
+    cpu: dict[int, dict[str, list[float]]] = {}
+    results = compare_records(tmp_path, (4096, 65536), total_bytes=1 << 20, batch_bytes=256 << 10, workers=1, rounds=1,
+                              cpu=cpu)
+    assert list(results) == [4096, 65536] and list(cpu) == [4096, 65536]
+    for size, by_method in results.items():
+        assert list(by_method) == ["fastest raw read", "raw read, record-sized reused buffer",
+                                   "raw read, batch-sized reused buffer", "DataLoader, 1 workers, tensors",
+                                   "DataLoader, 1 workers, NumPy batches", "RingLoader, 1 workers",
+                                   "MappedBatches, no workers"]
+        assert by_method["fastest raw read"][0] == max(v[0] for k, v in by_method.items() if k.startswith("raw read"))
+        assert list(cpu[size]) == list(by_method)[1:]
+        assert (tmp_path / f"records-{size}.f32").stat().st_size == 1 << 20

@@ -2,13 +2,16 @@
 
 09.1 runs the learner's MDS loader on real MDS shards; 09.2 runs their batch-keeping code on a
 real :class:`~course_lib.highrate.RingLoader` (whose slots are overwritten, so kept batches must
-be copies); 09.3 compares their shared-memory arithmetic with what a RingLoader allocates.
+be copies); 09.3 compares their shared-memory arithmetic with what a RingLoader allocates; 09.4 runs their
+memory-mapped batch reader over a real raw file for two epochs; 09.5 times their rate meter against loops whose
+wall and CPU time are known.
 """
 
 from __future__ import annotations
 
 import gc
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -93,3 +96,107 @@ def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
         if slots is not None and got == (2 * workers + 1) * batch * sample:
             raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
         raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
+
+
+def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
+    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
+    where = {float(v): i for i, v in enumerate(truth[:, 0])}
+    found = []
+    for batch in batches:
+        for row in batch:
+            i = where.get(float(row[0]))
+            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
+                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
+            found.append(i)
+    return found
+
+
+@exercise("09.4", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
+                  "batch gathered into one buffer allocated once.")
+def mapped_batches(cls: Any) -> None:
+    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
+    from ..highrate import write_raw_tensors
+
+    attempted(cls)
+    n, size, batch = 50, 256, 8
+    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
+        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
+        attempted(reader)
+        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
+        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
+        for _ in range(2):
+            got, sizes = [], []
+            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
+                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
+                        "which a training step takes (torch.from_file gives one).")
+                held.append(b)
+                sizes.append(b.shape[0])
+                got.append(b.clone())
+            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
+                    "short batch: slice the buffer to its length).")
+            epochs.append(_rows_to_index(got, truth))
+        for e, order in enumerate(epochs):
+            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
+                    f"records of {n}: every record once per epoch.")
+        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
+        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
+        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
+        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
+                "torch.Generator with seed + epoch rather than using the global random state.")
+        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
+        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
+        buffers = len({b.untyped_storage().data_ptr() for b in held})
+        if buffers > 1:
+            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
+                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
+                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
+
+
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@exercise("09.5", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
+def measure(fn: Callable[..., Any]) -> None:
+    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
+    attempted(fn)
+    batch = torch.zeros(250_000)  # 1 MB
+    stepped: list[int] = []
+
+    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
+        for _ in range(4):
+            time.sleep(0.05)
+            yield batch
+
+    def busy():  # 4 MB in about 0.2 s of CPU
+        for _ in range(4):
+            _busy(0.05)
+            yield batch
+
+    start = time.perf_counter()
+    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
+    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
+    attempted(got)
+    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
+    rate, cpu = float(got[0]), float(got[1])
+    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
+    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
+        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
+    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
+            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
+            "seconds (time.perf_counter()).")
+    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
+            "time.process_time(), not the wall clock.")
+    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
+    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
+            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
+    try:
+        fn(sleepy, 8_000_000, lambda b: None)
+    except Exception:  # noqa: BLE001 - any clear error will do
+        return
+    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
+               "against nbytes, or a short pass passes for a fast one.")

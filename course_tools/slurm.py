@@ -72,6 +72,8 @@ def render_slurm_script(
         head = ('# The first node hosts the rendezvous; a port derived from the job id keeps jobs sharing it apart.\n'
                 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
                 'MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"\n')
+    # the comments of the #SBATCH lines start in one column, whatever the numbers' widths
+    gres_line, cpus_line = f"#SBATCH --gres=gpu:{gpus_per_node}".ljust(37), f"#SBATCH --cpus-per-task={cpus}".ljust(37)
     return f"""#!/bin/bash
 # Written by course_tools.slurm.write_slurm_script (notebook 10) from the settings tuned there.
 # {nodes} node(s) x {gpus_per_node} GPUs = {world} ranks; {num_workers} DataLoader workers per rank, prefetch_factor {prefetch_factor}.
@@ -84,8 +86,8 @@ def render_slurm_script(
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1          # one task per node: torchrun, which starts that node's ranks itself
-#SBATCH --gres=gpu:{gpus_per_node}                 # GPUs per node = ranks per node (delete on a CPU partition)
-#SBATCH --cpus-per-task={cpus}          # {gpus_per_node} ranks x ({num_workers} workers + 1 training process): every worker
+{gres_line}# GPUs per node = ranks per node (delete on a CPU partition)
+{cpus_line}# {gpus_per_node} ranks x ({num_workers} workers + 1 training process): every worker
 #                                    # needs a core of its own, or the data stall comes back
 #SBATCH --hint=nomultithread         # count physical cores, not hyper-threads
 #SBATCH --time={time_limit}

@@ -122,6 +122,60 @@ def test_tuned_workers_on_a_real_measurement(tmp_path, tiny_root) -> None:
 # --------------------------------------------------------------------------- 10.3
 
 
+def audit(reports, shard_of, stall_target, across_epochs=False, weights=True, every_epoch_stall=False, stall=True,
+          idle=True):
+    """Exercise 10.3's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    problems = []
+    seen_ever, shards_ever = [], []
+    for epoch in range(len(reports[0]["epochs"])):
+        steps = [r["epochs"][epoch]["batches"] for r in reports]
+        if len(set(steps)) > 1:
+            problems.append(f"epoch {epoch}: batches per rank {steps}")
+        readers = [keys for r in reports for keys in r["epochs"][epoch]["keys_by_worker"].values()]
+        if idle and any(not keys for keys in readers):
+            problems.append(f"epoch {epoch}: a reader read nothing")
+        shard_sets = [{shard_of[k] for k in keys} for keys in readers]
+        shards_ever += shard_sets if across_epochs else []
+        sets = shards_ever if across_epochs else shard_sets
+        if len(set().union(*sets)) < sum(map(len, sets)):
+            problems.append(f"epoch {epoch}: a shard read by two readers")
+        seen = [k for keys in readers for k in keys]
+        seen_ever += seen if across_epochs else []
+        keys = seen_ever if across_epochs else seen
+        if len(keys) != len(set(keys)):
+            problems.append(f"epoch {epoch}: a sample read twice")
+        for r in reports if every_epoch_stall else []:
+            if r["epochs"][epoch]["steady_stall"] >= stall_target:
+                problems.append(f"rank {r['rank']} waits")
+    if weights and len({r["weights_sha256"] for r in reports}) > 1:
+        problems.append("the ranks' weights differ")
+    for r in reports if stall and not every_epoch_stall else []:
+        if r["epochs"][-1]["steady_stall"] >= stall_target:
+            problems.append(f"rank {r['rank']} waits {r['epochs'][-1]['steady_stall']:.0%} of the time")
+    return problems
+
+
+def test_audit_job() -> None:
+    def stub(reports, shard_of, stall_target):
+        raise NotImplementedError
+
+    right_and_stubs(nb10.audit_job, audit, stub)
+    wrong = {
+        "within one epoch": lambda *a: audit(*a, across_epochs=True),
+        "weights differ passed": lambda *a: audit(*a, weights=False),
+        "Report each fault once": lambda *a: audit(*a, every_epoch_stall=True),
+        "waits 40 % of the time in the last epoch passed": lambda *a: audit(*a, stall=False),
+        "read nothing in epoch 0 passed": lambda *a: audit(*a, idle=False),
+        "return a list": lambda *a: "; ".join(audit(*a)) or None,
+    }
+    for words, fn in wrong.items():
+        outcome, message = status(nb10.audit_job, fn)
+        assert outcome is Status.WRONG and words in message, (words, message)
+
+
+# --------------------------------------------------------------------------- 10.4
+
+
 def test_cpus_per_task_right_answer() -> None:
     assert status(nb10.cpus_per_task, lambda ranks, workers: ranks * (workers + 1))[0] is Status.SOLVED
     assert status(nb10.cpus_per_task, capstone.cpus_per_task)[0] is Status.SOLVED
@@ -147,7 +201,7 @@ def test_cpus_per_task_stub() -> None:
     assert status(nb10.cpus_per_task, stub)[0] is Status.NOT_ATTEMPTED
 
 
-# --------------------------------------------------------------------------- 10.4
+# --------------------------------------------------------------------------- 10.5
 
 
 def write(tmp_path: Path, **settings) -> Path:

@@ -24,7 +24,7 @@ from ..instrument import EpochRecord
 from ._core import Hint, attempted, exercise, require, whole_number
 from .nb08 import _labelled_shards
 
-#: Exercise 10.4's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
+#: Exercise 10.5's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
 NODES, GPUS_PER_NODE, CPUS_PER_NODE = 2, 4, 32
 CLUSTER_SHARDS = "/scratch/$USER/course-shards"
 
@@ -132,7 +132,65 @@ def tuned_workers(answer: Any, results: Any) -> None:
                             f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
 
 
-@exercise("10.3", "ranks per node × (workers + 1): every rank's training process needs a core besides its workers.")
+def _job_reports(fault: str = "") -> tuple[list[dict], dict[str, str]]:
+    """Reports of a 2-rank, 2-worker, 2-epoch job over shards s0..s7 of 4 samples each, right or with one ``fault``.
+
+    Each epoch starts every reader on its shards again, so a reader re-reads its shards (and samples) in
+    epoch 1: right, and an audit across epochs would call it a fault."""
+    shard_of = {f"s{s}-{i}": f"s{s}" for s in range(8) for i in range(4)}
+    reports = []
+    for rank in range(2):
+        epochs = []
+        for epoch in range(2):
+            readers = {str(w): [f"s{2 * (2 * rank + w) + j}-{i}" for j in range(2) for i in range(2)]
+                       for w in range(2)}
+            batches = 4
+            if fault == "steps" and rank == 1 and epoch == 1:
+                batches = 3
+            if fault == "shared shard" and rank == 1 and epoch == 1:
+                readers["1"] = readers["1"][:-1] + ["s0-3"]  # rank 0's worker 0 reads shard s0
+            if fault == "repeat" and rank == 0 and epoch == 1:
+                readers["0"] = readers["0"][:-1] + [readers["0"][0]]
+            if fault == "idle reader" and rank == 1 and epoch == 0:
+                readers["1"] = []
+            stall = 0.4 if fault == "stall" and rank == 1 else 0.05
+            epochs.append({"batches": batches, "keys_by_worker": readers, "steady_stall": stall})
+        digest = "b" * 64 if fault == "weights" and rank == 1 else "a" * 64
+        reports.append({"rank": rank, "epochs": epochs, "weights_sha256": digest})
+    return reports, shard_of
+
+
+JOB_FAULTS = {
+    "steps": "rank 1 took 3 batches in epoch 1, rank 0 took 4: a collective would hang",
+    "shared shard": "shard s0 read by readers of two ranks in epoch 1",
+    "repeat": "a sample read twice in epoch 1",
+    "idle reader": "worker 1 of rank 1 read nothing in epoch 0",
+    "weights": "the ranks' weights differ",
+    "stall": "rank 1 waits 40 % of the time in the last epoch",
+}
+
+
+@exercise("10.3", "one problem for each fault, none for a right job: equal steps, no idle reader, disjoint shards and "
+                  "no sample twice within each epoch, identical weights, and every rank's stall under the target.")
+def audit_job(fn: Callable[..., Any]) -> None:
+    """``fn(reports, shard_of, stall_target)``: a list of problems found in a job's rank reports, empty if it was right."""
+    attempted(fn)
+    reports, shard_of = _job_reports()
+    got = fn(reports, shard_of, 0.15)
+    attempted(got)
+    require(isinstance(got, (list, tuple)), f"audit_job should return a list of problems, got {type(got).__name__}.")
+    if got:
+        raise Hint(f"a right job (equal steps, busy readers, disjoint shards, no repeats within an epoch, same weights, low stall) "
+                   f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 every reader reads its shards "
+                   "again: compare shards and samples within one epoch, not across epochs.")
+    for fault, what in JOB_FAULTS.items():
+        reports, shard_of = _job_reports(fault)
+        found = list(fn(reports, shard_of, 0.15))
+        require(len(found) >= 1, f"a job where {what} passed your audit with no problem.")
+        require(len(found) == 1, f"a job where only {what} got {len(found)} problems: {found}. Report each fault once.")
+
+
+@exercise("10.4", "ranks per node × (workers + 1): every rank's training process needs a core besides its workers.")
 def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
     """``fn(ranks_per_node, num_workers)`` is the ``--cpus-per-task`` of a one-task-per-node job."""
     attempted(fn)
@@ -152,7 +210,7 @@ def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
                    f"+ {workers} worker{'s' if workers != 1 else ''}.")
 
 
-@exercise("10.4", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
+@exercise("10.5", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
 def slurm_script(path: Any, results: Any) -> None:
     """The script at ``path`` trains on NODES × GPUS_PER_NODE with the workers ``results`` call for."""
     attempted(path, results)

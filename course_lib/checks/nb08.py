@@ -261,3 +261,53 @@ def rank_loader(fn: Callable[..., Any]) -> None:
         first_pass = labels[:10 * len(mine)]
         require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
                 "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+
+
+def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, seed: int, epoch: int) -> list[int]:
+    """The labels rank ``rank`` of ``world`` reads in ``epoch`` from ``fn(urls, seed, epoch)``, in order."""
+    from ..shards import simulated_reader
+
+    with simulated_reader(rank, world_size=world):
+        dataset = fn(list(urls), seed, epoch)
+        attempted(dataset)
+        samples = list(dataset)
+    labels = []
+    for sample in samples:
+        require(isinstance(sample, (tuple, list)) and len(sample) == 2, "each sample should be a pair (key, label): "
+                'end the pipeline with wds.to_tuple("__key__", "cls").')
+        labels.append(int(sample[1]))
+    return labels
+
+
+@exercise("08.5", "the shard list shuffled alike on every rank from (seed, epoch), then split: every shard read once per "
+                  "epoch over the ranks, a new share for each rank every epoch, the same one on a rerun.")
+def rotating_dataset(fn: Callable[..., Any]) -> None:
+    """``fn(urls, seed, epoch)``: this rank's ``(key, label)`` samples for ``epoch``, its shards drawn anew every epoch."""
+    import tempfile
+
+    attempted(fn)
+    world, n = 2, 6
+    with tempfile.TemporaryDirectory(prefix="course08-") as folder:
+        urls = _labelled_shards(folder, shards=n, per_shard=3)
+        shares = []  # per epoch, per rank: the set of shards read
+        for epoch in range(4):
+            runs = [_rotation_run(fn, urls, rank, world, 0, epoch) for rank in range(world)]
+            read = [label // 100 for labels in runs for label in labels]
+            mine = [{label // 100 for label in labels} for labels in runs]
+            twice = sorted(mine[0] & mine[1])
+            if twice:
+                raise Hint(f"in epoch {epoch} both ranks read shards {twice}: " + (
+                    "split the shuffled list between the ranks with wds.split_by_node" if len(twice) == n else
+                    "every rank must shuffle the list identically, from (seed, epoch) only, never the rank") + ".")
+            require(sorted(read) == sorted(s for s in range(n) for _ in range(3)),
+                    f"in epoch {epoch} the ranks read shards {sorted(set(read))} ({len(read)} samples): every shard "
+                    f"once, all {n} of them, 3 samples each.")
+            shares.append(mine)
+            require(len(runs[0]) == len(set(runs[0])), f"rank 0 read a sample twice in epoch {epoch}.")
+        if all(s[0] == shares[0][0] for s in shares):
+            raise Hint(f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
+                       "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node.")
+        again = _rotation_run(fn, urls, 0, world, 0, 1)
+        first = _rotation_run(fn, urls, 0, world, 0, 1)
+        require(again == first, "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
+                "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).")

@@ -1,0 +1,47 @@
+"""The checks of notebook 08 that have a file of their own (the others are in test_checks.py): right answers pass,
+stubs are 'not attempted', wrong ones get a specific hint."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import webdataset as wds
+
+from course_lib.checks import Status, nb08
+from exercise_status import right_and_stubs, status
+
+
+def rotating(urls, seed, epoch, key=None, split=True, shuffle="list"):
+    """Exercise 08.5's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    order = np.random.default_rng(key if key is not None else [seed, epoch]).permutation(len(urls)).tolist()
+    if shuffle == "global":
+        order = list(range(len(urls)))
+        random.shuffle(order)
+    shuffled = [urls[i] for i in order] if shuffle != "after split" else list(urls)
+    stages = [wds.SimpleShardList(shuffled)]
+    stages += [wds.split_by_node] if split else []
+    stages += [wds.split_by_worker]
+    stages += [wds.shuffle(10, seed=seed)] if shuffle == "after split" else []
+    return wds.DataPipeline(*stages, wds.tarfile_to_samples(), wds.to_tuple("__key__", "cls"))
+
+
+@pytest.mark.timeout(120)
+def test_rotating_dataset() -> None:
+    def stub(urls, seed, epoch):
+        raise NotImplementedError
+
+    right_and_stubs(nb08.rotating_dataset, rotating, stub)
+    wrong = {
+        "never the rank": lambda u, s, e: rotating(u, s, e, key=[s, e, int(os.environ.get("RANK", 0))]),
+        "wds.split_by_node": lambda u, s, e: rotating(u, s, e, split=False),
+        "the share does not": lambda u, s, e: rotating(u, s, e, key=[s]),
+        "shuffle the list identically": lambda u, s, e: rotating(u, s, e, shuffle="global"),
+        "Shuffle the URL list itself": lambda u, s, e: rotating(u, s, e, shuffle="after split"),
+        "(key, label)": lambda u, s, e: (sample[1] for sample in rotating(u, s, e)),
+    }
+    for words, fn in wrong.items():
+        outcome, message = status(nb08.rotating_dataset, fn)
+        assert outcome is Status.WRONG and words in message, (words, message)

@@ -341,3 +341,43 @@ def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
     with pytest.raises(ValueError, match="sample 0 is broken"):
         drain(loader)
     assert multiprocessing.active_children() == []
+
+
+class _Persistent07(torch.utils.data.IterableDataset):
+    """Exercise 07.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+
+    def __init__(self, n, seed, shared=True, split=True, rng="seeded", with_epoch=True):
+        self.n, self.seed, self.shared, self.split, self.rng, self.with_epoch = n, seed, shared, split, rng, with_epoch
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_() if shared else 0
+
+    def set_epoch(self, epoch):
+        if self.shared:
+            self.epoch.fill_(epoch)
+        else:
+            self.epoch = epoch
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None or not self.split else (info.id, info.num_workers)
+        key = [self.seed, int(self.epoch)] if self.with_epoch else [self.seed]
+        order = (np.random.default_rng(key) if self.rng == "seeded" else np.random.default_rng()).permutation(self.n)
+        return iter(order[worker::workers].tolist())
+
+
+def _persistent(**wrong):
+    return lambda n, seed: _Persistent07(n, seed, **wrong)
+
+
+@pytest.mark.timeout(120)
+def test_persistent_stream() -> None:
+    def stub(n, seed):
+        raise NotImplementedError
+
+    assert status(nb07.persistent_stream, _persistent())[0] is Status.SOLVED
+    assert status(nb07.persistent_stream, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(nb07.persistent_stream, stub)[0] is Status.NOT_ATTEMPTED
+    wrong = {"share_memory_": dict(shared=False), "arrived more than once": dict(split=False),
+             "global random state": dict(rng="global"), "seed the permutation with the epoch": dict(with_epoch=False)}
+    for words, kw in wrong.items():
+        outcome, message = status(nb07.persistent_stream, _persistent(**kw))
+        assert outcome is Status.WRONG and words in message, (words, message)

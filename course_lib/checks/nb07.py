@@ -3,7 +3,7 @@
 07.1 runs the learner's ``IterableDataset`` in the main process, as each worker of 1 to 4 (with
 torch's worker information set in this process, which is quick), and finally in real DataLoader
 worker processes; 07.2 runs the learner's stream for ranks x workers the same way. 07.3 compares a formula with what the DataLoader does (``course_lib.iterable``,
-which the tests hold to real DataLoaders). 07.4 compares an eviction policy with the rule
+which the tests hold to real DataLoaders). 07.4 runs the learner's stream in persistent worker processes over three epochs; 07.5 compares an eviction policy with the rule
 "as few as possible, oldest first, until the rest fits".
 """
 
@@ -166,7 +166,7 @@ POLICY_CASES = [
 ]
 
 
-@exercise("07.4", "as few deletions as possible, oldest first, until the rest fits the budget.")
+@exercise("07.5", "as few deletions as possible, oldest first, until the rest fits the budget.")
 def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
     """``fn(entries, budget_bytes)`` returns the names to evict; ``entries`` are ``(name, bytes)``, oldest first."""
     attempted(fn)
@@ -264,3 +264,45 @@ def ranked_stream(cls: Any) -> None:
         real = [list(drain(DataLoader(cls(n, rank, 2, 0), batch_size=None, num_workers=2,
                                       multiprocessing_context=mp.get_context("fork")))) for rank in range(2)]
     _judge([int(i) for r in real for i, _ in r], n, "2 ranks x 2 real worker processes")
+
+
+def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -> list[list[int]]:
+    """The indices a DataLoader with ``num_workers`` persistent workers yields in each of ``epochs`` epochs."""
+    stream = cls(n, seed)
+    attempted(stream)
+    require(isinstance(stream, IterableDataset), f"{type(stream).__name__} should subclass IterableDataset.")
+    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0,
+                        multiprocessing_context=mp.get_context("fork") if num_workers else None)
+    out = []
+    try:
+        for epoch in range(epochs):
+            stream.set_epoch(epoch)
+            out.append(_ints(list(loader), type(stream).__name__))
+    finally:  # the persistent workers stop here, not at some later garbage collection (see drain)
+        if loader._iterator is not None:
+            loader._iterator._shutdown_workers()
+    return out
+
+
+@exercise("07.4", "the epoch in shared memory: persistent workers reshuffle every epoch, each sample once, "
+                  "the same orders on a rerun.")
+def persistent_stream(cls: Any) -> None:
+    """``cls(n, seed)``: an IterableDataset with ``set_epoch``, split by worker, reshuffled per epoch even in persistent workers."""
+    attempted(cls)
+    n, seed = 12, 3
+    for workers in (0, 2):
+        setting = f"with {workers} persistent workers" if workers else "with 0 workers"
+        orders = _epochs_of(cls, n, seed, workers)
+        for epoch, got in enumerate(orders):
+            _judge(got, n, f"{setting}, epoch {epoch}")
+        require(orders[0] != sorted(orders[0]), f"{setting} epoch 0 came in order 0..{n - 1}: shuffle it, "
+                "from np.random.default_rng([seed, epoch]).")
+        if workers and orders[0] == orders[1] == orders[2]:
+            raise Hint("with persistent workers all three epochs came in the same order: each worker kept the copy of "
+                       "the epoch it was started with. Keep the epoch in a tensor moved to shared memory "
+                       "(torch.zeros((), dtype=torch.int64).share_memory_()) and write it with fill_ in set_epoch.")
+        require(len({tuple(o) for o in orders}) == 3, f"{setting} two of three epochs came in the same order: "
+                "seed the permutation with the epoch, np.random.default_rng([seed, epoch]).")
+        again = _epochs_of(cls, n, seed, workers)
+        require(again == orders, f"{setting} a second stream with the same seed gave other orders: draw them from "
+                "np.random.default_rng([seed, epoch]), not from the global random state.")

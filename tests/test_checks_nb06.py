@@ -12,7 +12,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.checks import Status, nb06
 from course_tools.launch import launch
-from exercise_status import status
+from exercise_status import right_and_stubs, status
 
 
 def test_06_samples_per_rank() -> None:
@@ -64,7 +64,39 @@ def test_06_eval_indices() -> None:
     assert "outside" in status(nb06.eval_indices, lambda n, w, r: [n + r])[1]
 
 
-# ----------------------------------------------------------------- 06.4: a DDP training script of your own
+# ----------------------------------------------------------------- 06.4: who am I, from Slurm's variables
+
+
+def slurm_ranks(env, expand=True, at_node=True, as_int=True):
+    """Exercise 06.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    counts = []
+    for part in env["SLURM_STEP_TASKS_PER_NODE"].split(","):
+        tasks, _, repeat = part.partition("(x")
+        counts += [int(tasks)] * (int(repeat.rstrip(")")) if repeat and expand else 1)
+    local_world = counts[int(env["SLURM_NODEID"]) if at_node else 0]
+    ranks = (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NTASKS"])
+    return (*(int(v) if as_int else v for v in ranks), local_world)
+
+
+def test_slurm_ranks() -> None:
+    def stub(env):
+        raise NotImplementedError
+
+    right_and_stubs(nb06.slurm_ranks, slurm_ranks, stub)
+    wrong = {
+        "expand the list first": lambda env: slurm_ranks(env, expand=False),
+        "position SLURM_NODEID": lambda env: slurm_ranks(env, at_node=False),
+        "return ints": lambda env: slurm_ranks(env, as_int=False),
+        "SLURM_NTASKS_PER_NODE": lambda env: slurm_ranks(env)[:3] + (int(env["SLURM_NTASKS_PER_NODE"]),),
+        "SLURM_PROCID, SLURM_LOCALID": lambda env: (int(env["SLURM_LOCALID"]), int(env["SLURM_PROCID"]),
+                                                    *slurm_ranks(env)[2:]),
+    }
+    for words, fn in wrong.items():
+        outcome, message = status(nb06.slurm_ranks, fn)
+        assert outcome is Status.WRONG and words in message, (words, message)
+
+
+# ----------------------------------------------------------------- 06.5: a DDP training script of your own
 
 def solution_script(folder: Path) -> Path:
     """The notebook's solution, scratch/my_ddp.py as its %%writefile cell writes it."""

@@ -110,7 +110,47 @@ def eval_indices(fn: Callable[[int, int, int], Any]) -> None:
         require(max(sizes) - min(sizes) <= 1, f"{call}: ranks get {sizes} samples; balance them (at most one apart).")
 
 
-# ----------------------------------------------------------------- 06.4: a DDP training script of your own
+# ----------------------------------------------------------------- 06.4: who am I, from Slurm's variables
+SLURM_CASES = [  # (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID) -> local world size
+    (("5", "1", "8", "4(x2)", "1"), 4),
+    (("7", "0", "8", "2(x3),1", "3"), 1),
+    (("4", "0", "7", "2(x3),1", "2"), 2),
+    (("2", "2", "3", "3", "0"), 3),
+    (("3", "1", "5", "1,2(x2)", "1"), 2),
+]
+
+
+@exercise("06.4", "rank, local rank and world size from SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS; the tasks on "
+                  "this node from SLURM_STEP_TASKS_PER_NODE, expanded, at SLURM_NODEID.")
+def slurm_ranks(fn: Callable[[dict], Any]) -> None:
+    """``fn(env)`` returns ``(rank, local_rank, world_size, local_world_size)`` of one task started by ``srun``."""
+    attempted(fn)
+    for (procid, localid, ntasks, per_node, nodeid), local_world in SLURM_CASES:
+        env = {"SLURM_PROCID": procid, "SLURM_LOCALID": localid, "SLURM_NTASKS": ntasks,
+               "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURM_NODEID": nodeid, "SLURM_JOB_NODELIST": "gpu[01-04]"}
+        call = f"slurm_ranks({{..., SLURM_STEP_TASKS_PER_NODE={per_node!r}, SLURM_NODEID={nodeid!r}}})"
+        try:
+            got = fn(dict(env))
+        except KeyError as exc:
+            raise Hint(f"{call} raised KeyError {exc}: srun sets only the variables in the env given "
+                       "(SLURM_NTASKS_PER_NODE, for one, is set only when --ntasks-per-node was asked for).") from None
+        except IndexError:
+            raise Hint(f"{call} raised IndexError: expand the list first ('2(x3),1' is 2, 2, 2, 1: one count per "
+                       "node), then take the count at position SLURM_NODEID.") from None
+        attempted(got)
+        require(isinstance(got, (tuple, list)) and len(got) == 4, f"{call} should return 4 numbers "
+                "(rank, local_rank, world_size, local_world_size), got {got!r}.")
+        require(all(isinstance(v, int) for v in got), f"{call} returned {tuple(got)!r}: the variables are strings; "
+                "return ints (int(env[...])).")
+        want = (int(procid), int(localid), int(ntasks), local_world)
+        require(tuple(got[:3]) == want[:3], f"{call} gave rank, local rank, world size {tuple(got[:3])}, expected "
+                f"{want[:3]}: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS.")
+        if got[3] != local_world:
+            raise Hint(f"{call} gave local world size {got[3]}, expected {local_world}: expand the list first "
+                       "('2(x3),1' is 2, 2, 2, 1: one count per node), then take the count at position SLURM_NODEID.")
+
+
+# ----------------------------------------------------------------- 06.5: a DDP training script of your own
 
 TRAIN_N, VAL_N = 201, 51  # the points of the learner's script: 201 to train on, 51 to evaluate (odd: padding would show)
 
@@ -168,7 +208,7 @@ def check_ddp_reports(reports: list[dict[str, Any]], world: int = 2) -> None:
                 "after evaluating model.module under torch.no_grad().")
 
 
-@exercise("06.4", "your script's 2 ranks split every epoch, reshuffled, trained identical models, and counted every "
+@exercise("06.5", "your script's 2 ranks split every epoch, reshuffled, trained identical models, and counted every "
                   "validation sample exactly once.")
 def ddp_script(path: Any, launch: Callable[..., Any]) -> None:
     """Start the learner's script with ``launch`` (``course_tools.launch.launch``) on 2 ranks; check their reports."""

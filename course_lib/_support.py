@@ -4,15 +4,20 @@ the ``fork`` context where the platform has it, and argument checks that say wha
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import operator
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+
+_SCRATCH_OWNER = ".course-scratch-owner"
 
 
 def _host() -> str:
@@ -39,16 +44,41 @@ def write_atomic(path: str | os.PathLike[str], payload: bytes | str) -> Path:
     return Path(path)
 
 
+def process_gone(host: str, pid: int) -> bool:
+    """True if ``pid`` ran on this host and runs no more (another user's live process counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return host == _host()
+    except PermissionError:
+        pass
+    return False
+
+
 def _remove_dead_temps(final: Path) -> None:
     """Remove temporary folders of ``final`` left by runs of this host that died (a killed kernel)."""
     prefix = f".{final.name}.tmp-{_host()}-"
     for tmp in final.parent.glob(f"{prefix}*"):
-        try:
-            os.kill(int(tmp.name[len(prefix):].split("-", 1)[0]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass  # not one of ours, or another user's live process
+        with contextlib.suppress(ValueError):  # a name that is not one of ours
+            if process_gone(_host(), int(tmp.name[len(prefix):].split("-", 1)[0])):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def scratch_folder(notebook: str) -> Path:
+    """Notebooks 06-10: this kernel's scratch folder in the temporary directory, removed when the kernel exits.
+
+    A killed kernel (nbval stops kernels so, as a JupyterHub may) cannot remove its own; each call first removes
+    the folders of this host's dead kernels, found by the owner file that only this function writes.
+    """
+    for old in Path(tempfile.gettempdir()).glob("course*-*"):
+        with contextlib.suppress(OSError, ValueError):  # another user's folder, or not one of ours
+            host, pid = (old / _SCRATCH_OWNER).read_text().split()
+            if process_gone(host, int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"course{notebook}-"))
+    (folder / _SCRATCH_OWNER).write_text(f"{_host()} {os.getpid()}")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 @contextlib.contextmanager

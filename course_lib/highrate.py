@@ -249,11 +249,7 @@ def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse
 
 
 def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any) -> None:
-    """Worker process: read the samples of each task straight into its slot of the shared ring.
-
-    A task is ``(batch number, slot, sample indices)``; ``None`` means stop. Sample ``i`` lies in
-    file number ``raw.locations[i][0]``, at byte ``raw.locations[i][1]``.
-    """
+    """Worker process: read each task's samples (at ``raw.locations``) into its slot; a task is ``(batch, slot, indices)``."""
     size = raw.sample_bytes
     fds = {}  # file number -> open file descriptor
     while True:
@@ -449,10 +445,8 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
 
 def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
              cpu: dict[str, list[float]] | None, step: Callable[[torch.Tensor], Any] = _touch) -> dict[str, list[float]]:
-    """One untimed pass of every method (fills the page cache, starts workers, maps slots), then each method
-    once per round, in turn, so that drift of the machine hits them all alike. On one torch thread, as in a
-    worker: ``torch.stack`` here would start a thread per core, whose spinning makes the results swing.
-    With two raw reads or more, their best of each round comes first, as "fastest raw read": the limit every ratio is taken to."""
+    """One untimed pass of every method (page cache, workers, slots), then each method once per round, in turn, so drift
+    hits all alike; on one torch thread, as in a worker. With two raw reads or more, their best per round leads ("fastest raw read")."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -474,9 +468,8 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Notebook 09, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
-    Returns ``{method: [GB/s per round]}``, the limit first (the faster of the raw reads, in each round);
-    ``cpu``, if given, receives the main process's CPU seconds per GB for each method and round. Workers
-    persist across rounds, so start-up is not counted."""
+    Returns ``{method: [GB/s per round]}``, the limit (fastest raw read) first; ``cpu`` receives the main process's CPU
+    seconds per GB per method and round. Workers persist across rounds: start-up is not counted."""
     plain = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=workers, persistent_workers=True)
     whole = DataLoader(_RawBatchDataset(raw, batch_size), batch_size=None, num_workers=workers, persistent_workers=True)
     single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
@@ -495,11 +488,8 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
 
 def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Notebook 09, section 9: the same comparison for float32 samples stored as ``.npy`` members of tar shards.
-
-    The limit reads the shard files (headers included: under 1 % more bytes for 1 MiB samples) into a
-    sample-sized reused buffer; the plain way is webdataset with workers; the fix, a :class:`RingLoader`
-    reading at the offsets of :func:`index_tensor_shards`."""
+    """Notebook 09, section 9: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
+    limit's read: under 1 % more bytes); webdataset against a :class:`RingLoader` at :func:`index_tensor_shards`' offsets."""
     paths = [str(p) for p in paths]
     if len(paths) < workers:
         raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
@@ -546,9 +536,7 @@ def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] 
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
     """Notebook 09, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
-    In one process costs add up, so differences between neighbouring methods isolate them. With workers, the
-    main process pays its own CPU time: receiving each fresh shared-memory batch (IPC, mapping it, faulting
-    its pages in), against a RingLoader whose slots are mapped once."""
+    In one process costs add up, so neighbouring methods' differences isolate them; with workers, the main process's own CPU."""
     wall = {k: 1 / v for k, v in medians(results).items()}
     busy = medians(cpu)
     return {

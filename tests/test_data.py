@@ -119,6 +119,45 @@ def test_stale_temp_of_a_live_process_is_kept(tmp_path: Path) -> None:
     assert mine.exists()
 
 
+SCRATCH_SCRIPT = """
+import os, sys
+from course_lib import data
+print(data.scratch_folder("09"), flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), 9)  # what nbval does to a kernel: no atexit, no cleanup
+"""
+
+
+def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(how: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", SCRATCH_SCRIPT, how], env={**os.environ, "TMPDIR": str(tmp_path)},
+                              capture_output=True, text=True, timeout=60)
+
+    killed = Path(run("kill").stdout.strip())
+    (killed / "big.f32").write_bytes(b"x" * 1000)
+    assert killed.parent == tmp_path and killed.is_dir(), "a killed kernel cannot remove its folder itself"
+    exited = Path(run("exit").stdout.strip())
+    assert not exited.exists(), "a kernel that exits removes its own folder"
+    assert not killed.exists(), "the next call removes the folder of the killed kernel"
+    foreign = tmp_path / "course09-notours"  # same name pattern, no owner file: not the course's
+    foreign.mkdir()
+    other_host = tmp_path / "course08-otherhost"  # a dead pid, but written on another host (a shared /tmp)
+    other_host.mkdir()
+    (other_host / _support._SCRATCH_OWNER).write_text(f"elsewhere {killed_pid_stand_in()}")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    live = data.scratch_folder("06")
+    assert live.name.startswith("course06-") and (live / _support._SCRATCH_OWNER).exists()
+    assert foreign.exists() and other_host.exists() and live.exists()
+
+
+def killed_pid_stand_in() -> int:
+    """A pid that surely runs no more: a child that has exited and been reaped."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60)
+    return int(proc.stdout)
+
+
 CONCURRENT_SCRIPT = """
 import sys
 from course_lib import _support, data

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 
-_SCRATCH_OWNER = ".course-scratch-owner"
+_SCRATCH_OWNER, _SCRATCH = ".course-scratch-owner", {}  # notebook -> this process's scratch folder
 
 
 def _host() -> str:
@@ -65,11 +65,11 @@ def _remove_dead_temps(final: Path) -> None:
 
 
 def scratch_folder(notebook: str) -> Path:
-    """Notebooks 06-10: this kernel's scratch folder in the temporary directory, removed when the kernel exits.
-
-    A killed kernel (nbval stops kernels so, as a JupyterHub may) cannot remove its own; each call first removes
-    the folders of this host's dead kernels, found by the owner file that only this function writes.
-    """
+    """Notebooks 06-10: this kernel's scratch folder in the temporary directory, removed when the kernel exits or
+    calls again for the same notebook. A killed kernel (nbval, a JupyterHub) cannot remove its own: each call first
+    removes the folders of this host's dead kernels, found by the owner file that only this function writes."""
+    if notebook in _SCRATCH:  # the notebook's first cell, run again: start afresh
+        shutil.rmtree(_SCRATCH.pop(notebook), ignore_errors=True)
     for old in Path(tempfile.gettempdir()).glob("course*-*"):
         with contextlib.suppress(OSError, ValueError):  # another user's folder, or not one of ours
             host, pid = (old / _SCRATCH_OWNER).read_text().split()
@@ -78,6 +78,7 @@ def scratch_folder(notebook: str) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=f"course{notebook}-"))
     (folder / _SCRATCH_OWNER).write_text(f"{_host()} {os.getpid()}")
     atexit.register(shutil.rmtree, folder, True)
+    _SCRATCH[notebook] = folder
     return folder
 
 

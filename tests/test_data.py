@@ -146,9 +146,11 @@ def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
     other_host.mkdir()
     (other_host / _support._SCRATCH_OWNER).write_text(f"elsewhere {killed_pid_stand_in()}")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    live = data.scratch_folder("06")
-    assert live.name.startswith("course06-") and (live / _support._SCRATCH_OWNER).exists()
-    assert foreign.exists() and other_host.exists() and live.exists()
+    first = data.scratch_folder("06")
+    assert first.name.startswith("course06-") and (first / _support._SCRATCH_OWNER).exists()
+    assert foreign.exists() and other_host.exists() and first.exists()
+    again = data.scratch_folder("06")  # the notebook's first cell, run again in the same kernel
+    assert again.is_dir() and not first.exists(), "a second call for the same notebook replaces the first folder"
 
 
 def killed_pid_stand_in() -> int:

@@ -196,12 +196,19 @@ def launch(
     return result
 
 
-def _free_port() -> int:
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (held open together while choosing, so all differ)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    sockets = []
+    try:
+        for _ in range(n):
+            sockets.append(socket.socket())
+            sockets[-1].bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) -> LaunchResult:
@@ -210,7 +217,7 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
     import tempfile
 
     slurm = dict(SLURM_NTASKS=str(nproc), SLURM_NODEID="0", SLURM_STEP_NODELIST="127.0.0.1",
-                 SLURM_STEP_TASKS_PER_NODE=str(nproc), MASTER_PORT=env.get("MASTER_PORT", str(_free_port())))
+                 SLURM_STEP_TASKS_PER_NODE=str(nproc), MASTER_PORT=env.get("MASTER_PORT", str(free_ports()[0])))
     start, deadline = time.perf_counter(), time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="course-tasks-") as folder:
         logs = [open(Path(folder) / f"task{r}.log", "w+") for r in range(nproc)]

@@ -16,7 +16,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable
+
+from course_tools.launch import free_ports
 
 # Flags for a quiet, offline browser (as tests/tools/test_slides.py uses): there is no network
 # here, and chromium's own background connections would only be refused.
@@ -51,12 +52,6 @@ def find_chromium() -> str | None:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(url: str, token: str | None, method: str = "GET", timeout: float = 10) -> tuple[int, bytes]:
@@ -111,7 +106,7 @@ class LabServer:
         self.notebooks = home / "notebooks"  # the copy: the repository's notebooks are never touched
         shutil.copytree(repo / "notebooks", self.notebooks,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"))
-        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.port, self.token = free_ports()[0], secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "jupyterlab.log"
         jupyter = Path(sys.executable).parent / "jupyter"

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from course_tools.launch import free_ports
+
 #: The programs the cluster needs (Debian packages slurm-wlm and munge).
 PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "scontrol", "squeue", "scancel", "sinfo", "srun")
 PACKAGES = ("slurm-wlm", "munge")
@@ -99,20 +101,6 @@ def available_memory_mb() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) // 1024
     return 0
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together while choosing, so all differ)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from course_tools.launch import free_ports
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +86,6 @@ print("\n".join(nodelist.split(",")))
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def clean_env() -> dict[str, str]:
     """This process's environment without anything that would make the child think it is in a job."""
     drop = re.compile(r"^(SLURM_|SRUN_|SBATCH_|TORCHELASTIC_|COURSE_)|^(RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|"
@@ -148,7 +143,7 @@ def job_env(tmp_path: Path, fake_bin: Path, data_root: Path, script: str, ntasks
         SLURM_CPUS_PER_TASK=str(cpus), SLURM_SUBMIT_DIR=str(ROOT), SLURM_TMPDIR=str(tmp_path / "node-local"),
         COURSE_DATA_DIR=str(data_root), DATA_SIZE="tiny", GPUS_PER_NODE="2",
         TRAIN_ARGS=TRAIN_ARGS, RUNS_DIR=str(tmp_path / "runs"),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports()[0]),
     )
     (tmp_path / "node-local").mkdir()
     (tmp_path / "srun.log").touch()

@@ -29,8 +29,10 @@ from typing import Any, Iterator
 
 import pytest
 
+from course_tools.launch import free_ports
+
 from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group,
-                           find_chromium, free_port, request)
+                           find_chromium, request)
 
 pytestmark = pytest.mark.stage  # a stage of the suite: `pytest -m 'not stage'` leaves it out
 
@@ -49,7 +51,7 @@ def get_json(url: str, token: str) -> Any:
 def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
     jupyter = Path(sys.executable).parent / "jupyter"
     assert jupyter.exists(), "jupyter is not installed in this environment: pip install -r requirements.txt"
-    port, token = free_port(), secrets.token_hex(16)
+    port, token = free_ports()[0], secrets.token_hex(16)
     command = [
         str(jupyter), "lab", FIRST,
         "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",

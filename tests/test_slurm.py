@@ -368,19 +368,14 @@ def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
 # leaves through the interpreter's normal exit. (Importing them before any process group exists is
 # what the patched course does too; the fresh processes of the Slurm jobs above cover the import order.)
 EXIT_DRIVER = r'''"""Written by tests/test_slurm.py: RUNS runs of 2 ranks of course_lib.train, PARALLEL at a time."""
-import gc, json, os, signal, socket, sys, time
+import gc, json, os, signal, sys, time
 import torch, torchvision.transforms.v2  # noqa: F401  what a rank imports anyway; once, here
 import course_lib.train as course_train
+from course_tools.launch import free_ports
 
 RUNS, PARALLEL, OUT, DATA = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 ARGS = ["--data", DATA, "--size", "tiny", "--limit", "32", "--epochs", "1", "--workers", "1", "--batch-size", "8",
         "--timeout", "60", "--device", "cpu"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(run, rank, port):
@@ -403,7 +398,7 @@ def main():
     for first in range(0, RUNS, PARALLEL):
         children = {}
         for run in range(first, min(RUNS, first + PARALLEL)):
-            port = free_port()
+            port = free_ports()[0]
             for rank in (0, 1):
                 pid = os.fork()
                 if pid == 0:

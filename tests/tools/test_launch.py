@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from course_tools.launch import LaunchError, launch
+from course_tools.launch import LaunchError, free_ports, launch
 
 
 SCRIPT_OK = """
@@ -93,3 +93,13 @@ def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
     both.ranks = {0: ["RuntimeError: Timed out waiting 3000ms"], 1: ["RuntimeError: Timed out waiting 3000ms"]}
     both.launcher = ["Root Cause", "  rank      : 1 (local_rank: 1)"]
     assert both.failed_rank() == 1
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    import socket
+
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: nothing holds it after the call

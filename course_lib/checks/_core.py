@@ -86,15 +86,21 @@ def drain(loader: Any) -> list[Any]:
 
     When a learner's code fails in a worker, the exception's traceback keeps the loader's iterator, and its
     workers, alive until some later garbage collection, which then stops them in the middle of another cell
-    (and can stall the kernel's output). ``_shutdown_workers`` is torch's own clean-up (private; checked with
-    torch 2.14 and 2.15)."""
+    (and can stall the kernel's output)."""
     batches = iter(loader)
     try:
         return list(batches)
     finally:
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(batches)
+
+
+def stop_workers(batches: Any) -> None:
+    """Stop the worker processes of a DataLoader iterator now (persistent ones too); anything else is left alone.
+
+    ``_shutdown_workers`` is torch's own clean-up (private; checked with torch 2.14 and 2.15)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _where(exc: BaseException) -> str:

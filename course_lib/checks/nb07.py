@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import iterable
-from ._core import Hint, attempted, drain, exercise, require, whole_number
+from ._core import Hint, attempted, drain, exercise, require, stop_workers, whole_number
 
 
 @contextlib.contextmanager
@@ -279,8 +279,7 @@ def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -
             stream.set_epoch(epoch)
             out.append(_ints(list(loader), type(stream).__name__))
     finally:  # the persistent workers stop here, not at some later garbage collection (see drain)
-        if loader._iterator is not None:
-            loader._iterator._shutdown_workers()
+        stop_workers(loader._iterator)
     return out
 
 

@@ -3,29 +3,25 @@
 Every rank loads its share of the shapes images with DataLoader workers, trains a small CNN under DDP
 (gloo on CPU, NCCL on GPUs) and, with ``--report``, writes ``rankN.json`` (indices per epoch, weights digest).
 ``--sharding by-hand`` (``indices[rank::world]``) shows the uneven-inputs hang that ``--join`` fixes.
+Here are the pieces a rank uses; the command's arguments and its loop over epochs are in
+:mod:`course_tools.rank_scripts`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import hashlib
-import sys
-import time
-import traceback
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from . import distributed
-from .datasets import DataNotFoundError, WithIndex, image_tensor, shapes
+from .datasets import WithIndex, image_tensor, shapes
 
 __all__ = ["SmallCNN", "build_loader", "ddp_model", "epoch_mean_loss", "weights_digest"]
 
@@ -71,35 +67,6 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m course_lib.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", help="folder holding the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
-    p.add_argument("--size", default="small", help="which prepared set (default: small)")
-    p.add_argument("--limit", type=int, default=0, help="use only the first N training images (0: all)")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sharding", choices=("sampler", "by-hand"), default="sampler")
-    p.add_argument("--drop-last", action="store_true", help="drop what does not divide evenly")
-    p.add_argument("--no-set-epoch", action="store_true", help="forget sampler.set_epoch (the pitfall)")
-    p.add_argument("--join", action="store_true", help="wrap the loop in torch's Join context (uneven inputs)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a collective may wait for the other ranks (start-up and checkpoints included)")
-    p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
-    p.add_argument("--report", help="folder for one rankN.json report per rank")
-    p.add_argument("--crash-rank", type=int, default=-1, help="raise an error on this rank at its 3rd batch (practice)")
-    args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "image_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.workers < 0 or args.limit < 0:
-        p.error("--workers and --limit cannot be negative")
-    return args
-
-
 def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
     """Notebook 06, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
     dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=args.image_size),
@@ -120,68 +87,7 @@ def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory:
     return DataLoader(share, shuffle=True, drop_last=args.drop_last, **common), n
 
 
-def _train(args: argparse.Namespace) -> dict:
-    env, device = distributed.start(args.device, args.timeout)
-    try:
-        return _run(args, env, device)
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)  # a failed run's frames hold its DDP model and loader
-        raise
-    finally:
-        distributed.finish()  # what _run made is gone: the group and its threads end here
+if __name__ == "__main__":  # the command line and the loop over epochs: course_tools.rank_scripts
+    from course_tools.rank_scripts import train_main
 
-
-def _run(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device) -> dict:
-    """One rank's training; everything holding the process group (DDP model, loader, workers) lives in here."""
-    loader, n = build_loader(args, env, pin_memory=device.type == "cuda")
-    model, ddp, opt = ddp_model(device, args.seed, args.lr)
-    report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-                              "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
-    for epoch in range(args.epochs):
-        if args.sharding == "sampler" and not args.no_set_epoch:
-            loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-        seen, losses = [], []
-        start = time.perf_counter()
-        with _maybe_join(ddp, args.join):
-            for step, (index, x, y) in enumerate(loader):
-                if env.rank == args.crash_rank and step == 2:
-                    raise RuntimeError(f"rank {env.rank} crashed on purpose at batch {step} (--crash-rank)")
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                loss = F.cross_entropy(ddp(x), y)
-                opt.zero_grad()
-                loss.backward()  # DDP averages the gradients over all ranks here
-                opt.step()
-                seen += index.tolist()
-                losses.append(loss.item())
-        report["epochs"].append({"indices": seen, "batches": len(losses), "mean_loss": epoch_mean_loss(losses, device),
-                                 "seconds": time.perf_counter() - start})
-        print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, first indices {seen[:5]}", flush=True)
-    report["weights_sha256"] = weights_digest(model)
-    if args.report:
-        distributed.write_report(args.report, env.rank, report)
-    return report
-
-
-def _maybe_join(ddp: nn.Module, enabled: bool) -> Any:
-    """torch's ``Join``: ranks that run out of batches shadow the others' all-reduces instead of leaving them waiting."""
-    if not enabled:
-        return contextlib.nullcontext()
-    from torch.distributed.algorithms.join import Join
-
-    return Join([ddp])
-
-
-@record  # torchrun then names the rank whose error came first, with its traceback
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse_args(argv)
-    try:
-        _train(args)
-    except (DataNotFoundError, distributed.DistEnvError) as exc:
-        # one readable line (with its rank, when torchrun prefixes it) instead of a traceback
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(train_main())

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import capstone, shards
+from course_tools import rank_scripts
 from course_tools.launch import launch
 from course_lib.shards import ShardError
 
@@ -108,21 +109,22 @@ def test_a_reader_without_shards_says_so(shard_set) -> None:
 
 
 def test_one_pass_needs_a_manifest(shard_set, tmp_path) -> None:
-    assert capstone._one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
+    assert rank_scripts._one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "a-000000.tar").write_bytes(shard_set.paths[0].read_bytes())
     with pytest.raises(ShardError, match="--epoch-batches"):
-        capstone._one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
+        rank_scripts._one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
 
 
 def test_cli_check(shard_set, capsys) -> None:
-    assert capstone.main(["check", "--shards", str(shard_set.folder), "--ranks", "2", "--workers", "2"]) == 0
+    check = ["check", "--shards", str(shard_set.folder)]
+    assert rank_scripts.capstone_main([*check, "--ranks", "2", "--workers", "2"]) == 0
     assert "8 shards for 2 ranks × 2 readers each: 2.0 shards per reader" in capsys.readouterr().out
-    assert capstone.main(["check", "--shards", str(shard_set.folder), "--ranks", "4", "--workers", "3"]) == 2
+    assert rank_scripts.capstone_main([*check, "--ranks", "4", "--workers", "3"]) == 2
     assert "ShardError: 8 shards for 4 ranks × 3 workers" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        capstone.main(["train", "--shards", "x", "--workers", "-1"])
+        rank_scripts.capstone_main(["train", "--shards", "x", "--workers", "-1"])
 
 
 # ---------------------------------------------------------- under torchrun (the 2-rank training itself runs in notebook
@@ -161,6 +163,7 @@ def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:
 
 def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
     out = tmp_path / "cluster-shards"
-    assert capstone.main(["shards", "--out", str(out), "--size", "tiny", "--data", str(tiny_root), "--maxcount", "20"]) == 0
+    argv = ["shards", "--out", str(out), "--size", "tiny", "--data", str(tiny_root), "--maxcount", "20"]
+    assert rank_scripts.capstone_main(argv) == 0
     assert "4 shards shapes-train-{000000..000003}.tar: 80 samples" in capsys.readouterr().out
     assert len(capstone.check_job(out, world_size=2, num_workers=2)) == 4

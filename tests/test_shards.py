@@ -386,13 +386,13 @@ def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tm
 
 
 def test_shard_reader_arguments() -> None:
-    from course_lib import shard_reader
+    from course_tools.rank_scripts import _reader_args
 
     with pytest.raises(SystemExit):
-        shard_reader._parse_args(["--urls", "x.tar", "--resampled"])
+        _reader_args(["--urls", "x.tar", "--resampled"])
     with pytest.raises(SystemExit):
-        shard_reader._parse_args(["--urls", "x.tar", "--workers", "-1"])
-    assert shard_reader._parse_args(["--urls", "x.tar"]).workers == 2
+        _reader_args(["--urls", "x.tar", "--workers", "-1"])
+    assert _reader_args(["--urls", "x.tar"]).workers == 2
 
 
 def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.ShardSet) -> None:
@@ -401,10 +401,11 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     import itertools
 
     from course_lib import shard_reader
+    from course_tools.rank_scripts import _reader_args
 
     def keys(seed: int) -> list[str]:
-        args = shard_reader._parse_args(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "4",
-                                         "--resampled", "--epoch-batches", "5", "--seed", str(seed)])
+        args = _reader_args(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "4",
+                             "--resampled", "--epoch-batches", "5", "--seed", str(seed)])
         batches = itertools.islice(iter(shard_reader.build_loader(args)), 5)
         return [k for batch in batches for k in batch[0]]
 

@@ -364,13 +364,15 @@ def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
 
 
 # Runs the course's teardown many times, cheaply: torch, torchvision and course_lib are imported once,
-# and every rank is a child forked from this driver that runs course_lib.train's own main() and then
-# leaves through the interpreter's normal exit. (Importing them before any process group exists is
-# what the patched course does too; the fresh processes of the Slurm jobs above cover the import order.)
+# and every rank is a child forked from this driver that runs course_lib.train's own main (in
+# course_tools.rank_scripts) and then leaves through the interpreter's normal exit. (Importing them before
+# any process group exists is what the patched course does too; the fresh processes of the Slurm jobs
+# above cover the import order.)
 EXIT_DRIVER = r'''"""Written by tests/test_slurm.py: RUNS runs of 2 ranks of course_lib.train, PARALLEL at a time."""
 import gc, json, os, signal, sys, time
 import torch, torchvision.transforms.v2  # noqa: F401  what a rank imports anyway; once, here
 import course_lib.train as course_train
+from course_tools.rank_scripts import train_main
 from course_tools.launch import free_ports
 
 RUNS, PARALLEL, OUT, DATA = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -387,7 +389,7 @@ def rank_main(run, rank, port):
                       SLURM_JOB_NODELIST="127.0.0.1", MASTER_PORT=str(port))
     argv = [*ARGS, "--report", f"{OUT}/reports{run}"]
     sys.argv = [course_train.__file__, *argv]  # as `python -m course_lib.train` sees it (and the exit hook)
-    return course_train.main(argv)
+    return train_main(argv)
 
 
 def main():

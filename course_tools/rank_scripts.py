@@ -1,4 +1,4 @@
-"""The commands each rank runs: ``python -m course_lib.train``, ``course_lib.shard_reader`` and ``course_lib.capstone``.
+"""The commands each rank runs: ``python -m course_lib.train``, ``.shard_reader``, ``.capstone`` and ``.resume``.
 
 torchrun or srun starts one per rank (notebooks 06, 08 and 10 through :mod:`course_tools.launch`, the ``hpc/`` scripts,
 notebook 10's Slurm script). What the notebooks teach and show lives in those lesson modules: the loaders, the
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from course_lib import capstone, distributed, shard_reader, train
+from course_lib import capstone, distributed, resume, shard_reader, train
 from course_lib.datasets import DataNotFoundError
 from course_lib.instrument import simulated_step
 from course_lib.shards import ShardError, read_shardset, write_image_shards
@@ -318,5 +318,46 @@ def capstone_main(argv: Sequence[str] | None = None) -> int:
             written = write_image_shards(args.out, size=args.size, root=args.data, maxcount=args.maxcount)
             print(written.describe())
     except (ShardError, DataNotFoundError, distributed.DistEnvError) as exc:
+        return _one_line(exc)
+    return 0
+
+
+# --------------------------------------------------------------------------- python -m course_lib.resume
+def _resume_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.resume", description=resume.__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="checkpoint folder (resumed from when it holds one)")
+    p.add_argument("--report", required=True, help="folder for each rank's rankN.steps.jsonl")
+    p.add_argument("--loader", choices=("stateful", "plain"), default="stateful")
+    p.add_argument("--data", help="folder holding the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
+    p.add_argument("--limit", type=int, default=64, help="use only the first N training images (0: all)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    p.add_argument("--ckpt-every", type=int, default=4, help="steps between checkpoints (0: only when signalled)")
+    p.add_argument("--stop-at", type=int, default=0, help="practice: end the job after this step (0: never)")
+    p.add_argument("--how", choices=("kill", "term"), default="kill",
+                   help="kill: rank 0 and its workers get SIGKILL; term: rank 0 sends torchrun SIGTERM")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="simulated extra work per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
+    p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
+    args = p.parse_args(argv)
+    if min(args.epochs, args.batch_size) < 1 or min(args.workers, args.limit, args.ckpt_every, args.stop_at) < 0:
+        p.error("--epochs and --batch-size must be at least 1; --workers, --limit, --ckpt-every, --stop-at not negative")
+    return args
+
+
+def resume_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib.resume``: 0, or 2 after one line for missing data or a checkpoint it cannot resume."""
+    args = _resume_args(argv)
+
+    def run(env: distributed.DistEnv, device: torch.device) -> dict:
+        print(f"rank {env.rank}: {resume._run(args, env, device)}", flush=True)
+        return {}
+
+    try:
+        _on_one_rank(run, args.device, args.timeout)
+    except (DataNotFoundError, distributed.DistEnvError) as exc:
         return _one_line(exc)
     return 0

@@ -169,7 +169,7 @@ def test_check_data() -> None:
 def healthy(**changes: object) -> Facts:
     facts = Facts(
         python=versions.TESTED[-1]["python"] + ".7",
-        versions={k: versions.TESTED[-1][k] for k in ("torch", "torchvision", "webdataset")},
+        versions={k: versions.tested(k)[-1] for k in versions.CHECKED if k != "python"},
         workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
         open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
         data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
@@ -182,12 +182,12 @@ def healthy(**changes: object) -> Facts:
 def test_healthy_machine_is_all_ok() -> None:
     results = doctor.run_checks(healthy())
     assert [r.name for r in results] == [
-        "python", "torch", "torchvision", "webdataset", "cores", "/dev/shm", "open files", "start method", "GPU", "disk", "course data",
+        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "/dev/shm", "open files", "start method", "GPU", "disk", "course data",
     ]
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("11 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("12 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -206,11 +206,11 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("7 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("8 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
-    results = doctor.run_checks(healthy(versions={"torch": "2.16.0", "torchvision": "0.29.1", "webdataset": "1.0.2"}))
+    results = doctor.run_checks(healthy(versions={"torch": "2.16.0", "torchvision": "0.29.1", "webdataset": "1.0.2", "torchdata": "0.11.0"}))
     assert [r.status for r in results].count(WARN) == 1 and doctor.exit_code(results) == 0
 
 

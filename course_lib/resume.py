@@ -89,7 +89,10 @@ class ResumableStream(IterableDataset):
         share = range(worker, self.n, workers)
         for index in share[self.done:]:  # skip what was yielded before the checkpoint, without reading it
             self.done += 1  # before the yield: a checkpoint taken at this point already counts this sample
-            yield index
+            yield self.load(index)
+
+    def load(self, index: int) -> int:
+        return index  # a real stream reads sample ``index`` here
 
     def state_dict(self) -> dict[str, int]:
         return {"done": self.done}

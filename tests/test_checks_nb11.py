@@ -95,7 +95,7 @@ def test_11_seen_twice_and_never_right_and_stubs() -> None:
     (every_occurrence, ["twice should be [0, 1, 4, 5], got [0, 0, 1, 1, 4, 4, 5, 5]", "list it once"]),
     (never_from_rank_0, ["never should be [], got [4, 5, 6, 7]", "that no rank's step of that epoch holds"]),
     (never_over_all_epochs, ["never should be [1], got []", "that no rank's step of that epoch holds"]),
-    (as_dict, ["return a pair `(twice, never)`", "{'twice': [], 'never': []}"]),
+    (as_dict, ["return two sorted lists, `return twice, never`", "{'twice': [], 'never': []}"]),
 ])
 def test_11_seen_twice_and_never_wrong_answers(fn, hints) -> None:
     message = wrong(nb11.seen_twice_and_never, fn)

@@ -10,6 +10,7 @@ half-way to see that the previous checkpoint survives.
 from __future__ import annotations
 
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,10 +35,12 @@ def seen_twice_and_never(fn: Callable[..., Any]) -> None:
         (_steps([(0, [0, 1]), (0, [0, 1])], [(0, [4, 5]), (0, [4, 5])]), 8, 0, [0, 1, 4, 5], [2, 3, 6, 7]),
         (_steps([(0, [3, 2]), (1, [3, 3])], [(0, [1, 0]), (1, [0, 2])]), 4, 1, [3], [1]),
         (_steps([(0, [5, 1])], [(0, [1, 4])]), 6, 0, [1], [0, 2, 3]),
+        (_steps([(0, [5, 2]), (0, [5, 2])], [(0, [5, 0])]), 6, 0, [2, 5], [1, 3, 4]),
     ]
     for steps, n, epoch, twice, never in cases:
         got = fn(steps, n, epoch)
-        require(isinstance(got, tuple) and len(got) == 2, f"return a pair `(twice, never)`, got {got!r}.")
+        require(isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(p, list) for p in got),
+                f"return two sorted lists, `return twice, never`; got {got!r}.")
         got_twice, got_never = ([int(i) for i in part] for part in got)
         where = f"for epoch {epoch} of {n} samples and ranks' indices " + str(
             {r: [s["indices"] for s in v if s["epoch"] == epoch] for r, v in steps.items()})
@@ -49,7 +52,12 @@ def seen_twice_and_never(fn: Callable[..., Any]) -> None:
 
 def _pass(loader: Any, stop_after: int | None = None) -> tuple[list[list[int]], Any]:
     """One pass of ``loader`` as lists of ints; with ``stop_after``, the loader's state after that many batches."""
-    batches, it = [], iter(loader)
+    try:
+        it = iter(loader)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # the half-made iterator goes now, and stops its workers
+        raise
+    batches = []
     try:
         for batch in it:
             batches.append([int(i) for i in batch])
@@ -114,6 +122,9 @@ def resumable_stream(cls: Any) -> None:
     flat = sorted(i for b in whole for i in b)
     require(flat == list(range(n)), f"with 2 workers one pass should yield 0..{n - 1} once each, got {len(flat)} "
             "samples: yield only this worker's share, range(info.id, n, info.num_workers).")
+    require(callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)),
+            "give the stream state_dict() and load_state_dict(): without them the loader resumes by reading and "
+            "throwing away everything before the checkpoint.")
     before, state = _pass(stateful_loader(cls(n), batch_size=3, num_workers=2), stop_after=4)
     resumed = stateful_loader(cls(n), batch_size=3, num_workers=2)
     resumed.load_state_dict(state)
@@ -130,6 +141,7 @@ def resumable_stream(cls: Any) -> None:
     again = stateful_loader(counted(n), batch_size=3, num_workers=0)
     again.load_state_dict(state0)
     rest, _ = _pass(again)
+    require(loads or not rest, "your stream never called self.load(i): yield self.load(i) for each index of its share.")
     require(sorted(loads) == sorted(i for b in rest for i in b), f"the resumed pass called load() {len(loads)} times "
             f"for {sum(map(len, rest))} samples: skip positions of the share (e.g. share[self.done:]) instead of "
             "loading samples and throwing them away, which costs as much as reading them.")
@@ -188,6 +200,7 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         batches = iter(loader)
         _train(model, opt, batches, 3)
         save(path, model, opt, loader, 3)
+        saved_weights = [p.detach().clone() for p in model.parameters()]
         require(path.is_file(), f"save(path, ...) should write the file {path.name}; nothing is there.")
         want = _train(model, opt, batches, 4)
         want_weights = [p.detach().clone() for p in model.parameters()]
@@ -196,6 +209,8 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         model2, opt2, loader2 = _setup()
         _train(model2, opt2, iter(loader2), 1)  # a fresh job's objects are not where the saved ones were
         step = load(path, model2, opt2, loader2)
+        require(all(torch.equal(a, b) for a, b in zip(saved_weights, model2.parameters())), "after load, the model you "
+                "were given does not hold the saved weights: model.load_state_dict(state['model']) into it.")
         whole_number(step, "load(...)", "the step saved with the checkpoint")
         require(step == 3, f"load should return the saved step, 3; got {step}.")
         got = _train(model2, opt2, iter(loader2), 4)

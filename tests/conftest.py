@@ -40,6 +40,14 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data folder holding the 'small' shapes set, which course_lib.resume trains on (about 1 s to make)."""
+    root = tmp_path_factory.mktemp("course-data-small")
+    data.prepare_data("small", root=root, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_set(tiny_root: Path) -> Path:
     """The folder of the tiny set itself (holds train/, val/, manifest.json)."""
     return tiny_root / data.dataset_name("tiny", 0)
@@ -50,5 +58,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for status in ("passed", "failed"):
         for report in terminalreporter.stats.get(status, []):
             for name, value in getattr(report, "user_properties", []):
-                if name in ("slurm_stage", "exit_runs"):
+                if name in ("slurm_stage", "exit_runs", "slurm_resumable"):
                     terminalreporter.write_line(f"{name}, seconds: {value}")

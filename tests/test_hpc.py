@@ -3,7 +3,8 @@
 The scripts' successful runs are the Slurm stage's (tests/test_slurm.py: a real cluster on this
 machine, one and two nodes). Here a fake ``srun`` and ``scontrol show hostnames`` go first on PATH,
 the variables sbatch would set are set by hand, and ``bash hpc/X.sbatch`` shows how a job stops
-early without data, when training fails, and outside sbatch.
+early without data, when training fails, and outside sbatch, and how train_resumable.sbatch's trap answers the
+time-limit notice (a fake training step, a scontrol that records its arguments).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,166 @@ def test_script_fails_when_training_fails(tmp_path, fake_slurm, tiny_root) -> No
 def test_script_refuses_plain_bash(tmp_path) -> None:
     result = run_bounded(["bash", str(ROOT / "hpc" / "train_1node.sbatch")], clean_env(), timeout=30)
     assert result.returncode != 0 and "submit this script with sbatch" in result.stderr
+
+
+# --------------------------------------------------------------------------- train_resumable.sbatch's trap
+
+# The training step, faked: what `srun ... torchrun ... -m course_lib.resume` does as the batch script sees it. It
+# writes a first checkpoint, then waits. On SIGTERM (which the fake scancel sends) it exits 1, as torchrun does once
+# its ranks have saved; FAKE_STEP=finish-on-term writes the ranks' final reports first (the training had ended when
+# the notice came), FAKE_STEP=fail exits 1 at once, without a signal.
+FAKE_STEP = r'''"""Fake srun running course_lib.resume under torchrun: see tests/test_hpc.py."""
+import json, os, signal, sys, time
+
+args, log = sys.argv[1:], os.environ["FAKE_SLURM_LOG"]
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
+note("srun " + " ".join(args))
+ckpt, report = args[args.index("--ckpt") + 1], args[args.index("--report") + 1]
+ranks = int(next(a.split("=", 1)[1] for a in args if a.startswith("--nproc-per-node=")))
+
+def finish():
+    for rank in range(ranks):  # 2 epochs of 2 steps of 2 samples, 4 samples over the ranks
+        with open(os.path.join(report, f"rank{rank}.steps.jsonl"), "a") as f:
+            for step in range(1, 5):
+                epoch = (step - 1) // 2
+                f.write(json.dumps({"run": 0, "epoch": epoch, "step": step,
+                                    "indices": [rank + ranks * ((step - 1) % 2)]}) + "\n")
+        with open(os.path.join(report, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "step": 4, "weights_sha256": "same"}, f)
+
+def on_term(signum, frame):
+    note("step got SIGTERM")
+    if os.environ["FAKE_STEP"] == "finish-on-term":
+        finish()
+    sys.exit(1)  # torchrun's exit status after it forwarded the signal
+
+signal.signal(signal.SIGTERM, on_term)
+with open(os.path.join(os.environ["FAKE_SLURM_DIR"], "step.pid"), "w") as f:
+    f.write(str(os.getpid()))
+if os.environ["FAKE_STEP"] == "fail":
+    sys.exit(1)
+os.makedirs(ckpt, exist_ok=True)
+with open(os.path.join(ckpt, "latest"), "w") as f:
+    f.write("2\n")
+time.sleep(20)
+note("step: no signal in 20 s")
+sys.exit(3)
+'''
+FAKE_JOB_COMMANDS = {  # sh: what the trap calls, recorded in FAKE_SLURM_LOG
+    "squeue": 'echo "squeue $*" >> "$FAKE_SLURM_LOG"; echo "$SLURM_JOB_ID.0 train"; echo "$SLURM_JOB_ID.batch batch"',
+    # slurmstepd signals every process of the step; here the step is one process
+    "scancel": 'echo "scancel $*" >> "$FAKE_SLURM_LOG"; kill -TERM "$(cat "$FAKE_SLURM_DIR/step.pid")"',
+    "scontrol": 'echo "scontrol $*" >> "$FAKE_SLURM_LOG"; '
+                '[ "$1" != show ] || echo "JobId=$4 JobName=x JobState=${FAKE_JOB_STATE:-RUNNING} Reason=None"',
+}
+
+
+@pytest.fixture
+def resumable_job(tmp_path: Path, fake_slurm: Path, small_root: Path):
+    """Start hpc/train_resumable.sbatch as sbatch would, under a fake Slurm; returns (start, log path, run folder)."""
+    fake = tmp_path / "fake-job-bin"
+    fake.mkdir()
+    (fake / "srun.py").write_text(FAKE_STEP)
+    commands = dict(FAKE_JOB_COMMANDS, srun=f'exec "{sys.executable}" "{fake / "srun.py"}" "$@"')
+    for name, line in commands.items():
+        (fake / name).write_text(f"#!/bin/sh\n{line}\n")
+        (fake / name).chmod(0o755)
+    env = job_env(tmp_path, fake_slurm, small_root, "course-train-resumable", 1, 2)
+    env.update(PATH=f"{fake}{os.pathsep}{env['PATH']}", FAKE_SLURM_DIR=str(fake), COURSE_VENV="", TRAIN_ARGS="")
+    run_dir = tmp_path / "runs" / f"course-train-resumable-{JOB_ID}"
+    procs = []
+
+    def start(step: str, **more: str) -> subprocess.Popen:
+        proc = subprocess.Popen(["bash", str(ROOT / "hpc" / "train_resumable.sbatch")], cwd=ROOT,
+                                env=dict(env, FAKE_STEP=step, **more), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start, tmp_path / "srun.log", run_dir
+    for proc in procs:  # the script and what it started (the fake step outlives a script that failed)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 30) -> str:
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the batch script still ran after {timeout} s:\n{proc.communicate()[0]}")
+
+
+def _when_checkpointed(proc: subprocess.Popen, run_dir: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "ckpt" / "latest").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint from the fake step:\n{_finish(proc)}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum, state", [(signal.SIGUSR1, "RUNNING"), (signal.SIGTERM, "RUNNING"),
+                                           (signal.SIGTERM, "CANCELLED")], ids=["USR1", "TERM", "TERM-scancel"])
+def test_resumable_trap_stops_the_step_and_requeues(resumable_job, signum, state) -> None:
+    """The notice (USR1, to the batch shell only, as --signal=B:USR1 and scancel --batch send it) or a TERM: the trap
+    sends SIGTERM to the step found by name, waits for it, and requeues the job while Slurm still runs it; a job
+    Slurm is ending (a scancel: every process got TERM) is left to end."""
+    start, log, run_dir = resumable_job
+    proc = start("wait", FAKE_JOB_STATE=state)
+    _when_checkpointed(proc, run_dir)
+    os.kill(proc.pid, signum)
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("srun --ntasks=1 --cpus-per-task=2 --job-name=train torchrun --standalone "
+                               "--nproc-per-node=2"), calls
+    assert f"--ckpt {run_dir}/ckpt --report {run_dir} " in calls[0], calls
+    requeue = ["scontrol requeue Incomplete 4242"] if state == "RUNNING" else []
+    assert calls[1:] == ["squeue --steps --noheader --jobs 4242 --format=%i %j", "scancel --signal=TERM 4242.0",
+                         "step got SIGTERM", "scontrol show job -o 4242", *requeue], calls
+    assert f"SIG{signum.name[3:]} reached the batch script" in out, out
+    if requeue:
+        assert "== scontrol requeue 4242" in out, out
+    else:
+        assert "Slurm is ending this job (JobState=CANCELLED): not requeued; to go on: scontrol requeue 4242" in out, out
+    assert "SLURM_RESTART_COUNT=unset: a first run" in out and "check:" not in out, out
+
+
+def test_resumable_trap_does_not_requeue_a_finished_training(resumable_job) -> None:
+    """The notice came as the training ended: no requeue; the script checks the reports and succeeds."""
+    start, log, run_dir = resumable_job
+    proc = start("finish-on-term", SLURM_RESTART_COUNT="2")
+    _when_checkpointed(proc, run_dir)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert "SLURM_RESTART_COUNT=2: restarted 2 time(s)" in out and "the training had finished" in out, out
+    assert ("check: 2 rank reports, final step 4; the steps come from runs [0]; every step once per rank: yes; samples "
+            "twice in a rank's epoch: 0; samples per epoch: [4, 4]; weights identical on every rank: yes") in out, out
+    assert not any(call.startswith("scontrol") for call in log.read_text().splitlines())
+
+
+def test_resumable_script_fails_with_its_training(resumable_job) -> None:
+    start, log, _ = resumable_job
+    proc = start("fail")
+    out = _finish(proc)
+    assert proc.returncode == 1 and "ERROR: the training step failed (exit status 1)" in out, out
+    assert "check:" not in out and log.read_text().splitlines()[1:] == [], log.read_text()
+
+
+def test_resumable_script_refuses_a_folder_it_did_not_write(resumable_job) -> None:
+    """A first run removes what an earlier job of the same name and id left (its checkpoint would be resumed), and
+    stops at anything else; a requeued run keeps its folder."""
+    start, log, run_dir = resumable_job
+    (run_dir / "ckpt").mkdir(parents=True)
+    (run_dir / "ckpt" / "latest").write_text("7\n")
+    (run_dir / "notes.txt").write_text("not the course's\n")
+    out = _finish(start("wait"))
+    assert "ERROR: " in out and "holds files that are not this course's" in out, out
+    assert (run_dir / "notes.txt").exists() and (run_dir / "ckpt" / "latest").exists()
+    assert log.read_text() == ""  # stopped before training

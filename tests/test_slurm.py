@@ -8,7 +8,8 @@ line, the scripts' settings in the environment, as hpc/README.md tells participa
 
 All the jobs are submitted at once (the cluster runs them side by side as its nodes allow) and
 waited for by polling ``scontrol`` (``sbatch --wait`` backs off to tens of seconds); then each test checks
-one job: its final state and exit code, its .out file and the rank reports it left.
+one job: its final state and exit code, its .out file and the rank reports it left. hpc/train_resumable.sbatch
+runs on its own afterwards: it gets the time-limit notice, is requeued, and must resume exactly.
 
 Where Slurm cannot run (not root, no apt-get, not Linux) the stage is skipped with the reason;
 under CI (``CI`` set) it fails instead, as the browser tests do without chromium.
@@ -473,3 +474,117 @@ def test_stage_time(stage: Stage, record_property) -> None:
         ran = datetime.fromisoformat(info["EndTime"]) - datetime.fromisoformat(info["SubmitTime"])
         lags[key] = round(job.result.waited_s - ran.total_seconds(), 1)  # both to the second: about -1 to 1.2
     assert max(lags.values()) < 5, f"seconds between a job's end and the poll seeing it: {lags}"
+
+
+# --------------------------------------------------------------------------- a job that survives its time limit
+
+RESUME_LIMIT, RESUME_BATCH, RESUME_EPOCHS = 32, 4, 2  # 2 ranks: 16 samples each per epoch, 4 steps of 4
+RESUME_STEPS = RESUME_LIMIT // 2 // RESUME_BATCH * RESUME_EPOCHS
+RESUME_ARGS = (f"--limit {RESUME_LIMIT} --epochs {RESUME_EPOCHS} --batch-size {RESUME_BATCH} --workers 1 --ckpt-every 2 "
+               "--step-seconds 0.5 --timeout 60 --device cpu")
+RESUME_WAIT_S = 90.0  # for each phase below; the whole test takes about 30 s
+STALE_STEP = 99  # the checkpoint an earlier job of the same name and id left
+
+
+def _plant_stale_run(run_dir: Path) -> None:
+    """What an earlier job of the same name and id (a reinstalled cluster) left: its checkpoint would be resumed."""
+    (run_dir / "ckpt" / f"step{STALE_STEP:07d}").mkdir(parents=True)
+    (run_dir / "ckpt" / "latest").write_text(f"{STALE_STEP}\n")
+    (run_dir / "ckpt" / f"step{STALE_STEP:07d}" / "rank0.pt").write_bytes(b"not a checkpoint")
+    (run_dir / "rank0.steps.jsonl").write_text(json.dumps({"run": 0, "epoch": 9, "step": STALE_STEP, "indices": [0]}) + "\n")
+
+
+def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, str]], bool], timeout: float) -> dict[str, str]:
+    """Poll until ``ready(job info)``; past ``timeout`` (or when the job ended) cancel it and fail with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = slurm.jobs().get(job_id, {})
+        if ready(info):
+            return info
+        if info.get("JobState") in slurm_cluster.DONE_STATES or time.monotonic() > deadline:
+            slurm.run("scancel", str(job_id), check=False)
+            pytest.fail(f"job {job_id}: {what}: not after {timeout:.0f} s (state {info.get('JobState')}, reason "
+                        f"{info.get('Reason')}; cancelled)\n{slurm_cluster._tail(info.get('StdOut'), 6000)}")
+        time.sleep(0.2)
+
+
+def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, small_root: Path, tmp_path: Path,
+                                                        record_property) -> None:
+    """hpc/train_resumable.sbatch, submitted with options only. Once it has a checkpoint, it gets the notice
+    Slurm sends before the time limit (``--signal=B:USR1@120``), now: ``scancel --signal=USR1 --batch``. Its trap
+    stops the training at a step boundary, all ranks save, and ``scontrol requeue`` puts the same job id back in
+    the queue. Its second run resumes on the next batch: each rank trains every step once, in the order of an
+    uninterrupted run (DistributedSampler, same seed), and the ranks end with the same weights."""
+    from torch.utils.data import DistributedSampler
+
+    from course_lib.resume import read_steps
+
+    start = time.monotonic()
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    env = clean_env()
+    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(small_root), RUNS_DIR=str(runs), GPUS_PER_NODE="2",
+               TRAIN_ARGS=RESUME_ARGS)
+    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
+               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
+    job_id = slurm.sbatch(HPC / "train_resumable.sbatch", options, env, cwd=ROOT)
+    run_dir = runs / f"course-train-resumable-{job_id}"
+    _plant_stale_run(run_dir)
+    slurm.run("scontrol", "release", str(job_id))
+    latest = run_dir / "ckpt" / "latest"
+
+    def first_checkpoint(info: dict[str, str]) -> bool:
+        try:
+            return info.get("JobState") == "RUNNING" and int(latest.read_text()) != STALE_STEP
+        except (OSError, ValueError):
+            return False
+
+    _until(slurm, job_id, "a first checkpoint", first_checkpoint, RESUME_WAIT_S)
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))  # what --signal=B:USR1@120 sends
+    # Slurm 22.05 holds a requeued job back: eligible again cred_expire (120 s by default) after the requeue. The
+    # job is PENDING at once; the scheduler's next pass gives the reason (the job cannot start before anyway).
+    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
+                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
+                      RESUME_WAIT_S)
+    delay = datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()
+    assert delay.total_seconds() > 60, requeued
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # start it again at once
+    result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
+    record_property("slurm_resumable", {"seconds": round(time.monotonic() - start, 1),
+                                        "requeue_delay_s": round(delay.total_seconds())})
+
+    assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe()
+    assert result.info.get("Restarts") == "1", result.info
+    log = result.output()  # one file for both runs (--open-mode=append)
+    assert "removed 3 files an earlier job of the same name and id left" in log, log
+    first, second = log.index("SLURM_RESTART_COUNT=unset"), log.index("SLURM_RESTART_COUNT=1")
+    stopped = re.findall(r"\[rank(\d)\]:rank \1: stopped by signal 15 after step (\d+)", log)
+    assert sorted(rank for rank, _ in stopped) == ["0", "1"] and len({step for _, step in stopped}) == 1, log
+    stop_step = int(stopped[0][1])
+    assert 2 <= stop_step < RESUME_STEPS, log
+    assert first < log.index("SIGUSR1 reached the batch script") < log.index("stopped by signal") < second, log
+    assert first < log.index(f"== scontrol requeue {job_id}") < second, log
+    for rank in (0, 1):
+        assert second < log.index(f"[rank{rank}]:rank {rank}: finished at step {RESUME_STEPS}"), log
+    assert (f"check: 2 rank reports, final step {RESUME_STEPS}; the steps come from runs [0, 1]; every step once per "
+            f"rank: yes; samples twice in a rank's epoch: 0; samples per epoch: {[RESUME_LIMIT] * RESUME_EPOCHS}; "
+            "weights identical on every rank: yes") in log, log
+
+    steps = read_steps(run_dir)
+    for rank in (0, 1):
+        # the first run stopped right after its checkpoint: the second did no step again
+        lines = (run_dir / f"rank{rank}.steps.jsonl").read_text().splitlines()
+        assert len(lines) == RESUME_STEPS, lines
+        assert [s["step"] for s in steps[rank]] == list(range(1, RESUME_STEPS + 1))
+        assert [s["run"] for s in steps[rank]] == [0] * stop_step + [1] * (RESUME_STEPS - stop_step)
+        for epoch in range(RESUME_EPOCHS):
+            sampler = DistributedSampler(range(RESUME_LIMIT), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            expected = [order[i:i + RESUME_BATCH] for i in range(0, len(order), RESUME_BATCH)]
+            assert [s["indices"] for s in steps[rank] if s["epoch"] == epoch] == expected, (rank, epoch)
+    for epoch in range(RESUME_EPOCHS):  # the two ranks' shares: every sample once per epoch
+        trained = sorted(i for rank in (0, 1) for s in steps[rank] if s["epoch"] == epoch for i in s["indices"])
+        assert trained == list(range(RESUME_LIMIT)), (epoch, trained)
+    reports = read_reports(run_dir)
+    assert [r["step"] for r in reports] == [RESUME_STEPS] * 2 and len({r["weights_sha256"] for r in reports}) == 1

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
 
 from . import distributed
-from ._support import write_atomic
+from ._support import new_file, write_atomic
 from .datasets import WithIndex, image_tensor, shapes
 from .train import ddp_model, weights_digest
 
@@ -127,9 +127,8 @@ def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state:
     resumes from the previous complete checkpoint, never from a mix of two."""
     part = Path(folder) / f"step{step:07d}" / f"rank{rank}.pt"
     part.parent.mkdir(parents=True, exist_ok=True)
-    tmp = part.with_name(f".{part.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, part)
+    with new_file(part) as f:  # a temporary file, renamed to ``part`` once whole
+        torch.save(state, f)
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:

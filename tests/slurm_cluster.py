@@ -51,6 +51,10 @@ OWNER_VAR = "COURSE_SLURM_OWNER"
 _SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
+#: Job credential lifetime (slurm.conf AuthInfo cred_expire; Slurm's default is 120 s). It is also how long a requeued
+#: job is held before it may start again: a job started earlier is killed ("Job credential revoked").
+CRED_EXPIRE_S = 30
+
 class SlurmError(RuntimeError):
     """The cluster could not start, or a job could not be submitted or waited for."""
 
@@ -265,7 +269,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/run/slurmctld.pid

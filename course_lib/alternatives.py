@@ -20,7 +20,7 @@ from .datasets import ImageFileDataset, image_tensor
 from .timing import medians
 
 __all__ = ["compare_formats", "dali_available", "encoded_sample", "folder_bytes", "image_items", "litdata_images",
-           "mds_images", "plot_formats", "release_mds", "webdataset_images"]
+           "mds_dataset", "mds_images", "plot_formats", "release_mds", "webdataset_images"]
 
 _Item = tuple[str, int]  # (path of a JPEG file, class number)
 
@@ -83,17 +83,23 @@ def webdataset_images(urls: str) -> IterableDataset:
     return wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple("jpg", "cls").map(_decode_pair)
 
 
-def _streaming_dataset(**kwargs: Any) -> Any:
-    """``streaming.StreamingDataset(**kwargs)``, retried when two processes pick the same ``/dev/shm`` prefix:
-    mosaicml-streaming 0.13.0 scans for the first free number, then creates it, so two processes at once (two
-    notebooks) can collide, and the slower fails with ``FileExistsError``; looking again finds the next one."""
+def mds_dataset(**kwargs: Any) -> Any:
+    """Notebooks 09 and 11: ``streaming.StreamingDataset(**kwargs)``, released by :func:`release_mds`.
+
+    Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
+    free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
+    """
     streaming = _require("streaming", "mosaicml-streaming")
     for attempt in range(10):
         try:
-            return streaming.StreamingDataset(**kwargs)
+            dataset = streaming.StreamingDataset(**kwargs)
+            break
         except FileExistsError:
             time.sleep(0.02 * (attempt + 1))
-    return streaming.StreamingDataset(**kwargs)
+    else:
+        dataset = streaming.StreamingDataset(**kwargs)
+    _MDS_MADE.append(dataset)
+    return dataset
 
 
 def mds_images(local: str | os.PathLike[str], batch_size: int) -> IterableDataset:
@@ -104,12 +110,10 @@ def mds_images(local: str | os.PathLike[str], batch_size: int) -> IterableDatase
     """
     if not (Path(local) / "index.json").is_file():
         raise FormatError(f"no MDS index.json in {Path(local).name}/: write it with streaming.MDSWriter first")
-    dataset = _streaming_dataset(local=str(local), remote=None, shuffle=False, batch_size=batch_size)
-    _MDS_MADE.append(dataset)
-    return _Decoded(dataset)
+    return _Decoded(mds_dataset(local=str(local), remote=None, shuffle=False, batch_size=batch_size))
 
 
-_MDS_MADE: list[Any] = []  # the StreamingDatasets mds_images made, for release_mds()
+_MDS_MADE: list[Any] = []  # the StreamingDatasets mds_dataset made, for release_mds()
 
 
 def _shared_memory_of(dataset: Any) -> list[Any]:
@@ -135,7 +139,7 @@ def release_mds(*datasets: Any) -> int:
 
     Each creates named segments in ``/dev/shm`` and unlinks them at interpreter exit, which a stopped Jupyter
     kernel may never reach. Call this when done with ``datasets`` (wrapped or not) and every dataset
-    :func:`mds_images` made; none of them can be iterated afterwards.
+    :func:`mds_dataset` made; none of them can be iterated afterwards.
     """
     segments = {id(s): s for d in [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE] for s in _shared_memory_of(d)}
     _MDS_MADE.clear()

@@ -39,11 +39,11 @@ class EndlessShardCycle:
 
     After ``split_by_node`` and ``split_by_worker`` it sees this reader's own shards only; each call (one per
     epoch on a persistent worker) draws orders from ``seed``, rank, worker and call count: reproducible, and
-    different on every reader.
+    different on every reader. ``first_call``: the epoch a resumed job starts at, so that it reads what it would have.
     """
 
-    def __init__(self, seed: int = 0) -> None:
-        self.seed, self.calls = seed, 0
+    def __init__(self, seed: int = 0, first_call: int = 0) -> None:
+        self.seed, self.calls = seed, first_call
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         import webdataset as wds
@@ -89,7 +89,7 @@ def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
     return image_tensor(jpg), int(cls), key
 
 
-def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS):
+def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0):
     """Notebook 10, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
     import webdataset as wds
 
@@ -97,7 +97,7 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
         wds.SimpleShardList(urls),
         wds.split_by_node,  # this rank's shards (rank from torch.distributed, or RANK/WORLD_SIZE)
         wds.split_by_worker,  # this worker's share of them
-        EndlessShardCycle(seed),
+        EndlessShardCycle(seed, first_epoch),
         wds.tarfile_to_samples(),
         wds.to_tuple("jpg", "cls", "__key__"),
         wds.map(_decode),
@@ -106,7 +106,8 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
 
 
 def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
-                decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False) -> InstrumentedLoader:
+                decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False,
+                first_epoch: int = 0) -> InstrumentedLoader:
     """Notebook 10, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
     orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
@@ -117,7 +118,7 @@ def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor
     if num_workers:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=True)
     gc.collect()  # earlier loaders' leftovers must not be copied into this loader's forked workers
-    return InstrumentedLoader(build_dataset(urls, seed, decode_ms), **kwargs)
+    return InstrumentedLoader(build_dataset(urls, seed, decode_ms, first_epoch), **kwargs)
 
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:

@@ -215,6 +215,8 @@ def _capstone_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
     t.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
     t.add_argument("--report", help="folder for one rankN.json report per rank")
+    t.add_argument("--ckpt", help="checkpoint folder: saved at every epoch's end, resumed from when it holds one (a "
+                                  "shard stream has no mid-epoch state: a stopped job redoes its unfinished epoch)")
     c = sub.add_parser("check", help="are there enough shards for the job? (run it before starting one)")
     c.add_argument("--shards", required=True)
     c.add_argument("--ranks", type=int, required=True, help="the job's world size (nodes × ranks per node)")
@@ -263,13 +265,25 @@ def _capstone_train(args: argparse.Namespace) -> dict:
 def _capstone_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
                    epoch_batches: int) -> dict:
     """One rank's training (notebook 10, section 4): the instrumented shard pipeline, DDP, a report with each stall."""
-    loader = capstone.make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
-                                  args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda")
     model, ddp, opt = train.ddp_model(device, args.seed, args.lr)
     report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
                     "workers": args.workers, "prefetch_factor": args.prefetch_factor,
-                    "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": []}
-    for epoch in range(args.epochs):
+                    "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": [], "resumed_at": []}
+    ckpt = resume.load_checkpoint(args.ckpt, env.rank) if args.ckpt else None
+    if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (EndlessShardCycle)
+        if ckpt["report"]["world_size"] != env.world_size:
+            raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['report']['world_size']} "
+                                           f"ranks, this job has {env.world_size}: resume it with as many, or start "
+                                           "afresh with another --ckpt folder")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        report = ckpt["report"]
+        report["resumed_at"].append(len(report["epochs"]))
+        print(f"resumed from {args.ckpt}: {len(report['epochs'])} epoch(s) done", flush=True)
+    first = len(report["epochs"])
+    loader = capstone.make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
+                                  args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda", first_epoch=first)
+    for epoch in range(first, args.epochs):
         keys: list[list[str]] = []
         losses: list[float] = []
 
@@ -298,6 +312,9 @@ def _capstone_rank(args: argparse.Namespace, env: distributed.DistEnv, device: t
         print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
               f"{len(by_worker)} reader(s); waiting for data {stats.steady_stall_fraction:.0%} of the time "
               "after the first batch", flush=True)
+        if args.ckpt:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "report": report}
+            resume.save_checkpoint(args.ckpt, env.rank, epoch + 1, state)  # "step" = epochs done
     report["weights_sha256"] = train.weights_digest(model)
     if args.report:
         distributed.write_report(args.report, env.rank, report)

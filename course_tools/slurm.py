@@ -90,8 +90,11 @@ def render_slurm_script(
 {cpus_line}# {gpus_per_node} ranks x ({num_workers} workers + 1 training process): every worker
 #                                    # needs a core of its own, or the data stall comes back
 #SBATCH --hint=nomultithread         # count physical cores, not hyper-threads
-#SBATCH --time={time_limit}
+#SBATCH --time={time_limit}              # each run of the job gets this much; a requeued job gets it again
 #SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append           # a requeued job keeps its id, so its log: append to it (notebook 11)
+#SBATCH --signal=B:USR1@120          # USR1 to this script about 120 s before the time limit: see the trap below
+#SBATCH --requeue                    # the job may go back to the queue, and then resumes (--ckpt below)
 
 set -euo pipefail
 : "${{SLURM_JOB_ID:?submit this script with sbatch (or run it inside salloc), not with plain bash}}"
@@ -128,28 +131,77 @@ fi
 
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-1}}"   # one thread per training process; the workers do the CPU work
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-RUN_DIR="$RUNS_DIR/${{SLURM_JOB_NAME:-capstone}}-$SLURM_JOB_ID"
-# job ids start again at 1 on a reinstalled cluster: an earlier job's reports here are removed,
-# anything else stops the job (hpc/README.md)
-mkdir -p "$RUN_DIR"
-shopt -s nullglob dotglob
-old_reports=("$RUN_DIR"/rank[0-9]*.json "$RUN_DIR"/.rank[0-9]*.json.tmp*)
-in_run_dir=("$RUN_DIR"/*)
-shopt -u nullglob dotglob
-if (( ${{#in_run_dir[@]}} > ${{#old_reports[@]}} )); then
-    echo "ERROR: $RUN_DIR holds files that are not rank reports; move them away, or set RUNS_DIR" >&2
-    exit 1
-elif (( ${{#old_reports[@]}} > 0 )); then
-    rm -f -- "${{old_reports[@]}}"
-    echo "removed ${{#old_reports[@]}} rank reports an earlier job of the same name and id left in $RUN_DIR"
+RUN_DIR="$RUNS_DIR/${{SLURM_JOB_NAME:-capstone}}-$SLURM_JOB_ID"   # a requeued job keeps its id: the same folder
+CKPT_DIR="$RUN_DIR/ckpt"     # saved at every epoch's end; a requeued run resumes from the last one
+RANKS=$(( SLURM_NNODES * GPUS_PER_NODE ))
+if (( ${{SLURM_RESTART_COUNT:-0}} == 0 )); then
+    # A first run. Job ids start again at 1 on a reinstalled cluster: an earlier job's reports and
+    # checkpoints here are removed, anything else stops the job (hpc/README.md)
+    mkdir -p "$RUN_DIR"
+    ours='^\\./(\\.?rank[0-9]+\\.json(\\.tmp-.*)?|ckpt/(\\.?latest(\\.tmp-.*)?|step[0-9]+/\\.?rank[0-9]+\\.pt(\\.tmp-.*)?))$'
+    listed=$(cd "$RUN_DIR" && find . -mindepth 1 ! -type d)
+    if [[ -n "$listed" ]] && grep -Evq "$ours" <<< "$listed"; then
+        echo "ERROR: $RUN_DIR holds files that are not rank reports; move them away, or set RUNS_DIR" >&2
+        exit 1
+    elif [[ -n "$listed" ]]; then
+        (cd "$RUN_DIR" && rm -rf -- ckpt rank[0-9]*.json .rank[0-9]*.tmp-*)
+        echo "removed $(grep -c json <<< "$listed") rank reports an earlier job of the same name and id left in $RUN_DIR"
+    fi
+else
+    echo "restarted ${{SLURM_RESTART_COUNT}} time(s): resuming from the last finished epoch in $CKPT_DIR"
 fi
+
+# ---- the time-limit notice (USR1), or a TERM: stop the training and requeue the job. A shard
+# stream has no mid-epoch state (notebook 11), so the run resumes from its last finished epoch.
+finished() {{  # every rank wrote its final report
+    local rank
+    for (( rank = 0; rank < RANKS; rank++ )); do [[ -f "$RUN_DIR/rank$rank.json" ]] || return 1; done
+}}
+wait_for() {{  # wait until process $1 has ended, whatever signals interrupt `wait`; return its status
+    local status=0
+    while true; do
+        wait "$1" && return 0 || status=$?
+        kill -0 "$1" 2> /dev/null || return "$status"
+    done
+}}
+on_notice() {{
+    trap '' USR1 TERM
+    echo "== $(date '+%F %T') SIG$1 reached the batch script: the training stops"
+    # SIGTERM to the step's processes (not `kill` to srun, which would SIGKILL the step)
+    local step
+    step=$(squeue --steps --noheader --jobs "$SLURM_JOB_ID" --format="%i %j" 2> /dev/null | awk '$2 == "train" {{print $1; exit}}') || true
+    scancel --signal=TERM "${{step:-$SLURM_JOB_ID}}" 2> /dev/null || true
+    wait_for "$srun_pid" || true
+    finished && return 0   # it had just finished: on to the check
+    local state
+    state=$(scontrol show job -o "$SLURM_JOB_ID" 2> /dev/null | grep -o 'JobState=[A-Z_]*') || true
+    if [[ "$state" != JobState=RUNNING ]]; then   # scancel, preemption, the time limit itself: let it end
+        echo "== Slurm is ending this job (${{state:-JobState unknown}}): not requeued; to go on: scontrol requeue $SLURM_JOB_ID"
+        exit 0
+    fi
+    echo "== scontrol requeue $SLURM_JOB_ID (it starts again in a few minutes, with the same id and folder)"
+    scontrol requeue Incomplete "$SLURM_JOB_ID" || {{ echo "ERROR: could not requeue: scontrol requeue $SLURM_JOB_ID" >&2; exit 1; }}
+    exit 0
+}}
 {head}
 # ---- train; every rank writes rankN.json with its data stall: compare it with the notebook's.
-# --cpus-per-task is repeated for srun because some Slurm versions no longer pass it on.
-{srun} --cpus-per-task="${{SLURM_CPUS_PER_TASK:-$CPUS_PER_TASK}}" \\
+# --cpus-per-task is repeated for srun because some Slurm versions no longer pass it on. In the
+# background, because bash runs a trap only between commands; "train" names the step for the trap.
+{srun} --job-name=train --cpus-per-task="${{SLURM_CPUS_PER_TASK:-$CPUS_PER_TASK}}" \\
     torchrun {rendezvous} --nproc-per-node="$GPUS_PER_NODE" --tee=3 \\
     -m course_lib.capstone train --shards "$SHARDS" --workers "$WORKERS" --prefetch-factor "$PREFETCH_FACTOR" \\
-        --report "$RUN_DIR" $TRAIN_ARGS   # unquoted on purpose: several options
+        --report "$RUN_DIR" --ckpt "$CKPT_DIR" $TRAIN_ARGS &   # $TRAIN_ARGS unquoted on purpose: several options
+srun_pid=$!
+trap 'on_notice USR1' USR1
+trap 'on_notice TERM' TERM
+status=0
+wait_for "$srun_pid" || status=$?
+trap '' USR1
+trap - TERM
+if (( status != 0 )) && ! finished; then
+    echo "ERROR: the training step failed (exit status $status)" >&2
+    exit "$status"
+fi
 
 python - "$RUN_DIR" << 'EOF'
 import sys

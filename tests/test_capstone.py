@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import capstone, shards
+from course_lib.distributed import read_reports
 from course_tools import rank_scripts
 from course_tools.launch import launch
 from course_lib.shards import ShardError
@@ -167,3 +168,41 @@ def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
     assert rank_scripts.capstone_main(argv) == 0
     assert "4 shards shapes-train-{000000..000003}.tar: 80 samples" in capsys.readouterr().out
     assert len(capstone.check_job(out, world_size=2, num_workers=2)) == 4
+
+
+# --------------------------------------------------------------------------- resuming at an epoch's end (--ckpt)
+
+
+def test_a_later_first_epoch_reads_what_that_epoch_would_have(shard_set) -> None:
+    """A resumed job's loader starts at epoch e: its stream is the one an uninterrupted job read in epoch e."""
+    whole = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
+    epochs: list[list[str]] = [[], []]
+    for keys in epochs:
+        capstone.run_epoch(whole, 4, lambda batch, keys=keys: keys.extend(batch[2]))
+    resumed = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3, first_epoch=1)
+    keys: list[str] = []
+    capstone.run_epoch(resumed, 4, lambda batch: keys.extend(batch[2]))
+    assert keys == epochs[1] and keys != epochs[0]
+
+
+def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard_set, tmp_path) -> None:
+    common = ("train", "--shards", str(shard_set.folder), "--workers", "1", "--epoch-batches", "3", "--batch-size", "4",
+              "--decode-ms", "0")
+
+    def train(name: str, epochs: int, *more: str, nproc: int = 2):
+        return launch("course_lib.capstone", *common, "--epochs", str(epochs), "--report", str(tmp_path / name), *more,
+                      nproc=nproc, timeout=120, check=False, show=False)
+
+    straight = train("straight", 2)
+    ckpt = str(tmp_path / "ckpt")
+    first = train("first", 1, "--ckpt", ckpt)  # a job that ended after epoch 0 (the next one would redo epoch 1)
+    again = train("again", 2, "--ckpt", ckpt)
+    for run in (straight, first, again):
+        assert run.ok, run.ranks
+    want, got = (read_reports(tmp_path / name) for name in ("straight", "again"))
+    assert [r["resumed_at"] for r in got] == [[1], [1]] and [r["resumed_at"] for r in want] == [[], []]
+    for a, b in zip(want, got):
+        assert [e["keys_by_worker"] for e in a["epochs"]] == [e["keys_by_worker"] for e in b["epochs"]]
+        assert a["weights_sha256"] == b["weights_sha256"]
+    other = train("other", 2, "--ckpt", ckpt, nproc=1)
+    assert not other.ok and "written by 2 ranks, this job has 1" in other.first_error()

@@ -592,3 +592,61 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, small_roo
         assert trained == list(range(RESUME_LIMIT)), (epoch, trained)
     reports = read_reports(run_dir)
     assert [r["step"] for r in reports] == [RESUME_STEPS] * 2 and len({r["weights_sha256"] for r in reports}) == 1
+
+
+CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 1000 --timeout 60 --device cpu"
+
+
+def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slurm: Cluster, tiny_root: Path,
+                                                                           tmp_path: Path, record_property) -> None:
+    """Notebook 10's generated script has notebook 11's --signal=B:USR1@120, --requeue and trap. The capstone's
+    shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the
+    checkpoint of the last finished epoch (tests/test_capstone.py proves that equals an uninterrupted run)."""
+    from course_lib.shards import write_image_shards
+    from course_tools.slurm import write_slurm_script
+
+    start = time.monotonic()
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir()
+    shard_set = write_image_shards(tmp_path / "shards", size="tiny", root=tiny_root, maxcount=SHARD_SIZE)
+    script = write_slurm_script(tmp_path / "capstone" / "train.sbatch", shards=str(shard_set.folder), num_workers=1,
+                                gpus_per_node=2, nodes=1, time_limit="00:05:00")
+    env = clean_env()
+    env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
+    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
+               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
+    job_id = slurm.sbatch(script, options, env, cwd=ROOT)
+    run_dir = runs / f"course-capstone-{job_id}"
+    _plant_stale_run(run_dir)  # an earlier job's checkpoint: the first run must not resume it
+    (run_dir / "rank0.steps.jsonl").rename(run_dir / "rank0.json")
+    slurm.run("scontrol", "release", str(job_id))
+    latest = run_dir / "ckpt" / "latest"
+
+    def first_epoch_saved(info: dict[str, str]) -> bool:
+        try:
+            return info.get("JobState") == "RUNNING" and int(latest.read_text()) != STALE_STEP
+        except (OSError, ValueError):
+            return False
+
+    _until(slurm, job_id, "a checkpoint after epoch 0", first_epoch_saved, RESUME_WAIT_S)
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))
+    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
+                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
+                      RESUME_WAIT_S)
+    delay = datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()
+    time.sleep(max(0.0, delay.total_seconds()) + 1.0)  # see test_resumable_job_is_requeued_and_resumes_exactly
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
+    record_property("slurm_capstone_resume", {"seconds": round(time.monotonic() - start, 1)})
+
+    assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
+    log = result.output()
+    assert "removed 1 rank reports an earlier job of the same name and id left" in log, log
+    notice = log.index("SIGUSR1 reached the batch script: the training stops")
+    assert notice < log.index(f"== scontrol requeue {job_id}") < log.index("restarted 1 time(s): resuming"), log
+    assert "check: 2 rank reports, [3] batches per rank" in log and "weights identical: True" in log, log
+    reports = read_reports(run_dir)
+    assert [len(r["epochs"]) for r in reports] == [3, 3], reports
+    resumed = {tuple(r["resumed_at"]) for r in reports}
+    assert len(resumed) == 1 and len(next(iter(resumed))) == 1 and 1 <= next(iter(resumed))[0] < 3, resumed
+    assert len({r["weights_sha256"] for r in reports}) == 1

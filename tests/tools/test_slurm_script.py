@@ -29,6 +29,9 @@ def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) 
     assert 'SHARDS="${SHARDS:-/scratch/$USER/shards}"' in text and "/dev/shm" in text
     assert ("--standalone" in text) == (nodes == 1) and ("--rdzv-endpoint" in text) == (nodes > 1)
     assert "-m course_lib.capstone train" in text and "course_lib.capstone check" in text
+    # notebook 11: the time-limit notice, a requeue, one log for every run, a checkpoint at every epoch's end
+    assert options["signal"] == "B:USR1@120" and options["open-mode"] == "append" and "requeue" in options
+    assert '--ckpt "$CKPT_DIR"' in text and "trap 'on_notice USR1' USR1" in text and "scontrol requeue Incomplete" in text
 
 
 def test_script_refuses_plain_bash(tmp_path) -> None:

@@ -112,8 +112,8 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04", "10"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 10, whose
-# exercise answer (the tuned workers) a later section uses
+RUN_ALL = ["01", "04", "10", "11"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 10 and 11,
+# whose exercise answers (the tuned workers; the count of samples trained twice) a later cell uses
 SIDE_BY_SIDE = ["04", "10"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
 # (01 runs alone, first: it prepares the data and shows the progress bar)
 RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (04 needs ~70 s here, ~200 s under heavy load); then a cell at [*] is stuck
@@ -162,6 +162,11 @@ SQUARES = '''class Squares(Dataset):
     def __getitem__(self, i):
 {guard}        return i, i ** 2
 '''
+SEEN = '''    counts = collections.Counter()
+    for rank_steps in steps.values():
+        for step in rank_steps:
+{only_epoch}            counts.update(step["indices"])
+    return sorted(i for i, c in counts.items() if c > 1), sorted(set(range(n)) - set(counts))'''
 LEARNER_PATHS = [
     # 01.1: the wrong class forgets IndexError past the end (a plausible slip: the check says so).
     pytest.param(LearnerPath("01", ("## 2 · ", "## 3 · "), "01.1", cell="class Squares(Dataset):",
@@ -178,6 +183,11 @@ LEARNER_PATHS = [
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
                  id="10.2"),
+    # 11.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
+    pytest.param(LearnerPath("11", ("### Exercise 11.1", "## 2 · "), "11.1", cell="def seen_twice_and_never(",
+                             stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),
+                             right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n')),
+                 id="11.1"),
 ]
 
 

@@ -176,7 +176,7 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def _build(args: Any, env: distributed.DistEnv) -> tuple[Any, DistributedSampler]:
-    dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=32), root=args.data))
+    dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=32), size=args.size, root=args.data))
     if args.limit:
         dataset = Subset(dataset, range(min(args.limit, len(dataset))))
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)

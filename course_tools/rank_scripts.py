@@ -346,6 +346,7 @@ def _resume_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", required=True, help="folder for each rank's rankN.steps.jsonl")
     p.add_argument("--loader", choices=("stateful", "plain"), default="stateful")
     p.add_argument("--data", help="folder holding the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
+    p.add_argument("--size", default="small", help="which prepared set (default: small)")
     p.add_argument("--limit", type=int, default=64, help="use only the first N training images (0: all)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4, help="per rank")

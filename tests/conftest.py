@@ -40,14 +40,6 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data folder holding the 'small' shapes set, which course_lib.resume trains on (about 1 s to make)."""
-    root = tmp_path_factory.mktemp("course-data-small")
-    data.prepare_data("small", root=root, progress=False)
-    return root
-
-
-@pytest.fixture(scope="session")
 def tiny_set(tiny_root: Path) -> Path:
     """The folder of the tiny set itself (holds train/, val/, manifest.json)."""
     return tiny_root / data.dataset_name("tiny", 0)

@@ -258,7 +258,7 @@ FAKE_JOB_COMMANDS = {  # sh: what the trap calls, recorded in FAKE_SLURM_LOG
 
 
 @pytest.fixture
-def resumable_job(tmp_path: Path, fake_slurm: Path, small_root: Path):
+def resumable_job(tmp_path: Path, fake_slurm: Path, tiny_root: Path):
     """Start hpc/train_resumable.sbatch as sbatch would, under a fake Slurm; returns (start, log path, run folder)."""
     fake = tmp_path / "fake-job-bin"
     fake.mkdir()
@@ -267,7 +267,7 @@ def resumable_job(tmp_path: Path, fake_slurm: Path, small_root: Path):
     for name, line in commands.items():
         (fake / name).write_text(f"#!/bin/sh\n{line}\n")
         (fake / name).chmod(0o755)
-    env = job_env(tmp_path, fake_slurm, small_root, "course-train-resumable", 1, 2)
+    env = job_env(tmp_path, fake_slurm, tiny_root, "course-train-resumable", 1, 2)
     env.update(PATH=f"{fake}{os.pathsep}{env['PATH']}", FAKE_SLURM_DIR=str(fake), COURSE_VENV="", TRAIN_ARGS="")
     run_dir = tmp_path / "runs" / f"course-train-resumable-{JOB_ID}"
     procs = []

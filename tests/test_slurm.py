@@ -508,7 +508,7 @@ def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, st
         time.sleep(0.2)
 
 
-def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, small_root: Path, tmp_path: Path,
+def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root: Path, tmp_path: Path,
                                                         record_property) -> None:
     """hpc/train_resumable.sbatch, submitted with options only. Once it has a checkpoint, it gets the notice
     Slurm sends before the time limit (``--signal=B:USR1@120``), now: ``scancel --signal=USR1 --batch``. Its trap
@@ -523,7 +523,7 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, small_roo
     out, runs = tmp_path / "out", tmp_path / "runs"
     out.mkdir()
     env = clean_env()
-    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(small_root), RUNS_DIR=str(runs), GPUS_PER_NODE="2",
+    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
                TRAIN_ARGS=RESUME_ARGS)
     options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
                f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
@@ -561,6 +561,7 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, small_roo
     assert result.info.get("Restarts") == "1", result.info
     log = result.output()  # one file for both runs (--open-mode=append)
     assert "removed 3 files an earlier job of the same name and id left" in log, log
+    assert "(size tiny)" in log, log  # DATA_SIZE reached the training (course_lib.resume --size)
     first, second = log.index("SLURM_RESTART_COUNT=unset"), log.index("SLURM_RESTART_COUNT=1")
     stopped = re.findall(r"\[rank(\d)\]:rank \1: stopped by signal 15 after step (\d+)", log)
     assert sorted(rank for rank, _ in stopped) == ["0", "1"] and len({step for _, step in stopped}) == 1, log

@@ -486,12 +486,12 @@ RESUME_WAIT_S = 90.0  # for each phase below; the whole test takes about 60 s (3
 STALE_STEP = 99  # the checkpoint an earlier job of the same name and id left
 
 
-def _plant_stale_run(run_dir: Path) -> None:
+def _plant_stale_run(run_dir: Path, report: str) -> None:
     """What an earlier job of the same name and id (a reinstalled cluster) left: its checkpoint would be resumed."""
     (run_dir / "ckpt" / f"step{STALE_STEP:07d}").mkdir(parents=True)
     (run_dir / "ckpt" / "latest").write_text(f"{STALE_STEP}\n")
     (run_dir / "ckpt" / f"step{STALE_STEP:07d}" / "rank0.pt").write_bytes(b"not a checkpoint")
-    (run_dir / "rank0.steps.jsonl").write_text(json.dumps({"run": 0, "epoch": 9, "step": STALE_STEP, "indices": [0]}) + "\n")
+    (run_dir / report).write_text(json.dumps({"run": 0, "epoch": 9, "step": STALE_STEP, "indices": [0]}) + "\n")
 
 
 def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, str]], bool], timeout: float) -> dict[str, str]:
@@ -506,6 +506,45 @@ def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, st
             pytest.fail(f"job {job_id}: {what}: not after {timeout:.0f} s (state {info.get('JobState')}, reason "
                         f"{info.get('Reason')}; cancelled)\n{slurm_cluster._tail(info.get('StdOut'), 6000)}")
         time.sleep(0.2)
+
+
+def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], out: Path, run_dir_of: Callable[[int], Path],
+                           what: str, stale_report: str) -> tuple[int, Path, JobResult, float]:
+    """Submit ``script`` held, plant an earlier job's checkpoint and ``stale_report`` in its folder, and release it.
+    Once it saved a checkpoint of its own (``what``), send the notice Slurm sends before the time limit
+    (``--signal=B:USR1@120``), now (``scancel --signal=USR1 --batch``); wait until the job is requeued, start it
+    again as soon as Slurm allows, and wait for the end. Returns the job id, its folder, its result and the
+    requeue hold in seconds."""
+    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
+               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
+    job_id = slurm.sbatch(script, options, env, cwd=ROOT)
+    run_dir = run_dir_of(job_id)
+    _plant_stale_run(run_dir, stale_report)
+    slurm.run("scontrol", "release", str(job_id))
+    latest = run_dir / "ckpt" / "latest"
+
+    def saved(info: dict[str, str]) -> bool:
+        try:
+            return info.get("JobState") == "RUNNING" and int(latest.read_text()) != STALE_STEP
+        except (OSError, ValueError):
+            return False
+
+    _until(slurm, job_id, what, saved, RESUME_WAIT_S)
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))  # what --signal=B:USR1@120 sends
+    # Slurm 22.05 holds a requeued job back: eligible again cred_expire (120 s by default) after the requeue. The
+    # job is PENDING at once; the scheduler's next pass gives the reason (the job cannot start before anyway).
+    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
+                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
+                      RESUME_WAIT_S)
+    delay = (datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()).total_seconds()
+    assert delay > slurm_cluster.CRED_EXPIRE_S / 2, requeued
+    # Slurm starts a requeued job only once the first run's credential has expired (cred_expire, here
+    # CRED_EXPIRE_S): started before, it is killed at once ("Killing non-startable batch JobId: Job credential
+    # revoked", seen in half of the runs that did). Wait for that, then start it without waiting for the scheduler.
+    time.sleep(max(0.0, delay) + 1.0)
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # start it again at once
+    result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
+    return job_id, run_dir, result, delay
 
 
 def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root: Path, tmp_path: Path,
@@ -525,37 +564,11 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
                TRAIN_ARGS=RESUME_ARGS)
-    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
-               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
-    job_id = slurm.sbatch(HPC / "train_resumable.sbatch", options, env, cwd=ROOT)
-    run_dir = runs / f"course-train-resumable-{job_id}"
-    _plant_stale_run(run_dir)
-    slurm.run("scontrol", "release", str(job_id))
-    latest = run_dir / "ckpt" / "latest"
-
-    def first_checkpoint(info: dict[str, str]) -> bool:
-        try:
-            return info.get("JobState") == "RUNNING" and int(latest.read_text()) != STALE_STEP
-        except (OSError, ValueError):
-            return False
-
-    _until(slurm, job_id, "a first checkpoint", first_checkpoint, RESUME_WAIT_S)
-    slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))  # what --signal=B:USR1@120 sends
-    # Slurm 22.05 holds a requeued job back: eligible again cred_expire (120 s by default) after the requeue. The
-    # job is PENDING at once; the scheduler's next pass gives the reason (the job cannot start before anyway).
-    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
-                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
-                      RESUME_WAIT_S)
-    delay = datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()
-    assert delay.total_seconds() > slurm_cluster.CRED_EXPIRE_S / 2, requeued
-    # Slurm starts a requeued job only once the first run's credential has expired (cred_expire, here
-    # CRED_EXPIRE_S): started before, it is killed at once ("Killing non-startable batch JobId: Job credential
-    # revoked", seen in half of the runs that did). Wait for that, then start it without waiting for the scheduler.
-    time.sleep(max(0.0, delay.total_seconds()) + 1.0)
-    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # start it again at once
-    result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
+    job_id, run_dir, result, delay = _submit_notice_requeue(
+        slurm, HPC / "train_resumable.sbatch", env, out, lambda job: runs / f"course-train-resumable-{job}",
+        "a first checkpoint", "rank0.steps.jsonl")
     record_property("slurm_resumable", {"seconds": round(time.monotonic() - start, 1),
-                                        "requeue_delay_s": round(delay.total_seconds())})
+                                        "requeue_delay_s": round(delay)})
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
     assert result.info.get("Restarts") == "1", result.info
@@ -614,30 +627,9 @@ def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slur
                                 gpus_per_node=2, nodes=1, time_limit="00:05:00")
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
-    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
-               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
-    job_id = slurm.sbatch(script, options, env, cwd=ROOT)
-    run_dir = runs / f"course-capstone-{job_id}"
-    _plant_stale_run(run_dir)  # an earlier job's checkpoint: the first run must not resume it
-    (run_dir / "rank0.steps.jsonl").rename(run_dir / "rank0.json")
-    slurm.run("scontrol", "release", str(job_id))
-    latest = run_dir / "ckpt" / "latest"
-
-    def first_epoch_saved(info: dict[str, str]) -> bool:
-        try:
-            return info.get("JobState") == "RUNNING" and int(latest.read_text()) != STALE_STEP
-        except (OSError, ValueError):
-            return False
-
-    _until(slurm, job_id, "a checkpoint after epoch 0", first_epoch_saved, RESUME_WAIT_S)
-    slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))
-    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
-                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
-                      RESUME_WAIT_S)
-    delay = datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()
-    time.sleep(max(0.0, delay.total_seconds()) + 1.0)  # see test_resumable_job_is_requeued_and_resumes_exactly
-    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
+    # an earlier job's checkpoint and report are in its folder: the first run must remove them, not resume them
+    job_id, run_dir, result, _ = _submit_notice_requeue(
+        slurm, script, env, out, lambda job: runs / f"course-capstone-{job}", "a checkpoint after epoch 0", "rank0.json")
     record_property("slurm_capstone_resume", {"seconds": round(time.monotonic() - start, 1)})
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)

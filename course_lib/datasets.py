@@ -201,7 +201,7 @@ class RandomSequences(Dataset):
 
 
 class WithIndex(Dataset):
-    """Notebook 06, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
+    """Notebook 07, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
     The index rides through the DataLoader with the sample: which indices a rank or a worker loaded is then known."""
 
     def __init__(self, dataset: Dataset) -> None:

@@ -1,4 +1,4 @@
-"""course_tools.slurm: notebook 10's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
+"""course_tools.slurm: notebook 11's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
 
 from __future__ import annotations
 

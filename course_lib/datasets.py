@@ -87,7 +87,7 @@ class ImageFileDataset(Dataset):
 
     Only the file list is built in ``__init__``; ``__getitem__`` opens and decodes one image, so memory stays small.
     ``root`` holds the splits (a generated set, or a real one such as ImageNet's ``train/``, ``val/``); ``split=None``
-    when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 04).
+    when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 05).
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str | None = "train",

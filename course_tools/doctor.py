@@ -196,7 +196,7 @@ def check_start_method(method: str | None) -> Result:
         name, WARN,
         f"{method}: workers import what they run by name, so a Dataset, collate_fn or lambda defined in a "
         "notebook cell fails in workers (\"Can't get attribute\", shown as \"DataLoader worker exited unexpectedly\")",
-        "define such classes and functions in a .py module and import them (course_lib's already are); notebook 04, section 9",
+        "define such classes and functions in a .py module and import them (course_lib's already are); notebook 05, section 3",
     )
 
 

@@ -1,0 +1,136 @@
+"""Checks for notebook 05 (workers are processes)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from .._support import fork_context
+from ..datasets import InMemoryDataset
+from ..workers import NoisyDataset
+from ._core import attempted, drain, exercise, require
+
+# ----------------------------------------------------------------- 05.1: a generator per worker
+
+
+def _shifts(worker_init_fn: Callable[[int], None], seed: int, context: Any = None) -> tuple[list[int], list[int]]:
+    """Shifts made by worker 0 and worker 1 (in-order loading alternates between them)."""
+    loader = DataLoader(
+        NoisyDataset(n=12, seed=0),
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=worker_init_fn,
+        generator=torch.Generator().manual_seed(seed),
+        multiprocessing_context=context or fork_context(),  # a function defined in a notebook cell needs fork
+    )
+    shifts = [int(shift) for _, shift in drain(loader)]
+    return shifts[0::2], shifts[1::2]
+
+
+def _require_seeded(worker_init_fn: Callable[[int], None], context: Any = None, where: str = "") -> None:
+    """Workers draw different shifts, the same again for the same loader seed, others for another seed."""
+    w0, w1 = _shifts(worker_init_fn, seed=1, context=context)
+    require(w0 != w1, f"worker 0 and worker 1 still draw the same shifts{where}: replace the dataset's rng in each worker.")
+    require(_shifts(worker_init_fn, seed=1, context=context) == (w0, w1),
+            f"two runs with the same loader seed give different shifts{where}: seed the new generator from "
+            "get_worker_info().seed, not from fresh entropy.")
+    require(_shifts(worker_init_fn, seed=2, context=context) != (w0, w1),
+            f"a different loader seed gives the same shifts{where}: seed from get_worker_info().seed, which follows "
+            "the loader's generator (the worker id alone, or a constant, does not).")
+
+
+@exercise("05.1", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
+def seed_workers(worker_init_fn: Any) -> None:
+    """``worker_init_fn(worker_id)`` gives each worker's copy of a NoisyDataset its own ``rng``."""
+    attempted(worker_init_fn)
+    require(callable(worker_init_fn), "pass the function itself (seed_worker), not the result of calling it.")
+    _require_seeded(worker_init_fn)
+
+
+# ----------------------------------------------------------------- 05.2: a module that spawn workers import
+
+
+def _load(path: Path) -> Any:
+    """Import (or re-import, after an edit) the learner's module; its folder goes on ``sys.path``, which spawn workers copy."""
+    folder = str(path.parent.resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = importlib.import_module(path.stem)
+    return importlib.reload(module)
+
+
+def _raises(exc: type[BaseException], call: Callable[[], Any]) -> str:
+    """The message of the ``exc`` that ``call()`` raised, or ``""`` (no such exception: not the answer)."""
+    try:
+        call()
+    except exc as raised:
+        return str(raised) or type(raised).__name__
+    except NotImplementedError:
+        raise
+    except Exception:
+        return ""
+    return ""
+
+
+def _check_noise(noise_cls: Any) -> Any:
+    """``GaussianNoise(std)``: N(0, std) noise from torch's generator, a new tensor clamped to [0, 1], checked in-process;
+    returns the instance checked, which then goes to the workers (with whatever state the calls left in it)."""
+    noise = noise_cls(0.1)
+    require(bool(_raises(ValueError, lambda: noise_cls(-0.1))), "GaussianNoise(-0.1) should raise ValueError: a standard "
+            "deviation cannot be negative, and the error should come when the pipeline is built.")
+    require("GaussianNoise" in repr(noise) and "0.1" in repr(noise),
+            f"repr(GaussianNoise(0.1)) is {repr(noise)[:60]!r}: give it a __repr__ such as GaussianNoise(std=0.1), so "
+            "that a printed Compose says what it does.")
+    x = torch.full((3, 64, 64), 0.5)
+    torch.manual_seed(0)
+    first = noise(x)
+    require(torch.equal(x, torch.full((3, 64, 64), 0.5)), "GaussianNoise changed its input in place (add_, +=): the "
+            "dataset's stored sample would drift on every read. Return image + noise, a new tensor.")
+    require(isinstance(first, torch.Tensor) and first.shape == x.shape and first.dtype == x.dtype,
+            "GaussianNoise should return a tensor of the input's shape and dtype.")
+    spread = float((first - x).std())
+    require(abs(spread - 0.1) < 0.01 and abs(float((first - x).mean())) < 0.01, f"the noise of GaussianNoise(0.1) has a "
+            f"standard deviation of {spread:.3f}: it should be 0.1, torch.randn_like(image) * std.")
+    torch.manual_seed(0)
+    require(torch.equal(noise(x), first), "with the same torch.manual_seed the noise differs: draw it from torch "
+            "(torch.randn_like), not NumPy or random, so that torch's seeds, the DataLoader's per-worker seeds "
+            "included, govern it.")
+    require(not torch.equal(noise(x), first), "two calls gave the same noise: draw new noise in __call__, not once in __init__.")
+    strong = noise_cls(1.0)(x)
+    require(0 <= float(strong.min()) and float(strong.max()) <= 1, "with std=1 values left [0, 1]: .clamp(0, 1) the result.")
+    require("ToImage" in _raises(TypeError, lambda: noise(Image.new("RGB", (4, 4)))), "GaussianNoise given a PIL image "
+            "should raise TypeError saying what to do: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
+    return noise
+
+
+@exercise("05.2", "your module's GaussianNoise and seed_worker work in spawn workers, which import them by name: each "
+                  "worker draws its own noise, and seeds the dataset's generator from the loader.")
+def worker_module(path: Any) -> None:
+    """``path`` is a module defining ``GaussianNoise(std)`` and ``seed_worker(worker_id)``, run in ``spawn`` workers."""
+    attempted(path)
+    path = Path(path)
+    require(path.is_file(), f"there is no {path}: run the %%writefile cell first (it writes the module).")
+    module = _load(path)
+    noise_cls = getattr(module, "GaussianNoise", None)
+    require(isinstance(noise_cls, type), f"{path.name} should define a class GaussianNoise.")
+    seed_worker = getattr(module, "seed_worker", None)
+    require(callable(seed_worker), f"{path.name} should define a function seed_worker(worker_id), your answer to 05.1: "
+            "under spawn a worker_init_fn defined in a notebook cell cannot be found either.")
+    noise = _check_noise(noise_cls)
+    ds = InMemoryDataset(torch.full((4, 3, 8, 8), 0.5), transform=noise)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")  # one batch per worker
+    worker0, worker1 = drain(loader)
+    require(not torch.equal(worker0[0] - 0.5, worker1[0] - 0.5), "both spawn workers drew the same noise: a generator "
+            "made in __init__ is copied into every worker. Use torch's own (torch.randn_like), which each worker seeds "
+            "differently.")
+    _require_seeded(seed_worker, context="spawn", where=" (your module's seed_worker, in spawn workers)")
+
+
+__all__ = ["seed_workers", "worker_module"]
+

@@ -1,0 +1,167 @@
+"""course_lib.checks.nb05: right answers pass, stubs are "not attempted", and each wrong answer gets its own hint."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import get_worker_info
+
+from course_lib.checks import Status, nb05
+from exercise_status import status
+
+# ----------------------------------------------------------------- 05.1: a generator per worker
+
+
+def _reseed(worker_id: int) -> None:
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+
+
+def _by_worker_id(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng(worker_id)
+
+
+def _fresh_entropy(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def _stub(worker_id: int) -> None:
+    raise NotImplementedError
+
+
+def _crashes(worker_id: int) -> None:
+    1 / 0
+
+
+@pytest.mark.timeout(120)
+def test_05_seed_workers() -> None:
+    assert status(nb05.seed_workers, _reseed)[0] is Status.SOLVED
+    assert "same shifts" in status(nb05.seed_workers, lambda worker_id: None)[1]
+    assert "fresh entropy" in status(nb05.seed_workers, _fresh_entropy)[1]
+    assert "worker id" in status(nb05.seed_workers, _by_worker_id)[1]
+    stub = status(nb05.seed_workers, _stub)
+    assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
+    assert status(nb05.seed_workers, ...)[0] is Status.NOT_ATTEMPTED
+    assert "function itself" in status(nb05.seed_workers, 3)[1]
+    crashed = status(nb05.seed_workers, _crashes)[1]
+    assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"
+
+
+# ----------------------------------------------------------------- 05.2: a module that spawn workers import
+
+GOOD = '''
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+
+class GaussianNoise:
+    def __init__(self, std=0.1):
+        if std < 0:
+            raise ValueError(f"std must be >= 0, got {std}")
+        self.std = std
+
+    def __call__(self, image):
+        if not isinstance(image, torch.Tensor):
+            raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)")
+        return (image + torch.randn_like(image) * self.std).clamp(0, 1)
+
+    def __repr__(self):
+        return f"GaussianNoise(std={self.std})"
+
+
+def seed_worker(worker_id):
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+'''
+
+STUB = '''
+import torch
+
+
+class GaussianNoise:
+    def __init__(self, std=0.1):
+        raise NotImplementedError
+
+    def __call__(self, image):
+        raise NotImplementedError
+
+    def __repr__(self):
+        raise NotImplementedError
+
+
+def seed_worker(worker_id):
+    raise NotImplementedError
+'''
+
+SEED = "    info.dataset.rng = np.random.default_rng(info.seed)"
+WRONG = {
+    "no_clamp": (GOOD.replace(").clamp(0, 1)", ")"), "with std=1 values left [0, 1]"),
+    "numpy": (GOOD.replace("torch.randn_like(image)", "torch.from_numpy(np.random.standard_normal("
+                           "tuple(image.shape))).float()"), "with the same torch.manual_seed the noise differs"),
+    "generator_in_init": (GOOD.replace("self.std = std", "self.std = std\n        self.g = torch.Generator().manual_seed(0)")
+                          .replace("torch.randn_like(image)", "torch.randn(image.shape, generator=self.g)"),
+                          "with the same torch.manual_seed the noise differs"),
+    "in_place": (GOOD.replace("return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+                              "return image.add_(torch.randn_like(image) * self.std).clamp_(0, 1)"), "changed its input in place"),
+    "variance": (GOOD.replace("* self.std)", "* self.std ** 2)"), "standard deviation of 0.010"),
+    "no_repr": (GOOD.replace('    def __repr__(self):\n        return f"GaussianNoise(std={self.std})"\n', ""), "give it a __repr__"),
+    "no_validation": (GOOD.replace("            raise ValueError", "            pass  #"), "should raise ValueError"),
+    "no_type_error": (GOOD.replace("raise TypeError(", "print("), "should raise TypeError saying what to do"),
+    "noise_drawn_once": (GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
+        "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+        "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
+        "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
+    "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
+    "no_seed_worker": (GOOD.split("\n\ndef seed_worker")[0], "should define a function seed_worker"),
+    "seed_worker_does_nothing": (GOOD.replace(SEED, "    pass"), "still draw the same shifts (your module's seed_worker"),
+    "seed_worker_fresh_entropy": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"), "not from fresh entropy"),
+    "seed_worker_by_id": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
+                          "the worker id alone"),
+}
+
+
+def write_module(folder: Path, name: str, source: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.fixture
+def module_folder(tmp_path: Path):
+    yield tmp_path
+    for name in ["good_module", "stub_module", "edited_module", *(f"module_{k}" for k in WRONG)]:
+        sys.modules.pop(name, None)
+    if str(tmp_path) in sys.path:
+        sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.timeout(300)
+def test_05_worker_module(module_folder: Path) -> None:
+    check = nb05.worker_module
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(check, write_module(module_folder, "stub_module", STUB))[0] is Status.NOT_ATTEMPTED
+    assert "run the %%writefile cell first" in status(check, module_folder / "missing.py")[1]
+    assert status(check, write_module(module_folder, "good_module", GOOD))[0] is Status.SOLVED
+    for name, (source, hint) in WRONG.items():
+        message = status(check, write_module(module_folder, f"module_{name}", source))[1]
+        assert hint in message, (name, message)
+
+
+@pytest.mark.timeout(120)
+def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> None:
+    """A module edited after its first import is checked as edited; a generator made in __init__ and drawn the
+    same in both spawn workers is caught there, where it matters."""
+    path = write_module(module_folder, "edited_module", WRONG["no_clamp"][0])
+    assert "values left [0, 1]" in status(nb05.worker_module, path)[1]
+    write_module(module_folder, "edited_module", GOOD)
+    assert status(nb05.worker_module, path)[0] is Status.SOLVED
+    same_in_workers = GOOD.replace("self.std = std", "self.std = std\n        self.calls = 0").replace(
+        "torch.randn_like(image)", "(torch.randn_like(image) if self.calls < 4 else torch.zeros_like(image) + 0.1)"
+    ).replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
+    write_module(module_folder, "edited_module", same_in_workers)
+    assert "both spawn workers drew the same noise" in status(nb05.worker_module, path)[1]

@@ -1,4 +1,4 @@
-"""Notebook 10, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
+"""Notebook 11, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
 
 One pipeline (:func:`build_dataset`): every reader (a worker of a rank) cycles through shards of its own,
 and every rank takes the same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
@@ -35,7 +35,7 @@ STALL_TARGET = 0.15
 
 # --------------------------------------------------------------------------- the pipeline
 class EndlessShardCycle:
-    """Notebook 10, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
+    """Notebook 11, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
     After ``split_by_node`` and ``split_by_worker`` it sees this reader's own shards only; each call (one per
     epoch on a persistent worker) draws orders from ``seed``, rank, worker and call count: reproducible, and
@@ -63,7 +63,7 @@ class EndlessShardCycle:
 
 
 class SimulatedDecode:
-    """Notebook 10, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
+    """Notebook 11, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
 
     Paid in sleeps of at least ``chunk_ms``, counting the time actually slept: on a busy machine every wake-up
     comes late, and a sleep per sample would add up those delays instead of the cost asked for.
@@ -90,7 +90,7 @@ def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
 
 
 def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0):
-    """Notebook 10, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
+    """Notebook 11, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
     import webdataset as wds
 
     return wds.DataPipeline(
@@ -108,7 +108,7 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
 def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
                 decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False,
                 first_epoch: int = 0) -> InstrumentedLoader:
-    """Notebook 10, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
+    """Notebook 11, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
     orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
         raise ValueError(f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
@@ -122,7 +122,7 @@ def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor
 
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
-    """Notebook 10, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
+    """Notebook 11, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
     Returns the epoch's record and the batches' worker ids. Closing the iterator at the end ends
     the last step's timing (the loop never asks for a batch after it)."""
     if batches < 1:
@@ -140,7 +140,7 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
 
 def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
             step_ms: float = STEP_MS, decode_ms: float = DECODE_MS, batch_size: int = BATCH_SIZE, seed: int = 0) -> EpochRecord:
-    """Notebook 10, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
+    """Notebook 11, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
     record.settings.update(decode_ms=decode_ms, step_ms=step_ms)  # the workload, for the checks
@@ -150,14 +150,14 @@ def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: in
 
 
 def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: Any) -> dict[int, EpochRecord]:
-    """Notebook 10, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
+    """Notebook 11, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
     if name not in ("num_workers", "prefetch_factor"):
         raise ValueError(f"sweep over 'num_workers' or 'prefetch_factor', not {name!r}")
     return {v: measure(urls, **{**fixed, name: v}) for v in values}
 
 
 def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
-    """Notebook 10, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
+    """Notebook 11, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
     much as a long job's warm-up) of each setting as bars, green under ``target``, and the target line."""
     import matplotlib.pyplot as plt
 
@@ -179,7 +179,7 @@ def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, na
 
 # --------------------------------------------------------------------------- before a job starts
 def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int) -> list[Path]:
-    """Notebook 10, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
+    """Notebook 11, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
     paths = _find_shards(shards)  # ShardError naming what is missing
@@ -197,7 +197,7 @@ def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int)
 
 # --------------------------------------------------------------------------- the Slurm script
 def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
-    """Notebook 10, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
+    """Notebook 11, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
     and ``num_workers`` DataLoader workers, each of which keeps one core busy when it must."""
     if ranks_per_node < 1 or num_workers < 0:
         raise ValueError(f"need ranks_per_node >= 1 and num_workers >= 0, got {ranks_per_node} and {num_workers}")

@@ -87,7 +87,7 @@ class ImageFileDataset(Dataset):
 
     Only the file list is built in ``__init__``; ``__getitem__`` opens and decodes one image, so memory stays small.
     ``root`` holds the splits (a generated set, or a real one such as ImageNet's ``train/``, ``val/``); ``split=None``
-    when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 04).
+    when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 05).
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str | None = "train",
@@ -201,7 +201,7 @@ class RandomSequences(Dataset):
 
 
 class WithIndex(Dataset):
-    """Notebook 06, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
+    """Notebook 07, section 5: wrap a dataset so that sample ``i`` comes out as ``(i, *sample)``.
     The index rides through the DataLoader with the sample: which indices a rank or a worker loaded is then known."""
 
     def __init__(self, dataset: Dataset) -> None:

@@ -1,4 +1,4 @@
-"""Notebook 06: data-parallel jobs, from "who am I?" to what each rank loaded.
+"""Notebook 07: data-parallel jobs, from "who am I?" to what each rank loaded.
 
 :func:`dist_env` reads rank, local rank, world size and the rendezvous address from torchrun's
 variables or, failing that, Slurm's (as IDRIS's ``idr_torch`` does); a half-set environment is an
@@ -36,13 +36,13 @@ DEFAULT_PORT = 29500
 
 
 class DistEnvError(RuntimeError):
-    """Notebook 06, section 4: the environment says "distributed", but not completely; the message says what is missing."""
+    """Notebook 07, section 4: the environment says "distributed", but not completely; the message says what is missing."""
 
 
 # --------------------------------------------------------------------------- who am I?
 @dataclass(frozen=True)
 class DistEnv:
-    """Notebook 06, section 4: where this process sits in a job, what ``torch.distributed`` needs to start."""
+    """Notebook 07, section 4: where this process sits in a job, what ``torch.distributed`` needs to start."""
 
     rank: int
     local_rank: int
@@ -58,7 +58,7 @@ class DistEnv:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Notebook 06, section 4: expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
+    """Notebook 07, section 4: expand a Slurm host list such as ``"gpu[01-03,07],login1"`` into host names, in order.
     Zero padding is kept (``n[08-10]`` gives ``n08 n09 n10``), as ``scontrol show hostnames`` does."""
     hosts: list[str] = []
     # split on commas that are not inside brackets
@@ -116,7 +116,7 @@ def _tasks_on_node(env: Mapping[str, str]) -> int:
 
 
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
-    """Notebook 06, section 4: read rank, local rank, world size and the rendezvous address from the environment.
+    """Notebook 07, section 4: read rank, local rank, world size and the rendezvous address from the environment.
 
     torchrun's variables win when any of them is set (under ``srun torchrun`` both are present, and torchrun's
     describe the process it started). Otherwise Slurm's: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, and
@@ -157,7 +157,7 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
 
 
 def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]:
-    """Notebook 06, section 5: join the job as this process's rank; return ``(env, device)``.
+    """Notebook 07, section 5: join the job as this process's rank; return ``(env, device)``.
 
     The device is a GPU per local rank when there is one (``device="auto"``), else the CPU; the
     process group then uses NCCL or gloo. Under srun it exports ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
@@ -196,7 +196,7 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
 
 
 def finish() -> None:
-    """Notebook 06, section 5: leave the job: destroy this rank's process group, and its threads with it.
+    """Notebook 07, section 5: leave the job: destroy this rank's process group, and its threads with it.
 
     Call it once the DDP model and the DataLoaders are gone (they sit in reference cycles: collected first);
     a ``RuntimeWarning`` says if anything still holds the group, whose threads would outlive Python's shutdown.
@@ -217,7 +217,7 @@ def finish() -> None:
 # --------------------------------------------------------------------------- what does each rank get?
 def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = False,
                    seed: int = 0, set_epoch: bool = True) -> np.ndarray:
-    """Notebook 06, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
+    """Notebook 07, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
     It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
     is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``."""
     from torch.utils.data.distributed import DistributedSampler
@@ -237,14 +237,14 @@ def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: b
 
 
 def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
-    """Notebook 06, section 1: count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
+    """Notebook 07, section 1: count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
     counts = np.bincount(shares.ravel(), minlength=dataset_len)
     return {"samples": dataset_len, "drawn": int(shares.size), "seen once": int((counts == 1).sum()),
             "seen twice or more": int((counts > 1).sum()), "never seen": int((counts == 0).sum())}
 
 
 def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None = None):
-    """Notebook 06, section 1: which rank gets which index, one row per rank, one column per sample: coloured by
+    """Notebook 07, section 1: which rank gets which index, one row per rank, one column per sample: coloured by
     rank, dark and outlined where loaded twice (padding), white where nobody loads it. Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -274,14 +274,14 @@ def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None
 
 # --------------------------------------------------------------------------- reading the ranks' reports
 def write_report(folder: str | os.PathLike[str], rank: int, report: dict) -> Path:
-    """Notebook 06, section 5: write one rank's JSON report as ``FOLDER/rankN.json``, atomically
+    """Notebook 07, section 5: write one rank's JSON report as ``FOLDER/rankN.json``, atomically
     (a reader never sees half of one)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     return write_atomic(Path(folder) / f"rank{rank}.json", json.dumps(report))
 
 
 def read_reports(folder: str | os.PathLike[str]) -> list[dict]:
-    """Notebook 06, section 5: the ``rankN.json`` reports of a course script's ranks, in rank order."""
+    """Notebook 07, section 5: the ``rankN.json`` reports of a course script's ranks, in rank order."""
     paths = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     if not paths:
         raise FileNotFoundError(f"no rank*.json reports in {folder}; run course_lib.train with --report {folder}")

@@ -1,4 +1,4 @@
-"""Notebook 04, section 11: an ipywidgets explorer of DataLoader settings: sliders, and a button that measures one
+"""Notebook 04, section 7: an ipywidgets explorer of DataLoader settings: sliders, and a button that measures one
 epoch with :mod:`course_lib.instrument` and draws its timeline (on the button, not on every slider move)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["LoaderExplorer"]
 
 
 class LoaderExplorer:
-    """Notebook 04, section 11: holds the widgets and the measurements; a cell ending in ``explorer`` shows it."""
+    """Notebook 04, section 7: holds the widgets and the measurements; a cell ending in ``explorer`` shows it."""
 
     def __init__(self, dataset: Dataset, step_ms: float = 20.0, max_workers: int = 4, max_batches: int | None = 24) -> None:
         self.dataset, self.max_batches = dataset, max_batches

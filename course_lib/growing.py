@@ -1,4 +1,4 @@
-"""Notebook 07: a dataset that grows from epoch to epoch (section 7).
+"""Notebook 08: a dataset that grows from epoch to epoch (section 7).
 
 Producer processes write samples (one ``.npy`` file each, atomically) into a local cache folder, once
 per epoch when asked; each epoch trains on what the cache holds when it starts; past a size budget the
@@ -37,11 +37,11 @@ EvictionPolicy = Callable[[Sequence[tuple[str, int]], int], Sequence[str]]
 
 
 class CacheError(RuntimeError):
-    """Notebook 07, section 7: the cache cannot work as asked; the message says why and what to do."""
+    """Notebook 08, section 7: the cache cannot work as asked; the message says why and what to do."""
 
 
 class ProducerError(CacheError):
-    """Notebook 07, section 7: a producer process died; ``producer`` is its number, ``exitcode`` its exit code."""
+    """Notebook 08, section 7: a producer process died; ``producer`` is its number, ``exitcode`` its exit code."""
 
     def __init__(self, message: str, producer: int, exitcode: int | None) -> None:
         super().__init__(message)
@@ -49,7 +49,7 @@ class ProducerError(CacheError):
 
 
 class ProducerTimeout(ProducerError, TimeoutError):
-    """Notebook 07, section 7: a producer is alive but did not finish its request in time."""
+    """Notebook 08, section 7: a producer is alive but did not finish its request in time."""
 
 
 def _sample_name(request: int, producer: int, number: int, label: int) -> str:
@@ -77,7 +77,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def sample_nbytes(image_size: int) -> int:
-    """Notebook 07, section 7: the size in bytes of one sample file (the same for all samples of one image size)."""
+    """Notebook 08, section 7: the size in bytes of one sample file (the same for all samples of one image size)."""
     return len(_npy_bytes(np.zeros((image_size, image_size, 3), dtype=np.uint8)))
 
 
@@ -110,7 +110,7 @@ def _producer_main(producer: int, folder: str, seed: int, image_size: int, comma
 
 
 def evict_oldest(entries: Sequence[tuple[str, int]], budget_bytes: int) -> list[str]:
-    """Notebook 07, section 7: the fewest names to delete, oldest first, so the rest of ``entries`` ``(name, bytes)`` fits."""
+    """Notebook 08, section 7: the fewest names to delete, oldest first, so the rest of ``entries`` ``(name, bytes)`` fits."""
     total, chosen = sum(size for _, size in entries), []
     for name, size in entries:
         if total <= budget_bytes:
@@ -121,7 +121,7 @@ def evict_oldest(entries: Sequence[tuple[str, int]], budget_bytes: int) -> list[
 
 
 class CacheSnapshot(Dataset):
-    """Notebook 07, section 7: the cache's samples at one moment: a map-style dataset over a fixed list of files.
+    """Notebook 08, section 7: the cache's samples at one moment: a map-style dataset over a fixed list of files.
     ``dataset[i]`` is ``(float image C×H×W in 0..1, label)``, or ``(transform(uint8 image H×W×3), label)``."""
 
     def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], transform: Callable | None = None) -> None:
@@ -188,7 +188,7 @@ def _stop(procs: list[Any], commands: list[Any], done: Any, timeout: float) -> N
 
 
 class GrowingCache:
-    """Notebook 07, section 7: a local cache folder that ``producers`` processes fill while training reads it.
+    """Notebook 08, section 7: a local cache folder that ``producers`` processes fill while training reads it.
 
     ``with GrowingCache(folder, budget_bytes=...) as cache:``, then each epoch ``stats = cache.next_epoch()`` and
     a new ``DataLoader(stats.dataset, ...)``. ``per_request``: samples per producer per epoch; ``policy`` picks the
@@ -364,14 +364,14 @@ class GrowingCache:
 
 
 def reuse_counts(history: Sequence[_EpochStats]) -> dict[str, int]:
-    """Notebook 07, section 7: in how many epochs each sample evicted by the last of ``history`` was trained."""
+    """Notebook 08, section 7: in how many epochs each sample evicted by the last of ``history`` was trained."""
     seen = Counter(name for stats in history for name in stats.dataset.names.tolist())
     still = set(history[-1].dataset.names.tolist()) if history else set()
     return {name: n for name, n in seen.items() if name not in still}
 
 
 def plot_growth(history: Sequence[_EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
-    """Notebook 07, section 7: three panels: samples per epoch; the requests each epoch trained on; reuse per sample."""
+    """Notebook 08, section 7: three panels: samples per epoch; the requests each epoch trained on; reuse per sample."""
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.1), dpi=80, width_ratios=[1.2, 1.1, 0.8])

@@ -1,4 +1,4 @@
-"""Notebook 07: iterable-style datasets, streams, worker sharding, endless data.
+"""Notebook 08: iterable-style datasets, streams, worker sharding, endless data.
 
 Every DataLoader worker iterates its own *copy* of an ``IterableDataset``, so each must take only its share:
 the naive :class:`RangeStream`, fixed from outside (:func:`split_range_per_worker`) or inside
@@ -27,7 +27,7 @@ _T = TypeVar("_T")
 
 
 def worker_slot(main: int = 0) -> tuple[int, int]:
-    """Notebook 07, section 3: ``(worker id, number of workers)`` of the calling process.
+    """Notebook 08, section 3: ``(worker id, number of workers)`` of the calling process.
     Outside DataLoader workers (``num_workers=0``) the main process is the only worker: ``(main, 1)``."""
     info = get_worker_info()
     return (main, 1) if info is None else (info.id, info.num_workers)
@@ -40,7 +40,7 @@ def _check_slot(n: int, worker_id: int, num_workers: int) -> None:
 
 
 def contiguous_share(n: int, worker_id: int, num_workers: int) -> range:
-    """Notebook 07, section 3: worker ``worker_id``'s block of ``0..n-1``; the first ``n % num_workers`` get one more.
+    """Notebook 08, section 3: worker ``worker_id``'s block of ``0..n-1``; the first ``n % num_workers`` get one more.
 
     As ``numpy.array_split``; torch's docstring example uses blocks of ``ceil(n / k)``, leaving the last workers nothing.
     """
@@ -51,7 +51,7 @@ def contiguous_share(n: int, worker_id: int, num_workers: int) -> range:
 
 
 def strided_share(n: int, worker_id: int, num_workers: int) -> range:
-    """Notebook 07, section 3: worker ``worker_id``'s positions ``worker_id, worker_id + k, ...`` of ``0..n-1``."""
+    """Notebook 08, section 3: worker ``worker_id``'s positions ``worker_id, worker_id + k, ...`` of ``0..n-1``."""
     _check_slot(n, worker_id, num_workers)
     return range(worker_id, n, num_workers)
 
@@ -60,7 +60,7 @@ _SHARDINGS = {"contiguous": contiguous_share, "strided": strided_share}
 
 
 class RangeStream(IterableDataset):
-    """Notebook 07, section 2: the numbers ``0 .. n-1``, yielded whole by every process that iterates the dataset.
+    """Notebook 08, section 2: the numbers ``0 .. n-1``, yielded whole by every process that iterates the dataset.
 
     The naive stream: with ``num_workers=k`` every number arrives ``k`` times. ``with_worker=True`` yields
     ``(number, worker id)`` pairs (``-1`` in the main process). ``len()`` is right in one process only.
@@ -82,7 +82,7 @@ class RangeStream(IterableDataset):
 
 
 def split_range_per_worker(worker_id: int) -> None:
-    """Notebook 07, section 3: a ``worker_init_fn``: narrow this worker's copy of a :class:`RangeStream` to its block.
+    """Notebook 08, section 3: a ``worker_init_fn``: narrow this worker's copy of a :class:`RangeStream` to its block.
 
     ``get_worker_info().dataset`` is the worker's own copy: changing it changes nothing elsewhere.
     """
@@ -103,8 +103,8 @@ class _Epochs(IterableDataset):
 
 
 class ShardedStream(_Epochs):
-    """Notebook 07, sections 3-4: the numbers ``0 .. n-1``, each yielded once over all workers (and ranks, given
-    ``rank``/``world_size`` in the main process as to a ``DistributedSampler``: exercise 07.2): each takes its share.
+    """Notebook 08, sections 3-4: the numbers ``0 .. n-1``, each yielded once over all workers (and ranks, given
+    ``rank``/``world_size`` in the main process as to a ``DistributedSampler``: exercise 08.2): each takes its share.
 
     ``sharding`` is ``"strided"`` (worker ``w`` takes positions ``w, w+k, ...``) or ``"contiguous"`` (blocks).
     ``shuffle=True`` first permutes the positions with ``(seed, epoch)``: the same permutation in every
@@ -144,7 +144,7 @@ class ShardedStream(_Epochs):
 
 
 def buffer_shuffle(items: Iterable[_T], size: int, rng: np.random.Generator) -> Iterator[_T]:
-    """Notebook 07, section 4: shuffle a stream of unknown length with a buffer of ``size`` items.
+    """Notebook 08, section 4: shuffle a stream of unknown length with a buffer of ``size`` items.
 
     Once the buffer is full, every arriving item replaces a random one, which is yielded; at the end
     the rest comes out shuffled. An item moves back by less than ``size``: a larger buffer mixes
@@ -164,7 +164,7 @@ def buffer_shuffle(items: Iterable[_T], size: int, rng: np.random.Generator) -> 
 
 
 class BufferShuffled(_Epochs):
-    """Notebook 07, section 4: ``source`` (an iterable dataset) shuffled by :func:`buffer_shuffle` in each worker.
+    """Notebook 08, section 4: ``source`` (an iterable dataset) shuffled by :func:`buffer_shuffle` in each worker.
     Each worker seeds with ``(seed, epoch, worker id)``; :meth:`set_epoch` is passed on to ``source``."""
 
     def __init__(self, source: IterableDataset, size: int, seed: int = 0) -> None:
@@ -187,7 +187,7 @@ class BufferShuffled(_Epochs):
 
 
 class EndlessStream(_Epochs):
-    """Notebook 07, section 6: a stream that never ends: ``(x, worker, step)``, ``x`` a float vector of ``dim``.
+    """Notebook 08, section 6: a stream that never ends: ``(x, worker, step)``, ``x`` a float vector of ``dim``.
 
     Worker ``w`` of rank ``r`` draws from ``default_rng((seed, epoch, r, w))``: the same on every run, different
     between workers and between DDP ranks (``RANK``, set by torchrun and by ``distributed.start`` under srun; without
@@ -209,7 +209,7 @@ class EndlessStream(_Epochs):
 
 
 class ImageStream(ShardedStream):
-    """Notebook 07, section 3: the images of ``root/<split>/<class>/<file>``, read in order, sharded by worker.
+    """Notebook 08, section 3: the images of ``root/<split>/<class>/<file>``, read in order, sharded by worker.
 
     Yields ``(transform(image), label)`` like :class:`course_lib.datasets.ImageFileDataset`, whose file
     list and decoding it reuses; ``shuffle=True`` permutes the order as :class:`ShardedStream` does.
@@ -230,7 +230,7 @@ class ImageStream(ShardedStream):
 
 
 def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
-    """Notebook 07, section 5: how many samples each process iterates in one epoch over an ``n``-sample stream.
+    """Notebook 08, section 5: how many samples each process iterates in one epoch over an ``n``-sample stream.
     All ``n`` in the main process (``num_workers=0``); else ``n`` split evenly if ``sharded``, or ``n`` each."""
     n, num_workers = check_int(n, "n", 0), check_int(num_workers, "num_workers", 0)
     if num_workers == 0:
@@ -240,7 +240,7 @@ def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int
 
 def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *,
                       sharded: bool = True) -> list[int]:
-    """Notebook 07, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in order.
+    """Notebook 08, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in order.
 
     Each worker batches *its own* share, so each worker's last batch may be short (or, with
     ``drop_last=True``, is dropped); the main process takes one batch from each worker in turn
@@ -265,7 +265,7 @@ class _BatchInfo:
 
 
 def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_BatchInfo]:
-    """Notebook 07, section 5: one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs: its batches.
+    """Notebook 08, section 5: one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs: its batches.
     The dataset yields pairs (``with_worker=True``), and the loader batches; a batch mixing workers is an error."""
     out = []
     for numbers, workers in DataLoader(dataset, **loader_kwargs):
@@ -277,7 +277,7 @@ def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_Batc
 
 
 def copies(numbers: Iterable[Any], n: int) -> np.ndarray:
-    """Notebook 07, section 2: how many times each of ``0..n-1`` occurs in ``numbers`` (an array of length ``n``)."""
+    """Notebook 08, section 2: how many times each of ``0..n-1`` occurs in ``numbers`` (an array of length ``n``)."""
     values = np.fromiter((int(i) for i in numbers), dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() >= n):
         raise ValueError(f"numbers must lie in 0..{n - 1}; got {values.min()}..{values.max()}")
@@ -295,7 +295,7 @@ def _worker_label(w: int) -> str:
 
 
 def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title: str | None = None) -> Any:
-    """Notebook 07, section 2: a bar per sample ``0..n-1``: how many copies arrived, stacked by the sending worker."""
+    """Notebook 08, section 2: a bar per sample ``0..n-1``: how many copies arrived, stacked by the sending worker."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -317,7 +317,7 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
 
 def plot_batches(runs: dict[str, Sequence[_BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
                  ) -> Any:
-    """Notebook 07, section 5: a row per run: its batches in arrival order, as wide as their sizes, coloured by worker."""
+    """Notebook 08, section 5: a row per run: its batches in arrival order, as wide as their sizes, coloured by worker."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

@@ -1,4 +1,4 @@
-"""Notebooks 01-10: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
+"""Notebooks 01-11: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class _CapturedStderr:
 
 @contextlib.contextmanager
 def capture_stderr_fd() -> Iterator[_CapturedStderr]:
-    """Notebook 04, section 9: collect what is written to file descriptor 2 (also by child processes) in the block.
+    """Notebook 05, section 3: collect what is written to file descriptor 2 (also by child processes) in the block.
 
     A worker process that crashes while starting writes its traceback to the operating system's standard error, not to
     Python's ``sys.stderr``: in Jupyter it lands in the terminal that started the server, or, with a recent ipykernel,

@@ -1,6 +1,6 @@
-"""Notebook 11: a training run that survives being stopped, ``torchrun --nproc-per-node=N -m course_lib.resume``.
+"""Notebook 12: a training run that survives being stopped, ``torchrun --nproc-per-node=N -m course_lib.resume``.
 
-Every rank trains notebook 06's SmallCNN under DDP on its ``DistributedSampler`` share, a fixed number of
+Every rank trains notebook 07's SmallCNN under DDP on its ``DistributedSampler`` share, a fixed number of
 steps per epoch, and appends one line per step to ``rankN.steps.jsonl`` in ``--report`` (run, epoch, step
 and the batch's sample indices). It checkpoints every ``--ckpt-every`` steps and when SIGTERM or SIGUSR1
 arrives (the step ends, every rank saves, the job exits). ``--loader stateful`` puts torchdata's
@@ -38,7 +38,7 @@ __all__ = ["ResumableShuffle", "ResumableStream", "StopFlag", "ignore_stop_signa
 
 
 def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
-    """Notebook 11, section 2: torchdata's ``StatefulDataLoader``, a ``DataLoader`` with ``state_dict()`` and
+    """Notebook 12, section 2: torchdata's ``StatefulDataLoader``, a ``DataLoader`` with ``state_dict()`` and
     ``load_state_dict()``. torchdata 0.11 calls ``torch.set_vital``, which torch 2.14 deprecates; that one warning
     is silenced here."""
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -49,7 +49,7 @@ def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
 
 
 class ResumableShuffle(Sampler[int]):
-    """Notebook 11, section 3 (the reference for exercise 11.2): a new order each epoch from ``(seed, epoch)``,
+    """Notebook 12, section 3 (the reference for exercise 12.2): a new order each epoch from ``(seed, epoch)``,
     that remembers how far it got, so a loader can resume it mid-epoch."""
 
     def __init__(self, n: int, seed: int = 0) -> None:
@@ -77,7 +77,7 @@ class ResumableShuffle(Sampler[int]):
 
 
 class ResumableStream(IterableDataset):
-    """Notebook 11, section 4 (the reference for exercise 11.3): samples ``0..n-1``, every worker its own share,
+    """Notebook 12, section 4 (the reference for exercise 12.3): samples ``0..n-1``, every worker its own share,
     each worker's position in its share saved and restored by the ``StatefulDataLoader``, in that worker."""
 
     def __init__(self, n: int) -> None:
@@ -102,7 +102,7 @@ class ResumableStream(IterableDataset):
 
 
 class StopFlag:
-    """Notebook 11, section 5: remember that SIGTERM or SIGUSR1 arrived; the training loop looks at the end of a step.
+    """Notebook 12, section 5: remember that SIGTERM or SIGUSR1 arrived; the training loop looks at the end of a step.
 
     ``agreed()`` is a collective: every rank stops after the same step when any rank got the signal."""
 
@@ -122,7 +122,7 @@ class StopFlag:
 
 
 def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any]) -> Path:
-    """Notebook 11, section 5: this rank's part of the checkpoint after ``step``, written atomically. Once every rank
+    """Notebook 12, section 5: this rank's part of the checkpoint after ``step``, written atomically. Once every rank
     has written its part, rank 0 points ``latest`` at it and removes the older steps: a job killed in between
     resumes from the previous complete checkpoint, never from a mix of two."""
     part = Path(folder) / f"step{step:07d}" / f"rank{rank}.pt"
@@ -140,7 +140,7 @@ def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state:
 
 
 def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
-    """Notebook 11, section 5: this rank's part of the latest complete checkpoint in ``folder``, or ``None``."""
+    """Notebook 12, section 5: this rank's part of the latest complete checkpoint in ``folder``, or ``None``."""
     latest = Path(folder) / "latest"
     if not latest.exists():
         return None
@@ -152,7 +152,7 @@ def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any]
 
 
 def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
-    """Notebook 11, section 1: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
+    """Notebook 12, section 1: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
     did a step again, its line replaces the earlier one: what is left is what trained the final model."""
     runs: dict[int, list[dict[str, Any]]] = {}
     for path in sorted(Path(folder).glob("rank*.steps.jsonl")):
@@ -168,7 +168,7 @@ def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """Notebook 11, section 5: a ``worker_init_fn`` for DataLoader workers. torchrun and Slurm send their notice to
+    """Notebook 12, section 5: a ``worker_init_fn`` for DataLoader workers. torchrun and Slurm send their notice to
     the whole process group, workers too, and torch's workers die of SIGTERM; ignoring it lets the rank finish its
     step with them (they still stop with the rank)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,4 +1,4 @@
-"""Notebook 05: samplers, which indices a DataLoader asks for, and in which order.
+"""Notebook 06: samplers, which indices a DataLoader asks for, and in which order.
 
 The samplers are PyTorch's; around them: index orders over epochs and their picture, class counts, balancing
 weights, an epoch's coverage, padding by length, and :class:`BucketBatchSampler`, which PyTorch lacks.
@@ -52,7 +52,7 @@ def _labels(targets: Any, num_classes: int | None) -> tuple[np.ndarray, int]:
 
 
 def one_epoch(sampler: Iterable[Any]) -> list[int]:
-    """Notebook 05, section 1: the indices ``sampler`` yields in one pass, as a flat list (a batch sampler's batches are joined)."""
+    """Notebook 06, section 1: the indices ``sampler`` yields in one pass, as a flat list (a batch sampler's batches are joined)."""
     flat: list[int] = []
     for item in sampler:
         if isinstance(item, (list, tuple, range, np.ndarray)) or (isinstance(item, torch.Tensor) and item.dim() > 0):
@@ -64,10 +64,10 @@ def one_epoch(sampler: Iterable[Any]) -> list[int]:
 
 # ----------------------------------------------------------------- index orders
 def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
-    """Notebook 05, section 1: the indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
+    """Notebook 06, section 1: the indices ``sampler`` yields in each of ``epochs`` epochs: an ``(epochs, len)`` int64 array.
 
     Each epoch iterates the sampler afresh, as a DataLoader does; ``set_epoch(e)`` is called first when the
-    sampler has it (``DistributedSampler``, notebook 06), as a training loop should. A batch sampler's
+    sampler has it (``DistributedSampler``, notebook 07), as a training loop should. A batch sampler's
     batches are joined into one row.
     """
     rows = []
@@ -87,7 +87,7 @@ def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
 def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices in the order a sampler yields them",
                       colour_by: Any = None, class_names: Sequence[str] | None = None,
                       colour_label: str | None = None) -> Figure:
-    """Notebook 05, section 1: draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
+    """Notebook 06, section 1: draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
 
     Cells are coloured by the sample index, or by ``colour_by[index]``: class labels (``targets``, up to 20
     classes, drawn in distinct colours, named by ``class_names``) or any other whole number per sample, such
@@ -125,7 +125,7 @@ def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices
 
 # ----------------------------------------------------------------- classes and weights
 def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None = None) -> np.ndarray:
-    """Notebook 05, section 4: how many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
+    """Notebook 06, section 4: how many of ``indices`` (a sampler, a list, a batch sampler) fall in each class.
     ``targets[i]`` is sample ``i``'s class; the result has ``num_classes`` entries (default: the largest label + 1)."""
     labels, k = _labels(targets, num_classes)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
@@ -137,7 +137,7 @@ def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None =
 
 
 def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Tensor:
-    """Notebook 05, section 4: one weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
+    """Notebook 06, section 4: one weight per **sample**, ``1 / (number of samples of its class)``, as a float64 tensor.
 
     Every class then carries the same total weight, so ``WeightedRandomSampler(weights, num_samples=len(weights),
     replacement=True)`` draws each class equally often on average. (Passing one weight per *class* instead is a
@@ -148,7 +148,7 @@ def balancing_weights(targets: Any, num_classes: int | None = None) -> torch.Ten
 
 
 def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.ndarray:
-    """Notebook 05, section 4: indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
+    """Notebook 06, section 4: indices of a class-imbalanced subset: ``counts[c]`` samples of class ``c``, chosen at random.
     Only the labels are needed (``dataset.targets``), so no image is decoded. The indices come
     back sorted, so ``Subset(dataset, indices)`` keeps the dataset's class-by-class order."""
     labels, k = _labels(targets, None)
@@ -191,9 +191,9 @@ class _Coverage:
 
 
 def coverage(indices: Iterable[Any], n: int) -> _Coverage:
-    """Notebook 05, section 2: count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples.
+    """Notebook 06, section 2: count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples.
     ``indices`` may be a sampler, a batch sampler, a list of indices, or one list per rank or per
-    worker (notebooks 06-08): they are joined into one epoch."""
+    worker (notebooks 07-09): they are joined into one epoch."""
     n = check_int(n, "n", 1)
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
@@ -205,7 +205,7 @@ def coverage(indices: Iterable[Any], n: int) -> _Coverage:
 
 # ----------------------------------------------------------------- batching by length
 def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
-    """Notebook 05, section 6: the share of padded batch tensors that is padding, over all ``batches``.
+    """Notebook 06, section 6: the share of padded batch tensors that is padding, over all ``batches``.
     A batch of ``b`` sequences padded to its longest, ``L``, is a ``b × L`` tensor holding
     ``sum(lengths)`` real tokens; the rest is padding. ``batches`` may be a batch sampler."""
     lens = _int_array(lengths, "lengths")
@@ -224,7 +224,7 @@ def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
 
 
 def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequence[int]]) -> float:
-    """Notebook 05, section 6: the share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
+    """Notebook 06, section 6: the share of pairs of samples batched together in ``epoch_a`` that share a batch again in ``epoch_b``.
     About ``(batch_size - 1) / (n - 1)`` for random batches; close to 1 when batches barely change
     from epoch to epoch (sorting the whole data set by length, for example)."""
     where = {i: k for k, batch in enumerate(epoch_b) for i in one_epoch([batch])}
@@ -240,7 +240,7 @@ def shared_batchmates(epoch_a: Iterable[Sequence[int]], epoch_b: Iterable[Sequen
 
 
 class BucketBatchSampler(Sampler[list[int]]):
-    """Notebook 05, section 6: batches of indices whose sequences have similar lengths, in a new random order every epoch.
+    """Notebook 06, section 6: batches of indices whose sequences have similar lengths, in a new random order every epoch.
 
     Each epoch: shuffle all indices, cut them into buckets of ``bucket_size`` samples, sort each bucket by
     length, cut it into batches of ``batch_size``, and shuffle the order of all batches. Sorting means little

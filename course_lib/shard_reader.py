@@ -1,8 +1,8 @@
-"""Notebook 08, section 7: read tar shards on every rank of a job, ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
+"""Notebook 09, section 7: read tar shards on every rank of a job, ``torchrun --nproc-per-node=N -m course_lib.shard_reader``.
 
 Each rank reads the shards split by node and by worker, records which keys each worker saw, and meets the
 other ranks in an ``all_reduce`` after every batch, as DDP would; ``--resampled --epoch-batches N`` and
-``--no-nodesplitter`` reproduce notebook 08's other cases. Here is each rank's loader; the command's arguments
+``--no-nodesplitter`` reproduce notebook 09's other cases. Here is each rank's loader; the command's arguments
 and its loop are in :mod:`course_tools.rank_scripts`.
 """
 
@@ -21,7 +21,7 @@ def _tag_worker(sample: tuple) -> tuple:
 
 
 def build_loader(args: argparse.Namespace):
-    """Notebook 08, section 7: this rank's WebLoader of ``(keys, labels, shard urls, worker ids)`` batches."""
+    """Notebook 09, section 7: this rank's WebLoader of ``(keys, labels, shard urls, worker ids)`` batches."""
     import webdataset as wds
 
     options = dict(workersplitter=wds.split_by_worker, seed=args.seed)

@@ -1,4 +1,4 @@
-"""Notebook 08: tar shards in the WebDataset format: write them, look inside them, split them over ranks and workers.
+"""Notebook 09: tar shards in the WebDataset format: write them, look inside them, split them over ranks and workers.
 
 A shard is a plain tar file; a sample is the consecutive members that share a key (``circle-00012.jpg``,
 ``circle-00012.cls``, ``circle-00012.json``). Shards are written byte for byte the same every time, into a
@@ -41,12 +41,12 @@ _NUMBERED = re.compile(r"^(?P<stem>.*?)(?P<num>\d+)(?P<ext>\.tar(?:\.gz)?)$")  #
 
 
 class ShardError(RuntimeError):
-    """Notebook 08, section 6: shards are missing, damaged, or too few for a job; the message says what to do."""
+    """Notebook 09, section 6: shards are missing, damaged, or too few for a job; the message says what to do."""
 
 
 @dataclass(frozen=True)
 class ShardSet:
-    """Notebook 08, section 2: a folder of shards written here, as its manifest describes it. ``urls`` (the brace
+    """Notebook 09, section 2: a folder of shards written here, as its manifest describes it. ``urls`` (the brace
     pattern for ``wds.WebDataset``) holds an absolute path: print :meth:`describe` instead."""
 
     folder: Path
@@ -79,7 +79,7 @@ class ShardSet:
 
 
 def brace_urls(paths: Sequence[_StrPath]) -> str:
-    """Notebook 08, section 2: one string naming all ``paths``, in webdataset's brace notation where it can: sorted
+    """Notebook 09, section 2: one string naming all ``paths``, in webdataset's brace notation where it can: sorted
     numbers make a range (``a-{000000..000007}.tar``) or a list (``a-{000001,000004}.tar``); others join with ``::``."""
     if not paths:
         raise ValueError("no paths given: brace_urls needs at least one shard")
@@ -101,13 +101,13 @@ def brace_urls(paths: Sequence[_StrPath]) -> str:
 
 
 def _expand_urls(urls: str) -> list[str]:
-    """Notebook 08, section 2: the shard names a brace pattern stands for (webdataset's own expansion)."""
+    """Notebook 09, section 2: the shard names a brace pattern stands for (webdataset's own expansion)."""
     from webdataset.shardlists import expand_urls as expand
     return list(expand(urls))
 
 
 def _find_shards(location: _StrPath) -> list[Path]:
-    """Notebook 10, section 4: the existing shard files a folder, a brace pattern or a glob names, sorted; a
+    """Notebook 11, section 4: the existing shard files a folder, a brace pattern or a glob names, sorted; a
     :class:`ShardError` saying how to write shards if there are none, or if the pattern names missing files."""
     how = "Write shards first (course_lib.shards.write_image_shards(folder) for the shapes images), or check the path."
     text = str(location)
@@ -135,7 +135,7 @@ def _find_shards(location: _StrPath) -> list[Path]:
 
 
 def list_members(shard: _StrPath) -> list[tuple[str, int]]:
-    """Notebook 08, section 1: ``(member name, size in bytes)`` for every member of a shard, in tar order, each read
+    """Notebook 09, section 1: ``(member name, size in bytes)`` for every member of a shard, in tar order, each read
     into memory as webdataset streams it (never extracted to disk); a damaged shard raises :class:`ShardError`."""
     members: list[tuple[str, int]] = []
     try:
@@ -152,7 +152,7 @@ def list_members(shard: _StrPath) -> list[tuple[str, int]]:
 
 
 def verify_shards(shards: ShardSet | Iterable[_StrPath]) -> dict[str, int]:
-    """Notebook 08, section 9: read every member of every shard; ``{shard name: samples}`` if all are intact, else a
+    """Notebook 09, section 9: read every member of every shard; ``{shard name: samples}`` if all are intact, else a
     :class:`ShardError`. A :class:`ShardSet`'s manifest also catches a shard cut at a member boundary (a valid tar)."""
     expected = dict(zip(shards.names, shards.counts)) if isinstance(shards, ShardSet) else {}
     counts = {}
@@ -165,7 +165,7 @@ def verify_shards(shards: ShardSet | Iterable[_StrPath]) -> dict[str, int]:
 
 
 def shard_error_summary(exc: BaseException) -> str:
-    """Notebook 08, section 9: one line for an error webdataset raised while reading a shard: its first message and
+    """Notebook 09, section 9: one line for an error webdataset raised while reading a shard: its first message and
     the shard's file name, without the open file and absolute URL that webdataset appends to its arguments."""
     args = list(getattr(exc, "args", ()))
     message = str(args[0]) if args else str(exc)
@@ -177,7 +177,7 @@ def shard_error_summary(exc: BaseException) -> str:
 
 
 def corrupt_copy(shard: _StrPath, out: _StrPath, keep: float = 0.5, cut: str = "data") -> Path:
-    """Notebook 08, section 9: write a truncated copy of ``shard`` to ``out``, as a broken copy or a full disk leaves.
+    """Notebook 09, section 9: write a truncated copy of ``shard`` to ``out``, as a broken copy or a full disk leaves.
 
     The copy ends at the sample at ``keep`` (a fraction of the samples): ``cut="data"`` just after its first
     member's tar header (readers fail: "unexpected end of data"); ``cut="header"`` inside that header, which
@@ -202,12 +202,12 @@ def corrupt_copy(shard: _StrPath, out: _StrPath, keep: float = 0.5, cut: str = "
 
 
 def _load_npy(payload: bytes) -> np.ndarray:
-    """Notebook 09, section 9: decode a ``.npy`` member; ``allow_pickle=False``, so a data file can never run code."""
+    """Notebook 10, section 9: decode a ``.npy`` member; ``allow_pickle=False``, so a data file can never run code."""
     return np.load(io.BytesIO(payload), allow_pickle=False)
 
 
 def shard_folder(split: str, size: str = _data.DEFAULT_SIZE, seed: int = 0, root: _StrPath | None = None) -> Path:
-    """Notebook 08, section 2: where one split's shards live, beside their images (``python -m course_lib prepare --all``
+    """Notebook 09, section 2: where one split's shards live, beside their images (``python -m course_lib prepare --all``
     writes them there once): ``<data dir>/webdataset/shapes-<size>-seed<seed>/<split>``."""
     return _data.data_dir(root) / "webdataset" / _data.dataset_name(size, seed) / split
 
@@ -226,7 +226,7 @@ def _manifest(folder: Path) -> dict:
 
 
 def read_shardset(folder: _StrPath) -> ShardSet:
-    """Notebook 08, section 9: the :class:`ShardSet` a folder's manifest describes; a clear error if it is not one."""
+    """Notebook 09, section 9: the :class:`ShardSet` a folder's manifest describes; a clear error if it is not one."""
     folder = Path(folder).expanduser()
     shards = _manifest(folder)["shards"]
     paths = [folder / s["name"] for s in shards]
@@ -291,7 +291,7 @@ def _image_samples(folder: Path, split: str, order: np.ndarray, paths: np.ndarra
 def write_image_shards(out_dir: _StrPath, split: str = "train", size: str = _data.DEFAULT_SIZE, seed: int = 0,
                        root: _StrPath | None = None, maxcount: int = 100, maxsize: float | None = None,
                        prefix: str = "shapes", shuffle: bool = True, force: bool = False) -> ShardSet:
-    """Notebook 08, section 2: write the generated shapes images of one split as tar shards in ``out_dir``; return them.
+    """Notebook 09, section 2: write the generated shapes images of one split as tar shards in ``out_dir``; return them.
 
     A sample is ``KEY.jpg`` (the file's bytes), ``KEY.cls`` (the label) and ``KEY.json`` (source, class, index in
     ``ImageFileDataset`` order); a shard closes at ``maxcount`` samples or ``maxsize`` bytes. ``shuffle`` orders them
@@ -320,7 +320,7 @@ def _tensor_samples(n: int, values: int, seed: int) -> Iterator[dict]:
 
 def write_tensor_shards(out_dir: _StrPath, n: int, sample_bytes: int = 1 << 20, maxcount: int = 64, seed: int = 0,
                         prefix: str = "tensors", force: bool = False) -> ShardSet:
-    """Notebook 09, section 9: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
+    """Notebook 10, section 9: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
     [0, 1), read with :func:`_load_npy`) and ``KEY.cls`` (``index % 10``); deterministic, reused like image shards."""
     check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:
@@ -332,13 +332,13 @@ def write_tensor_shards(out_dir: _StrPath, n: int, sample_bytes: int = 1 << 20, 
 
 
 def shards_needed(world_size: int, num_workers: int) -> int:
-    """Notebook 08, section 6: the fewest shards that give every reader one: ranks × workers
+    """Notebook 09, section 6: the fewest shards that give every reader one: ranks × workers
     (``num_workers=0``: the rank's main process reads, one reader per rank)."""
     return check_int(world_size, "world_size", 1) * max(1, check_int(num_workers, "num_workers", 0))
 
 
 def check_enough_shards(n_shards: int, world_size: int, num_workers: int) -> None:
-    """Notebook 08, section 6: raise :class:`ShardError` when some rank's worker would get no shard at all."""
+    """Notebook 09, section 6: raise :class:`ShardError` when some rank's worker would get no shard at all."""
     need = shards_needed(world_size, num_workers)
     if n_shards < need:
         readers = (f"{world_size} rank{'s' if world_size > 1 else ''} × "
@@ -353,7 +353,7 @@ def check_enough_shards(n_shards: int, world_size: int, num_workers: int) -> Non
 @contextlib.contextmanager
 def simulated_reader(rank: int = 0, world_size: int = 1, worker: int | None = None,
                      num_workers: int | None = None) -> Iterator[None]:
-    """Notebook 08, section 6: make webdataset's splitters in *this* process believe it is ``rank`` of ``world_size``,
+    """Notebook 09, section 6: make webdataset's splitters in *this* process believe it is ``rank`` of ``world_size``,
     through ``RANK``/``WORLD_SIZE`` (as torchrun sets them) and ``WORKER``/``NUM_WORKERS``, which workers inherit."""
     saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS")}
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -370,7 +370,7 @@ def simulated_reader(rank: int = 0, world_size: int = 1, worker: int | None = No
 
 
 def reader_shares(shards: Sequence[_StrPath] | str, world_size: int, num_workers: int) -> list[list[list[str]]]:
-    """Notebook 08, section 6: ``shares[rank][worker]``, the names of the shards webdataset's own ``split_by_node`` and
+    """Notebook 09, section 6: ``shares[rank][worker]``, the names of the shards webdataset's own ``split_by_node`` and
     ``split_by_worker`` give that reader (run here, see :func:`simulated_reader`); ``num_workers=0``: one per rank."""
     import webdataset as wds
 
@@ -385,7 +385,7 @@ def reader_shares(shards: Sequence[_StrPath] | str, world_size: int, num_workers
 
 
 def count_batches(loader: Iterable, limit: int | None = None) -> tuple[int, int]:
-    """Notebook 08, section 5: iterate ``loader`` (at most ``limit`` batches); return ``(batches, samples)``.
+    """Notebook 09, section 5: iterate ``loader`` (at most ``limit`` batches); return ``(batches, samples)``.
 
     A batch's size is the length of its first field. The iterator is closed and collected before returning or
     raising: one left half-read would be copied into the next loader's forked workers, and break them."""
@@ -411,7 +411,7 @@ def count_batches(loader: Iterable, limit: int | None = None) -> tuple[int, int]
 
 
 def _read_small_files(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
-    """Notebook 08, section 10: open and read every file (one sample each), ``latency`` seconds of sleep per
+    """Notebook 09, section 10: open and read every file (one sample each), ``latency`` seconds of sleep per
     open simulating a parallel file system's metadata round trip; return the bytes read."""
     total = 0
     for p in paths:
@@ -422,7 +422,7 @@ def _read_small_files(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
 
 
 def _read_shards(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
-    """Notebook 08, section 10: stream every member of every shard into memory, as webdataset does (one
+    """Notebook 09, section 10: stream every member of every shard into memory, as webdataset does (one
     open per shard, with the same simulated ``latency``); return the bytes read."""
     total = 0
     for p in paths:
@@ -450,7 +450,7 @@ class _FilesVsShards:
 
 def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths: Sequence[_StrPath],
                                    latency: float = 0.001, repeat: int = 3) -> _FilesVsShards:
-    """Notebook 08, section 10: samples per second reading ``image_paths`` (a file per sample) and ``shard_paths``
+    """Notebook 09, section 10: samples per second reading ``image_paths`` (a file per sample) and ``shard_paths``
     (the same samples), best of ``repeat``: from the page cache (per-file overhead) and with ``latency`` seconds
     per ``open`` (simulated metadata cost). Bytes only: decoding costs the same either way."""
     if latency < 0:

@@ -1,4 +1,4 @@
-"""Notebook 06, section 5: the course's data-parallel training script, ``torchrun --nproc-per-node=N -m course_lib.train``.
+"""Notebook 07, section 5: the course's data-parallel training script, ``torchrun --nproc-per-node=N -m course_lib.train``.
 
 Every rank loads its share of the shapes images with DataLoader workers, trains a small CNN under DDP
 (gloo on CPU, NCCL on GPUs) and, with ``--report``, writes ``rankN.json`` (indices per epoch, weights digest).
@@ -27,7 +27,7 @@ __all__ = ["SmallCNN", "build_loader", "ddp_model", "epoch_mean_loss", "weights_
 
 
 class SmallCNN(nn.Module):
-    """Notebook 06, section 5: two convolutions and a linear layer, enough to learn the 10 shapes fast on a CPU."""
+    """Notebook 07, section 5: two convolutions and a linear layer, enough to learn the 10 shapes fast on a CPU."""
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
@@ -42,7 +42,7 @@ class SmallCNN(nn.Module):
 
 
 def ddp_model(device: torch.device, seed: int, lr: float) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
-    """Notebook 06, section 5: ``(model, its DDP wrapper, optimizer)``, the same start on every rank (DDP also
+    """Notebook 07, section 5: ``(model, its DDP wrapper, optimizer)``, the same start on every rank (DDP also
     broadcasts rank 0's weights). Train through the wrapper: its ``backward`` averages the gradients over all ranks."""
     torch.manual_seed(seed)
     model = SmallCNN().to(device)
@@ -51,7 +51,7 @@ def ddp_model(device: torch.device, seed: int, lr: float) -> tuple[nn.Module, nn
 
 
 def epoch_mean_loss(losses: Sequence[float], device: torch.device) -> float:
-    """Notebook 06, section 5: the usual end of an epoch, which every rank must reach: a barrier (say, before rank 0
+    """Notebook 07, section 5: the usual end of an epoch, which every rank must reach: a barrier (say, before rank 0
     saves a checkpoint), then the mean loss over all ranks' batches for the log."""
     dist.barrier()
     total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=device)
@@ -60,7 +60,7 @@ def epoch_mean_loss(losses: Sequence[float], device: torch.device) -> float:
 
 
 def weights_digest(model: nn.Module) -> str:
-    """Notebook 06, section 5: SHA-256 of every parameter's bytes; equal digests mean bit-identical models."""
+    """Notebook 07, section 5: SHA-256 of every parameter's bytes; equal digests mean bit-identical models."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
@@ -68,7 +68,7 @@ def weights_digest(model: nn.Module) -> str:
 
 
 def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
-    """Notebook 06, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
+    """Notebook 07, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
     dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=args.image_size),
                                size=args.size, root=args.data))
     if args.limit:

@@ -1,4 +1,4 @@
-"""Notebooks 01-05: the course's pictures, drawn with matplotlib (sample grids, class histograms, batch layouts).
+"""Notebooks 01-06: the course's pictures, drawn with matplotlib (sample grids, class histograms, batch layouts).
 
 Every function returns the ``Figure`` it drew: a notebook's stored output is the picture and a ``<Figure ...>`` line.
 """

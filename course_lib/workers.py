@@ -1,4 +1,4 @@
-"""Notebook 04: what happens inside DataLoader worker processes, made visible.
+"""Notebooks 04 and 05: what happens inside DataLoader worker processes, made visible.
 
 Each piece reproduces one behaviour a learner meets once ``num_workers > 0``: seeding in workers,
 state that persistent workers do not see, the GIL (Python parsing vs C decoding, with threads and
@@ -36,7 +36,7 @@ __all__ = ["EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged"
 
 # --- seeding ------------------------------------------------------------------------------
 class RandomnessProbe(Dataset):
-    """Notebook 04, section 8: sample ``i`` reports which worker made it and one draw from each global generator."""
+    """Notebook 05, section 2: sample ``i`` reports which worker made it and one draw from each global generator."""
 
     def __init__(self, n: int = 8) -> None:
         self.n = n
@@ -50,7 +50,7 @@ class RandomnessProbe(Dataset):
 
 
 class NoisyDataset(Dataset):
-    """Notebook 04, section 8: A dataset whose "augmentation" draws from a NumPy generator created in ``__init__``.
+    """Notebook 05, section 2: A dataset whose "augmentation" draws from a NumPy generator created in ``__init__``.
     Sample ``i`` is ``(i, shift)``, ``shift`` a random crop offset in ``0..999``. Each worker gets a *copy* of
     ``self.rng`` in the same state: workers repeat each other's shifts unless a ``worker_init_fn`` reseeds it."""
 
@@ -118,24 +118,24 @@ def _ppm(img: Image.Image) -> bytes:
 
 
 def jpeg_payloads(n: int = 200, side: int = 512, seed: int = 0, distinct: int = 8) -> list[bytes]:
-    """Notebook 04, section 7: ``n`` images of the shapes as JPEG bytes (``distinct`` different ones, repeated): decoding is C code."""
+    """Notebook 05, section 1: ``n`` images of the shapes as JPEG bytes (``distinct`` different ones, repeated): decoding is C code."""
     return _payloads(_jpeg, n, side, seed, distinct)
 
 
 def ppm_payloads(n: int = 100, side: int = 96, seed: int = 0, distinct: int = 8) -> list[bytes]:
-    """Notebook 04, section 7: ``n`` images as ASCII PPM ("P3": every pixel value written as decimal text), ``distinct`` different ones."""
+    """Notebook 05, section 1: ``n`` images as ASCII PPM ("P3": every pixel value written as decimal text), ``distinct`` different ones."""
     return _payloads(_ppm, n, side, seed, distinct)
 
 
 def decode_jpeg(payload: bytes) -> np.ndarray:
-    """Notebook 04, section 7: decode a JPEG with Pillow, which releases the GIL while libjpeg works. NumPy, not
+    """Notebook 05, section 1: decode a JPEG with Pillow, which releases the GIL while libjpeg works. NumPy, not
     torch: it runs in processes forked by a plain pool, where torch's thread pool can deadlock."""
     with Image.open(io.BytesIO(payload)) as img:
         return np.asarray(img.convert("RGB"))
 
 
 def decode_ppm(payload: bytes) -> np.ndarray:
-    """Notebook 04, section 7: parse an ASCII PPM in Python. Every step is Python bytecode, so the GIL is held throughout."""
+    """Notebook 05, section 1: parse an ASCII PPM in Python. Every step is Python bytecode, so the GIL is held throughout."""
     magic, width, height, _maxval, body = payload.split(maxsplit=4)
     if magic != b"P3":
         raise ValueError("not an ASCII PPM (P3) payload")
@@ -148,7 +148,7 @@ def _discard(fn: Callable[[Any], Any], item: Any) -> None:
 
 
 def parallel_speedups(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 2) -> dict[str, float]:
-    """Notebook 04, section 7: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes:
+    """Notebook 05, section 1: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes:
     ``{"threads": x, "processes": y}``, serial time / parallel time. The pools start before the clock does, as a
     DataLoader's workers do before an epoch's steady state; processes are forked where the platform can."""
     fn = functools.partial(_discard, fn)
@@ -194,7 +194,7 @@ class _CopyOnReadProbe(Dataset):
 
 
 def private_memory_growth(items: Any) -> float:
-    """Notebook 04, section 10: MB a forked DataLoader worker copies from the parent just by iterating over ``items`` (Linux)."""
+    """Notebook 05, section 4: MB a forked DataLoader worker copies from the parent just by iterating over ``items`` (Linux)."""
     if not os.path.exists("/proc/self/smaps_rollup") or "fork" not in mp.get_all_start_methods():
         raise RuntimeError("measuring copy-on-read needs Linux (fork and /proc/self/smaps_rollup)")
     loader = DataLoader(_CopyOnReadProbe(items), batch_size=None, num_workers=1, multiprocessing_context="fork")
@@ -220,7 +220,7 @@ def _open_files_child(strategy: str, limit: int, answer: Any) -> None:
 
 
 def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout: float = 120) -> str:
-    """Notebook 04, section 10: run a loader in a forked child process whose open-file limit is ``limit``; return what
+    """Notebook 05, section 4: run a loader in a forked child process whose open-file limit is ``limit``; return what
     happened. The notebook's kernel keeps its own limit. ``strategy``: torch's ``"file_descriptor"`` (Linux default) or
     ``"file_system"``."""
     if sys.platform == "win32":
@@ -247,7 +247,7 @@ def cpu_count() -> int:
 
 
 def limits() -> dict[str, Any]:
-    """Notebook 04, section 10: the operating-system limits that decide how many workers and how large batches can be."""
+    """Notebook 05, section 4: the operating-system limits that decide how many workers and how large batches can be."""
     try:
         import resource
 
@@ -261,7 +261,7 @@ def limits() -> dict[str, Any]:
 
 
 def shm_needed_mb(batch_mb: float, num_workers: int, prefetch_factor: int = 2) -> float:
-    """Notebook 04, section 10: shared memory the batches in flight need: each worker holds up to ``prefetch_factor`` batches."""
+    """Notebook 05, section 4: shared memory the batches in flight need: each worker holds up to ``prefetch_factor`` batches."""
     return batch_mb * num_workers * prefetch_factor
 
 

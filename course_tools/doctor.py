@@ -30,7 +30,7 @@ from . import versions
 OK, WARN, FAIL = "ok", "warn", "fail"
 MARKS = {OK: "[ ok ]", WARN: "[warn]", FAIL: "[FAIL]"}
 
-#: The course's planned DataLoader workers per process (notebooks 04-08 use 2).
+#: The course's planned DataLoader workers per process (notebooks 04-09 use 2).
 COURSE_WORKERS = 2
 #: The largest batch the course moves between processes: 64 images of 3×128×128 float32 (the
 #: 'medium' and 'workshop' sets), in MB. Each worker keeps ``PREFETCH`` of them in /dev/shm.
@@ -161,7 +161,7 @@ def check_shm(total_mb: float | None, free_mb: float | None, needed_mb: float) -
     if free_mb < needed_mb:
         return Result(name, FAIL, f"{free_mb:,.0f} MB free, the course's batches in flight need {needed_mb:,.0f} MB: workers die with \"Bus error\"", fix)
     if total_mb < SHM_COMFORT_MB:
-        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\" (notebook 09's high-rate sections need about 200 MB)", fix)
+        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\" (notebook 10's high-rate sections need about 200 MB)", fix)
     return Result(name, OK, f"{free_mb:,.0f} MB free of {total_mb:,.0f} MB")
 
 
@@ -196,7 +196,7 @@ def check_start_method(method: str | None) -> Result:
         name, WARN,
         f"{method}: workers import what they run by name, so a Dataset, collate_fn or lambda defined in a "
         "notebook cell fails in workers (\"Can't get attribute\", shown as \"DataLoader worker exited unexpectedly\")",
-        "define such classes and functions in a .py module and import them (course_lib's already are); notebook 04, section 9",
+        "define such classes and functions in a .py module and import them (course_lib's already are); notebook 05, section 3",
     )
 
 

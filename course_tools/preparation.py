@@ -21,8 +21,8 @@ from typing import Callable
 from course_lib import data
 from course_lib.shards import shard_folder
 
-#: Shards of notebook 08, per split: ``maxcount`` (samples per shard), as the notebook writes them.
-NB08_SHARDS: dict[str, int] = {"train": 100, "val": 25}
+#: Shards of notebook 09, per split: ``maxcount`` (samples per shard), as the notebook writes them.
+NB09_SHARDS: dict[str, int] = {"train": 100, "val": 25}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _shards_run(o: Options) -> str:
     from course_lib import shards
 
     parts = []
-    for split, maxcount in NB08_SHARDS.items():
+    for split, maxcount in NB09_SHARDS.items():
         made = shards.write_image_shards(
             shard_folder(split, o.size, o.seed, o.root), split=split, size=o.size, seed=o.seed, root=o.root,
             maxcount=maxcount, force=o.force,
@@ -81,7 +81,7 @@ def _shards_ready(o: Options) -> bool:
     from course_lib import shards
 
     try:
-        for split in NB08_SHARDS:
+        for split in NB09_SHARDS:
             shards.read_shardset(shard_folder(split, o.size, o.seed, o.root))
     except shards.ShardError:
         return False
@@ -92,8 +92,8 @@ def _shards_ready(o: Options) -> bool:
 STEPS: dict[str, Step] = {
     s.name: s
     for s in (
-        Step("images", "01-08", "the shapes images (JPEG files, ImageFolder layout)", _images_run, _images_ready),
-        Step("shards", "08", "the shapes images as WebDataset tar shards", _shards_run, _shards_ready),
+        Step("images", "01-09", "the shapes images (JPEG files, ImageFolder layout)", _images_run, _images_ready),
+        Step("shards", "09", "the shapes images as WebDataset tar shards", _shards_run, _shards_ready),
     )
 }
 #: What ``prepare`` makes without ``--all``: the image set alone.

@@ -1,7 +1,7 @@
 """The commands each rank runs: ``python -m course_lib.train``, ``.shard_reader``, ``.capstone`` and ``.resume``.
 
-torchrun or srun starts one per rank (notebooks 06, 08 and 10 through :mod:`course_tools.launch`, the ``hpc/`` scripts,
-notebook 10's Slurm script). What the notebooks teach and show lives in those lesson modules: the loaders, the
+torchrun or srun starts one per rank (notebooks 07, 09 and 11 through :mod:`course_tools.launch`, the ``hpc/`` scripts,
+notebook 11's Slurm script). What the notebooks teach and show lives in those lesson modules: the loaders, the
 pipeline, the model, joining and leaving the job (:mod:`course_lib.distributed`), the reports. Here are their
 command lines and the loop that puts the pieces together on one rank; each module's ``__main__`` calls its
 ``*_main`` below, so the commands are unchanged.
@@ -81,7 +81,7 @@ def _train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device) -> dict:
-    """One rank's training (notebook 06, section 5): its loader, DDP, ``set_epoch``, a report."""
+    """One rank's training (notebook 07, section 5): its loader, DDP, ``set_epoch``, a report."""
     loader, n = train.build_loader(args, env, pin_memory=device.type == "cuda")
     model, ddp, opt = train.ddp_model(device, args.seed, args.lr)
     report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
@@ -155,7 +155,7 @@ def _reader_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _read_rank(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
-    """One rank's reading (notebook 08, section 7): which keys and shards each worker read, an ``all_reduce`` per batch."""
+    """One rank's reading (notebook 09, section 7): which keys and shards each worker read, an ``all_reduce`` per batch."""
     loader = shard_reader.build_loader(args)
     keys: list[str] = []
     by_worker: dict[str, list[str]] = {}
@@ -264,7 +264,7 @@ def _capstone_train(args: argparse.Namespace) -> dict:
 
 def _capstone_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
                    epoch_batches: int) -> dict:
-    """One rank's training (notebook 10, section 4): the instrumented shard pipeline, DDP, a report with each stall."""
+    """One rank's training (notebook 11, section 4): the instrumented shard pipeline, DDP, a report with each stall."""
     model, ddp, opt = train.ddp_model(device, args.seed, args.lr)
     report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
                     "workers": args.workers, "prefetch_factor": args.prefetch_factor,

@@ -1,6 +1,6 @@
-"""The Slurm batch script of the capstone (notebook 10): the tuned settings as a job for a cluster.
+"""The Slurm batch script of the capstone (notebook 11): the tuned settings as a job for a cluster.
 
-:func:`write_slurm_script` renders the settings a learner tuned in notebook 10 into a script in
+:func:`write_slurm_script` renders the settings a learner tuned in notebook 11 into a script in
 the style of ``hpc/train_1node.sbatch``: one task per node runs ``torchrun``, which starts that
 node's ranks of ``python -m course_lib.capstone train``; ``--cpus-per-task`` is derived from the
 number of DataLoader workers (:func:`course_lib.capstone.cpus_per_task`), never the other way round.
@@ -75,9 +75,9 @@ def render_slurm_script(
     # the comments of the #SBATCH lines start in one column, whatever the numbers' widths
     gres_line, cpus_line = f"#SBATCH --gres=gpu:{gpus_per_node}".ljust(37), f"#SBATCH --cpus-per-task={cpus}".ljust(37)
     return f"""#!/bin/bash
-# Written by course_tools.slurm.write_slurm_script (notebook 10) from the settings tuned there.
+# Written by course_tools.slurm.write_slurm_script (notebook 11) from the settings tuned there.
 # {nodes} node(s) x {gpus_per_node} GPUs = {world} ranks; {num_workers} DataLoader workers per rank, prefetch_factor {prefetch_factor}.
-# Submit from the course folder:   sbatch path/to/this/file   (notebook 10 prints where it wrote it)
+# Submit from the course folder:   sbatch path/to/this/file   (notebook 11 prints where it wrote it)
 #
 # ---- CHANGE THESE TWO LINES for your cluster (`sacctmgr show assoc user=$USER`, `sinfo -s`).
 #SBATCH --account=CHANGE_ME
@@ -92,7 +92,7 @@ def render_slurm_script(
 #SBATCH --hint=nomultithread         # count physical cores, not hyper-threads
 #SBATCH --time={time_limit}              # each run of the job gets this much; a requeued job gets it again
 #SBATCH --output=%x-%j.out
-#SBATCH --open-mode=append           # a requeued job keeps its id, so its log: append to it (notebook 11)
+#SBATCH --open-mode=append           # a requeued job keeps its id, so its log: append to it (notebook 12)
 #SBATCH --signal=B:USR1@120          # USR1 to this script about 120 s before the time limit: see the trap below
 #SBATCH --requeue                    # the job may go back to the queue, and then resumes (--ckpt below)
 
@@ -102,7 +102,7 @@ set -euo pipefail
 # ---- settings (each can be overridden at submission: SHARDS=/other/path sbatch ...)
 SHARDS="${{SHARDS:-{shards}}}"   # written once on a login node: python -m course_lib.capstone shards --out DIR
 GPUS_PER_NODE="${{GPUS_PER_NODE:-{gpus_per_node}}}"     # ranks per node; keep it equal to --gres above
-WORKERS={num_workers}                           # tuned in notebook 10 for its simulated workload (9 ms decode per sample,
+WORKERS={num_workers}                           # tuned in notebook 11 for its simulated workload (9 ms decode per sample,
 #                                   100 ms step); real images and a real GPU step differ: compare the stall in the
 #                                   rank reports with the notebook's, and re-tune (more workers, up to the cores) if it is higher
 PREFETCH_FACTOR={prefetch_factor}
@@ -152,7 +152,7 @@ else
 fi
 
 # ---- the time-limit notice (USR1), or a TERM: stop the training and requeue the job. A shard
-# stream has no mid-epoch state (notebook 11), so the run resumes from its last finished epoch.
+# stream has no mid-epoch state (notebook 12), so the run resumes from its last finished epoch.
 finished() {{  # every rank wrote its final report
     local rank
     for (( rank = 0; rank < RANKS; rank++ )); do [[ -f "$RUN_DIR/rank$rank.json" ]] || return 1; done

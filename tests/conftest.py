@@ -12,13 +12,13 @@ from course_lib import data
 
 # Two test processes share two cores (pytest -n 2), beside the notebooks' kernels, torchrun's ranks and
 # DataLoader workers: with one OpenMP thread each (inherited by all of them), torch's thread pools do not
-# oversubscribe the cores, where spinning threads made notebook 05's training cell take four times as long.
+# oversubscribe the cores, where spinning threads made notebook 06's training cell take four times as long.
 # A learner's Jupyter keeps torch's default; the notebooks' measurements are ratios either way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 09 in
+    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 10 in
     one scope, one after the other. mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free
     number and then creating it, so two kernels that build a StreamingDataset at the same moment can pick the same
     name, and the slower one fails with FileExistsError."""

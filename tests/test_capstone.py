@@ -129,7 +129,7 @@ def test_cli_check(shard_set, capsys) -> None:
 
 
 # ---------------------------------------------------------- under torchrun (the 2-rank training itself runs in notebook
-# 10, where nbval compares every line, and in the Slurm stage)
+# 11, where nbval compares every line, and in the Slurm stage)
 
 
 def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> None:

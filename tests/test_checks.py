@@ -1,4 +1,4 @@
-"""course_lib.checks: the machinery, and notebooks 07-08 (01-06 have a test file each, as 09 and 10 do)."""
+"""course_lib.checks: the machinery, and notebooks 08-09 (01-07 have a test file each, as 10, 11 and 12 do)."""
 
 from __future__ import annotations
 
@@ -50,16 +50,16 @@ def test_outcomes_of_the_machinery() -> None:
     assert demo.evaluate(lambda: 1).passed
 
 
-# --------------------------------------------------------------------------- notebook 07
+# --------------------------------------------------------------------------- notebook 08
 
 from torch.utils.data import IterableDataset  # noqa: E402
 
 from course_lib import iterable  # noqa: E402
-from course_lib.checks import nb07  # noqa: E402
+from course_lib.checks import nb08  # noqa: E402
 
 
 class _Stream07(IterableDataset):
-    """Exercise 07.1's answers, right and wrong; ``share(n, info)`` is what ``__iter__`` yields."""
+    """Exercise 08.1's answers, right and wrong; ``share(n, info)`` is what ``__iter__`` yields."""
 
     share = staticmethod(lambda n, info: range(n) if info is None else range(info.id, n, info.num_workers))
 
@@ -81,23 +81,23 @@ def _stub_stream(n, info):
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_07_sharded_stream() -> None:
-    assert status(nb07.sharded_stream, _Stream07)[0] is Status.SOLVED
+    assert status(nb08.sharded_stream, _Stream07)[0] is Status.SOLVED
     blocks = _stream(lambda n, info: range(n) if info is None else iterable.contiguous_share(n, info.id, info.num_workers))
-    assert status(nb07.sharded_stream, blocks)[0] is Status.SOLVED
-    assert status(nb07.sharded_stream, ...)[0] is Status.NOT_ATTEMPTED
-    assert status(nb07.sharded_stream, _stream(_stub_stream))[0] is Status.NOT_ATTEMPTED
-    assert "every worker yielded all" in status(nb07.sharded_stream, _stream(lambda n, info: range(n)))[1]
+    assert status(nb08.sharded_stream, blocks)[0] is Status.SOLVED
+    assert status(nb08.sharded_stream, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(nb08.sharded_stream, _stream(_stub_stream))[0] is Status.NOT_ATTEMPTED
+    assert "every worker yielded all" in status(nb08.sharded_stream, _stream(lambda n, info: range(n)))[1]
     no_none = _stream(lambda n, info: range(info.id, n, info.num_workers))
-    assert "returns None" in status(nb07.sharded_stream, no_none)[1]
+    assert "returns None" in status(nb08.sharded_stream, no_none)[1]
     floor_blocks = _stream(lambda n, info: range(n) if info is None else range(info.id * (n // info.num_workers), (info.id + 1) * (n // info.num_workers)))
-    assert "never arrived" in status(nb07.sharded_stream, floor_blocks)[1]
+    assert "never arrived" in status(nb08.sharded_stream, floor_blocks)[1]
     overlap = _stream(lambda n, info: range(n) if info is None else range(info.id, n))
-    assert "more than once" in status(nb07.sharded_stream, overlap)[1]
+    assert "more than once" in status(nb08.sharded_stream, overlap)[1]
     pairs = _stream(lambda n, info: [(i, 0) for i in range(n)])
-    assert "ints 0..n-1" in status(nb07.sharded_stream, pairs)[1]
-    assert "class itself" in status(nb07.sharded_stream, _Stream07(3))[1]
+    assert "ints 0..n-1" in status(nb08.sharded_stream, pairs)[1]
+    assert "class itself" in status(nb08.sharded_stream, _Stream07(3))[1]
     outside = _stream(lambda n, info: range(1, n + 1))
-    assert "outside" in status(nb07.sharded_stream, outside)[1]
+    assert "outside" in status(nb08.sharded_stream, outside)[1]
 
 
 def _batches07(n, batch_size, num_workers, drop_last):
@@ -107,7 +107,7 @@ def _batches07(n, batch_size, num_workers, drop_last):
 def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w: [s.seed, s.epoch, s.rank, w],
                   share=lambda s, w, workers: s.rank * workers + w, total=lambda s, workers: s.world_size * workers,
                   global_noise=False, shuffle=True, set_epoch=True, stub=False):
-    """Exercise 07.2's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    """Exercise 08.2's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
     class RankedStream(IterableDataset):
         def __init__(self, n, rank, world_size, seed=0):
             self.n, self.rank, self.world_size, self.seed, self.epoch = n, rank, world_size, seed, 0
@@ -128,7 +128,7 @@ def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w:
 
 
 def test_07_ranked_stream() -> None:
-    check = nb07.ranked_stream
+    check = nb08.ranked_stream
     assert status(check, ranked_stream())[0] is Status.SOLVED
     assert status(check, ranked_stream(share=lambda s, w, workers: w * s.world_size + s.rank))[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
@@ -144,40 +144,40 @@ def test_07_ranked_stream() -> None:
 
 
 def test_07_batches_per_epoch() -> None:
-    assert status(nb07.batches_per_epoch, _batches07)[0] is Status.SOLVED
-    assert status(nb07.batches_per_epoch, ...)[0] is Status.NOT_ATTEMPTED
-    assert "len(loader)" in status(nb07.batches_per_epoch, lambda n, b, w, d: n // b if d else math.ceil(n / b))[1]
+    assert status(nb08.batches_per_epoch, _batches07)[0] is Status.SOLVED
+    assert status(nb08.batches_per_epoch, ...)[0] is Status.NOT_ATTEMPTED
+    assert "len(loader)" in status(nb08.batches_per_epoch, lambda n, b, w, d: n // b if d else math.ceil(n / b))[1]
     per_worker = lambda n, b, w, d: sum((s // b if d else math.ceil(s / b)) for s in [n // w + (i < n % w) for i in range(w)])  # noqa: E731
-    assert "num_workers=0" in status(nb07.batches_per_epoch, per_worker)[1]
+    assert "num_workers=0" in status(nb08.batches_per_epoch, per_worker)[1]
     def ceil_shares(n, b, w, d):
         k = max(w, 1)
         per = math.ceil(n / k)
         return k * (per // b if d else math.ceil(per / b))
-    assert "not every share" in status(nb07.batches_per_epoch, ceil_shares)[1]
-    assert "drops its own short" in status(nb07.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, False))[1]
-    assert "whole number" in status(nb07.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + 0.5)[1]
-    assert "whole number" in status(nb07.batches_per_epoch, lambda n, b, w, d: "3")[1]
-    assert "the loader yields" in status(nb07.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + (n == 100))[1]
+    assert "not every share" in status(nb08.batches_per_epoch, ceil_shares)[1]
+    assert "drops its own short" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, False))[1]
+    assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + 0.5)[1]
+    assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: "3")[1]
+    assert "the loader yields" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + (n == 100))[1]
 
 
 def test_07_eviction_policy() -> None:
     from course_lib.growing import evict_oldest
 
-    assert status(nb07.eviction_policy, evict_oldest)[0] is Status.SOLVED
-    assert status(nb07.eviction_policy, ...)[0] is Status.NOT_ATTEMPTED
-    assert "newest" in status(nb07.eviction_policy, lambda e, b: evict_oldest(e[::-1], b))[1]
+    assert status(nb08.eviction_policy, evict_oldest)[0] is Status.SOLVED
+    assert status(nb08.eviction_policy, ...)[0] is Status.NOT_ATTEMPTED
+    assert "newest" in status(nb08.eviction_policy, lambda e, b: evict_oldest(e[::-1], b))[1]
     by_count = lambda e, b: [name for name, _ in e[: max(0, len(e) - b // 100)]]  # noqa: E731
-    assert "add up bytes, not files" in status(nb07.eviction_policy, by_count)[1]
-    assert "delete nothing" not in status(nb07.eviction_policy, lambda e, b: [])[1]
-    assert "Keep deleting" in status(nb07.eviction_policy, lambda e, b: [])[1]
-    assert "only the names" in status(nb07.eviction_policy, lambda e, b: [x for x in e if x[0] in evict_oldest(e, b)])[1]
-    assert "returned None" in status(nb07.eviction_policy, lambda e, b: None)[1]
-    assert "not names" in status(nb07.eviction_policy, lambda e, b: ["x"] if e else [])[1]
-    assert "twice" in status(nb07.eviction_policy, lambda e, b: evict_oldest(e, b) * 2 if evict_oldest(e, b) else [])[1]
+    assert "add up bytes, not files" in status(nb08.eviction_policy, by_count)[1]
+    assert "delete nothing" not in status(nb08.eviction_policy, lambda e, b: [])[1]
+    assert "Keep deleting" in status(nb08.eviction_policy, lambda e, b: [])[1]
+    assert "only the names" in status(nb08.eviction_policy, lambda e, b: [x for x in e if x[0] in evict_oldest(e, b)])[1]
+    assert "returned None" in status(nb08.eviction_policy, lambda e, b: None)[1]
+    assert "not names" in status(nb08.eviction_policy, lambda e, b: ["x"] if e else [])[1]
+    assert "twice" in status(nb08.eviction_policy, lambda e, b: evict_oldest(e, b) * 2 if evict_oldest(e, b) else [])[1]
     everything = lambda e, b: [name for name, _ in e]  # noqa: E731
-    assert "is enough" in status(nb07.eviction_policy, everything)[1]
+    assert "is enough" in status(nb08.eviction_policy, everything)[1]
     biggest_first = lambda e, b: evict_oldest(sorted(e, key=lambda x: -x[1]), b)  # noqa: E731
-    assert "the oldest-first choice is" in status(nb07.eviction_policy, biggest_first)[1]
+    assert "the oldest-first choice is" in status(nb08.eviction_policy, biggest_first)[1]
 
 
 @pytest.mark.timeout(120)
@@ -186,25 +186,25 @@ def test_07_checks_leave_the_learners_random_state_alone() -> None:
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    nb07.batches_per_epoch.evaluate(_batches07)
-    nb07.sharded_stream.evaluate(_Stream07)
+    nb08.batches_per_epoch.evaluate(_batches07)
+    nb08.sharded_stream.evaluate(_Stream07)
     assert torch.equal(torch.rand(3), expected)
 
 
-# ----------------------------------------------------------------- notebook 08
+# ----------------------------------------------------------------- notebook 09
 
 import warnings  # noqa: E402
 
 import webdataset as wds  # noqa: E402
 
 from course_lib import shards as shards08  # noqa: E402
-from course_lib.checks import nb08  # noqa: E402
+from course_lib.checks import nb09  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def val08(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> shards08.ShardSet:
     """The tiny set's 20 validation images in 4 shards of 5."""
-    return shards08.write_image_shards(tmp_path_factory.mktemp("nb08") / "val", split="val", size="tiny",
+    return shards08.write_image_shards(tmp_path_factory.mktemp("nb09") / "val", split="val", size="tiny",
                                        root=tiny_root, maxcount=5)
 
 
@@ -231,23 +231,23 @@ def _loader08(urls, batch_size, *, workers=2, loader_batch=None, in_workers=True
 
 
 def _wrong08(val08, **kwargs) -> str:
-    result = nb08.make_loader.evaluate(lambda u, b: _loader08(u, b, **kwargs), val08)
+    result = nb09.make_loader.evaluate(lambda u, b: _loader08(u, b, **kwargs), val08)
     assert result.status is Status.WRONG, result
     return result.message
 
 
 @pytest.mark.timeout(120)  # the loaders start worker processes
 def test_08_make_loader(val08) -> None:
-    assert status(nb08.make_loader, _loader08, val08)[0] is Status.SOLVED
-    assert status(nb08.make_loader, ..., val08)[0] is Status.NOT_ATTEMPTED
-    assert status(nb08.make_loader, lambda u, b: ..., val08)[0] is Status.NOT_ATTEMPTED
+    assert status(nb09.make_loader, _loader08, val08)[0] is Status.SOLVED
+    assert status(nb09.make_loader, ..., val08)[0] is Status.NOT_ATTEMPTED
+    assert status(nb09.make_loader, lambda u, b: ..., val08)[0] is Status.NOT_ATTEMPTED
 
     def stub(urls, batch_size):
         raise NotImplementedError
 
-    assert status(nb08.make_loader, stub, val08)[0] is Status.NOT_ATTEMPTED
-    assert "return loader" in status(nb08.make_loader, lambda u, b: None, val08)[1]
-    assert "WebLoader" in status(nb08.make_loader, lambda u, b: wds.WebDataset(u, shardshuffle=False), val08)[1]
+    assert status(nb09.make_loader, stub, val08)[0] is Status.NOT_ATTEMPTED
+    assert "return loader" in status(nb09.make_loader, lambda u, b: None, val08)[1]
+    assert "WebLoader" in status(nb09.make_loader, lambda u, b: wds.WebDataset(u, shardshuffle=False), val08)[1]
     assert "num_workers=0" in _wrong08(val08, workers=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about 3 workers on 2 cores: the point of the hint
@@ -266,15 +266,15 @@ def test_08_make_loader(val08) -> None:
 
 
 def test_08_shards_needed() -> None:
-    assert status(nb08.shards_needed, lambda w, k: w * max(1, k))[0] is Status.SOLVED
-    assert status(nb08.shards_needed, ...)[0] is Status.NOT_ATTEMPTED
-    assert "main process reads" in status(nb08.shards_needed, lambda w, k: w * k)[1]
-    assert "split its shards again" in status(nb08.shards_needed, lambda w, k: w)[1]
-    assert "each of the" in status(nb08.shards_needed, lambda w, k: max(1, k))[1]
-    assert "multiply" in status(nb08.shards_needed, lambda w, k: w + k if k else w)[1]
-    assert "more than needed" in status(nb08.shards_needed, lambda w, k: 2 * w * max(1, k))[1]
-    assert "whole number" in status(nb08.shards_needed, lambda w, k: w * max(1, k) / 1)[1]
-    assert "webdataset needs" in status(nb08.shards_needed, lambda w, k: w * max(1, k) - (w == 8))[1]
+    assert status(nb09.shards_needed, lambda w, k: w * max(1, k))[0] is Status.SOLVED
+    assert status(nb09.shards_needed, ...)[0] is Status.NOT_ATTEMPTED
+    assert "main process reads" in status(nb09.shards_needed, lambda w, k: w * k)[1]
+    assert "split its shards again" in status(nb09.shards_needed, lambda w, k: w)[1]
+    assert "each of the" in status(nb09.shards_needed, lambda w, k: max(1, k))[1]
+    assert "multiply" in status(nb09.shards_needed, lambda w, k: w + k if k else w)[1]
+    assert "more than needed" in status(nb09.shards_needed, lambda w, k: 2 * w * max(1, k))[1]
+    assert "whole number" in status(nb09.shards_needed, lambda w, k: w * max(1, k) / 1)[1]
+    assert "webdataset needs" in status(nb09.shards_needed, lambda w, k: w * max(1, k) - (w == 8))[1]
 
 
 def _epoch08(n, b, w, on):
@@ -282,13 +282,13 @@ def _epoch08(n, b, w, on):
 
 
 def test_08_with_epoch_value() -> None:
-    assert status(nb08.with_epoch_value, _epoch08)[0] is Status.SOLVED
-    assert status(nb08.with_epoch_value, ...)[0] is Status.NOT_ATTEMPTED
-    assert "not samples" in status(nb08.with_epoch_value, lambda n, b, w, on: _epoch08(n, b, w, on) * b)[1]
-    assert "counts per worker" in status(nb08.with_epoch_value, lambda n, b, w, on: n)[1]
-    assert "per worker is per rank" in status(nb08.with_epoch_value, lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n))[1]
-    assert "whole rank's epoch" in status(nb08.with_epoch_value, lambda n, b, w, on: n // max(1, w))[1]
-    assert "whole number" in status(nb08.with_epoch_value, lambda n, b, w, on: n / max(1, w) if on == "dataset" else n)[1]
+    assert status(nb09.with_epoch_value, _epoch08)[0] is Status.SOLVED
+    assert status(nb09.with_epoch_value, ...)[0] is Status.NOT_ATTEMPTED
+    assert "not samples" in status(nb09.with_epoch_value, lambda n, b, w, on: _epoch08(n, b, w, on) * b)[1]
+    assert "counts per worker" in status(nb09.with_epoch_value, lambda n, b, w, on: n)[1]
+    assert "per worker is per rank" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n))[1]
+    assert "whole rank's epoch" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w))[1]
+    assert "whole number" in status(nb09.with_epoch_value, lambda n, b, w, on: n / max(1, w) if on == "dataset" else n)[1]
 
 
 class _FailsAtZero(torch.utils.data.Dataset):
@@ -302,7 +302,7 @@ class _FailsAtZero(torch.utils.data.Dataset):
 
 
 def rank_loader(node=True, worker=True, epoch_on="loader"):
-    """Exercise 08.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    """Exercise 09.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
     def fn(urls, batch_size, steps):
         options = dict(shardshuffle=100, seed=0, workersplitter=wds.split_by_worker if worker else None)
         if node:
@@ -317,7 +317,7 @@ def rank_loader(node=True, worker=True, epoch_on="loader"):
 
 
 def test_08_rank_loader() -> None:
-    check = nb08.rank_loader
+    check = nb09.rank_loader
 
     def stub(urls, batch_size, steps):
         raise NotImplementedError
@@ -344,7 +344,7 @@ def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
 
 
 class _Persistent07(torch.utils.data.IterableDataset):
-    """Exercise 07.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+    """Exercise 08.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
 
     def __init__(self, n, seed, shared=True, split=True, rng="seeded", with_epoch=True):
         self.n, self.seed, self.shared, self.split, self.rng, self.with_epoch = n, seed, shared, split, rng, with_epoch
@@ -373,11 +373,11 @@ def test_persistent_stream() -> None:
     def stub(n, seed):
         raise NotImplementedError
 
-    assert status(nb07.persistent_stream, _persistent())[0] is Status.SOLVED
-    assert status(nb07.persistent_stream, ...)[0] is Status.NOT_ATTEMPTED
-    assert status(nb07.persistent_stream, stub)[0] is Status.NOT_ATTEMPTED
+    assert status(nb08.persistent_stream, _persistent())[0] is Status.SOLVED
+    assert status(nb08.persistent_stream, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(nb08.persistent_stream, stub)[0] is Status.NOT_ATTEMPTED
     wrong = {"share_memory_": dict(shared=False), "arrived more than once": dict(split=False),
              "global random state": dict(rng="global"), "seed the permutation with the epoch": dict(with_epoch=False)}
     for words, kw in wrong.items():
-        outcome, message = status(nb07.persistent_stream, _persistent(**kw))
+        outcome, message = status(nb08.persistent_stream, _persistent(**kw))
         assert outcome is Status.WRONG and words in message, (words, message)

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import textwrap
-from pathlib import Path
-
-import pytest
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -162,84 +157,3 @@ def test_02_augment_pair() -> None:
     assert "not the class ids 0-3" in status(check, mask_to_float)[1]
     assert "should be random" in status(check, not_random)[1]
     assert "float32 in [0, 1]" in status(check, unscaled)[1]
-
-
-# ----------------------------------------------------------------- 02.5: a transform class in a module, spawn workers
-
-GOOD = '''
-import torch
-
-
-class GaussianNoise:
-    def __init__(self, std=0.1):
-        if std < 0:
-            raise ValueError(f"std must be >= 0, got {std}")
-        self.std = std
-
-    def __call__(self, image):
-        if not isinstance(image, torch.Tensor):
-            raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)")
-        return (image + torch.randn_like(image) * self.std).clamp(0, 1)
-
-    def __repr__(self):
-        return f"GaussianNoise(std={self.std})"
-'''
-
-WRONG = {
-    "no_clamp": (GOOD.replace(").clamp(0, 1)", ")"), "with std=1 values left [0, 1]"),
-    "numpy": (GOOD.replace("torch.randn_like(image)", "torch.from_numpy(__import__('numpy').random.standard_normal("
-                           "tuple(image.shape))).float()"), "with the same torch.manual_seed the noise differs"),
-    "generator_in_init": (GOOD.replace("self.std = std", "self.std = std\n        self.g = torch.Generator().manual_seed(0)")
-                          .replace("torch.randn_like(image)", "torch.randn(image.shape, generator=self.g)"),
-                          "with the same torch.manual_seed the noise differs"),
-    "in_place": (GOOD.replace("return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
-                              "return image.add_(torch.randn_like(image) * self.std).clamp_(0, 1)"), "changed its input in place"),
-    "variance": (GOOD.replace("* self.std)", "* self.std ** 2)"), "standard deviation of 0.010"),
-    "no_repr": (GOOD.split("    def __repr__")[0], "give it a __repr__"),
-    "no_validation": (GOOD.replace("            raise ValueError", "            pass  #"), "should raise ValueError"),
-    "no_type_error": (GOOD.replace("raise TypeError(", "print("), "should raise TypeError saying what to do"),
-    "noise_drawn_once": (GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
-        "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
-        "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
-        "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
-    "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
-}
-
-
-def write_module(folder: Path, name: str, source: str) -> Path:
-    path = folder / f"{name}.py"
-    path.write_text(textwrap.dedent(source))
-    return path
-
-
-@pytest.fixture
-def module_folder(tmp_path: Path):
-    yield tmp_path
-    for name in ["good_noise", "edited_noise", *(f"noise_{k}" for k in WRONG)]:
-        sys.modules.pop(name, None)
-    if str(tmp_path) in sys.path:
-        sys.path.remove(str(tmp_path))
-
-
-def test_02_noise_module(module_folder: Path) -> None:
-    check = nb02.noise_module
-    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
-    assert "run the %%writefile cell first" in status(check, module_folder / "missing.py")[1]
-    assert status(check, write_module(module_folder, "good_noise", GOOD))[0] is Status.SOLVED
-    for name, (source, hint) in WRONG.items():
-        message = status(check, write_module(module_folder, f"noise_{name}", source))[1]
-        assert hint in message, (name, message)
-
-
-def test_02_noise_module_sees_edits_and_spawned_copies(module_folder: Path) -> None:
-    """A module edited after its first import is checked as edited; a generator made in __init__ and drawn the
-    same in both spawn workers is caught there, where it matters."""
-    path = write_module(module_folder, "edited_noise", WRONG["no_clamp"][0])
-    assert "values left [0, 1]" in status(nb02.noise_module, path)[1]
-    write_module(module_folder, "edited_noise", GOOD)
-    assert status(nb02.noise_module, path)[0] is Status.SOLVED
-    same_in_workers = GOOD.replace("self.std = std", "self.std = std\n        self.calls = 0").replace(
-        "torch.randn_like(image)", "(torch.randn_like(image) if self.calls < 4 else torch.zeros_like(image) + 0.1)"
-    ).replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
-    write_module(module_folder, "edited_noise", same_in_workers)
-    assert "both spawn workers drew the same noise" in status(nb02.noise_module, path)[1]

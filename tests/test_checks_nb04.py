@@ -6,9 +6,8 @@ import math
 import time
 
 import numpy as np
-import pytest
 from torch.profiler import ProfilerActivity, profile, record_function
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from course_lib.checks import Status, nb04
 from course_lib.instrument import BatchRecord, EpochRecord
@@ -247,39 +246,3 @@ def test_04_my_sweep() -> None:
 
     assert "return a dict" in status(check, as_list)[1]
     assert "about 75 % of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (1 - stall, len(loader.dataset) / seconds)))[1]
-
-
-def _reseed(worker_id: int) -> None:
-    info = get_worker_info()
-    info.dataset.rng = np.random.default_rng(info.seed)
-
-
-def _by_worker_id(worker_id: int) -> None:
-    get_worker_info().dataset.rng = np.random.default_rng(worker_id)
-
-
-def _fresh_entropy(worker_id: int) -> None:
-    get_worker_info().dataset.rng = np.random.default_rng()
-
-
-def _stub(worker_id: int) -> None:
-    raise NotImplementedError
-
-
-def _crashes(worker_id: int) -> None:
-    1 / 0
-
-
-@pytest.mark.timeout(120)
-def test_04_seed_workers() -> None:
-    assert status(nb04.seed_workers, _reseed)[0] is Status.SOLVED
-    assert "same shifts" in status(nb04.seed_workers, lambda worker_id: None)[1]
-    assert "fresh entropy" in status(nb04.seed_workers, _fresh_entropy)[1]
-    assert "worker id" in status(nb04.seed_workers, _by_worker_id)[1]
-    stub = status(nb04.seed_workers, _stub)
-    assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
-    assert "function itself" in status(nb04.seed_workers, 3)[1]
-    crashed = status(nb04.seed_workers, _crashes)[1]
-    assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"
-
-

@@ -2,387 +2,166 @@
 
 from __future__ import annotations
 
-import math
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Sampler, SubsetRandomSampler, WeightedRandomSampler
+import pytest
+from torch.utils.data import get_worker_info
 
 from course_lib.checks import Status, nb05
-from course_lib.samplers import imbalanced_subset
 from exercise_status import status
 
-
-IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]
-
-
-def test_05_balanced_weights() -> None:
-    counts = np.bincount(IMBALANCED)
-    assert status(nb05.balanced_weights, 1.0 / counts[IMBALANCED], IMBALANCED)[0] is Status.SOLVED
-    assert status(nb05.balanced_weights, torch.tensor(1.0 / counts[IMBALANCED]).float(), IMBALANCED)[0] is Status.SOLVED
-    assert status(nb05.balanced_weights, list(3.0 / counts[IMBALANCED]), IMBALANCED)[0] is Status.SOLVED  # scale is free
-    assert status(nb05.balanced_weights, ..., IMBALANCED)[0] is Status.NOT_ATTEMPTED
-    per_class = status(nb05.balanced_weights, 1.0 / counts, IMBALANCED)
-    assert per_class[0] is Status.WRONG and "one per *class*" in per_class[1] and "only indices 0..9" in per_class[1]
-    assert "same weight" in status(nb05.balanced_weights, np.ones(len(IMBALANCED)), IMBALANCED)[1]
-    assert "1 / count, not count" in status(nb05.balanced_weights, counts[IMBALANCED].astype(float), IMBALANCED)[1]
-    assert "one weight per sample of the imbalanced set: 291 numbers, got 800" in status(nb05.balanced_weights, np.ones(800), IMBALANCED)[1]
-    with np.errstate(divide="ignore"):
-        infinite = 1.0 / (counts[IMBALANCED] - counts[0])  # class 0 divides by zero
-    assert "inf or nan" in status(nb05.balanced_weights, infinite, IMBALANCED)[1]
-    assert "not enough to make up" in status(nb05.balanced_weights, 1.0 / np.sqrt(counts[IMBALANCED]), IMBALANCED)[1]
-    odd = np.where(IMBALANCED % 2 == 0, 1.0, 3.0) / counts[IMBALANCED]  # odd classes three times too heavy
-    assert "1 / (number of samples of its class)" in status(nb05.balanced_weights, odd, IMBALANCED)[1]
-    assert "not all 0" in status(nb05.balanced_weights, np.zeros(len(IMBALANCED)), IMBALANCED)[1]
-    assert "1-D" in status(nb05.balanced_weights, np.ones((291, 2)), IMBALANCED)[1]
-    assert "list, array or tensor of numbers" in status(nb05.balanced_weights, "heavy", IMBALANCED)[1]
+# ----------------------------------------------------------------- 05.1: a generator per worker
 
 
-def _split(n, val_fraction, seed):
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n, generator=g).tolist()
-    n_val = round(n * val_fraction)
-    return SubsetRandomSampler(order[n_val:], generator=g), sorted(order[:n_val])
+def _reseed(worker_id: int) -> None:
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
 
 
-def test_05_train_val_samplers() -> None:
-    assert status(nb05.train_val_samplers, _split)[0] is Status.SOLVED
-    assert status(nb05.train_val_samplers, ...)[0] is Status.NOT_ATTEMPTED
+def _by_worker_id(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng(worker_id)
 
-    def stub(n, val_fraction, seed):
+
+def _fresh_entropy(worker_id: int) -> None:
+    get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def _stub(worker_id: int) -> None:
+    raise NotImplementedError
+
+
+def _crashes(worker_id: int) -> None:
+    1 / 0
+
+
+@pytest.mark.timeout(120)
+def test_05_seed_workers() -> None:
+    assert status(nb05.seed_workers, _reseed)[0] is Status.SOLVED
+    assert "same shifts" in status(nb05.seed_workers, lambda worker_id: None)[1]
+    assert "fresh entropy" in status(nb05.seed_workers, _fresh_entropy)[1]
+    assert "worker id" in status(nb05.seed_workers, _by_worker_id)[1]
+    stub = status(nb05.seed_workers, _stub)
+    assert stub[0] is Status.NOT_ATTEMPTED and "`_stub`" in stub[1]  # raised in a worker, still named
+    assert status(nb05.seed_workers, ...)[0] is Status.NOT_ATTEMPTED
+    assert "function itself" in status(nb05.seed_workers, 3)[1]
+    crashed = status(nb05.seed_workers, _crashes)[1]
+    assert crashed == "running your answer raised in a DataLoader worker: ZeroDivisionError: division by zero"
+
+
+# ----------------------------------------------------------------- 05.2: a module that spawn workers import
+
+GOOD = '''
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+
+class GaussianNoise:
+    def __init__(self, std=0.1):
+        if std < 0:
+            raise ValueError(f"std must be >= 0, got {std}")
+        self.std = std
+
+    def __call__(self, image):
+        if not isinstance(image, torch.Tensor):
+            raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)")
+        return (image + torch.randn_like(image) * self.std).clamp(0, 1)
+
+    def __repr__(self):
+        return f"GaussianNoise(std={self.std})"
+
+
+def seed_worker(worker_id):
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+'''
+
+STUB = '''
+import torch
+
+
+class GaussianNoise:
+    def __init__(self, std=0.1):
         raise NotImplementedError
 
-    assert status(nb05.train_val_samplers, stub)[0] is Status.NOT_ATTEMPTED
-
-    def tail_block(n, f, seed):
-        n_val = round(n * f)
-        return SubsetRandomSampler(range(n - n_val), generator=torch.Generator().manual_seed(seed)), list(range(n - n_val, n))
-
-    def overlapping(n, f, seed):
-        train, val = _split(n, f, seed)
-        return SubsetRandomSampler(list(train.indices[1:]) + [val[0]], generator=train.generator), val
-
-    def sequential_train(n, f, seed):
-        train, val = _split(n, f, seed)
-        return sorted(train.indices), val
-
-    def shuffled_val(n, f, seed):
-        train, val = _split(n, f, seed)
-        return train, SubsetRandomSampler(val, generator=torch.Generator().manual_seed(seed + 1))
-
-    def global_rng(n, f, seed):
-        train, val = _split(n, f, seed)
-        return SubsetRandomSampler(train.indices), val
-
-    def seeds_global(n, f, seed):
-        torch.manual_seed(seed)
-        order = torch.randperm(n).tolist()
-        n_val = round(n * f)
-        return SubsetRandomSampler(order[n_val:], generator=torch.default_generator), sorted(order[:n_val])
-
-    def reseeded_each_epoch(n, f, seed):
-        train, val = _split(n, f, seed)
-
-        class Reseeding:
-            def __len__(self):
-                return len(train)
-
-            def __iter__(self):
-                return iter(SubsetRandomSampler(train.indices, generator=torch.Generator().manual_seed(seed)))
-
-        return Reseeding(), val
-
-    def fixed_seed(n, f, seed):
-        return _split(n, f, 0)
-
-    def wrong_size(n, f, seed):
-        g = torch.Generator().manual_seed(seed)
-        order = torch.randperm(n, generator=g).tolist()
-        return SubsetRandomSampler(order[n // 4 :], generator=g), sorted(order[: n // 4])
-
-    assert "one block (80..99)" in status(nb05.train_val_samplers, tail_block)[1]
-    assert "in both parts" in status(nb05.train_val_samplers, overlapping)[1]
-    assert "increasing order: use SubsetRandomSampler" in status(nb05.train_val_samplers, sequential_train)[1]
-    assert "validation order changes" in status(nb05.train_val_samplers, shuffled_val)[1]
-    assert "global generator" in status(nb05.train_val_samplers, global_rng)[1]
-    assert "global generator" in status(nb05.train_val_samplers, seeds_global)[1]
-    assert "same in two epochs" in status(nb05.train_val_samplers, reseeded_each_epoch)[1]
-    assert "seeds 0 and 1 give the same split" in status(nb05.train_val_samplers, fixed_seed)[1]
-    assert "round(100 * 0.2) = 20 indices, got 25" in status(nb05.train_val_samplers, wrong_size)[1]
-    assert "two things" in status(nb05.train_val_samplers, lambda n, f, seed: _split(n, f, seed)[0])[1]
-    assert "len() and yield indices" in status(nb05.train_val_samplers, lambda n, f, seed: (_split(n, f, seed)[0], 5))[1]
-
-
-def test_05_checks_leave_the_learners_random_state_alone() -> None:
-    torch.manual_seed(7)
-    expected = torch.rand(3)
-    torch.manual_seed(7)
-    nb05.train_val_samplers.evaluate(_split)
-    nb05.bucket_sampler.evaluate(MyBucketSampler)
-    nb05.epoch_shuffle.evaluate(EpochShuffle)
-    nb05.balanced_weights.evaluate(np.ones(len(IMBALANCED)), IMBALANCED)
-    assert torch.equal(torch.rand(3), expected)
-
-
-# ----------------------------------------------------------------- 05.1: a first Sampler
-
-
-class EpochShuffle(Sampler):
-    """The notebook's solution."""
-
-    def __init__(self, n, seed=0):
-        self.n = n
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.n, generator=g).tolist()
-
-    def __len__(self):
-        return self.n
-
-
-class GeneratorInInit(EpochShuffle):
-    def __init__(self, n, seed=0):
-        super().__init__(n, seed)
-        self.g = torch.Generator().manual_seed(seed)
-
-    def __iter__(self):
-        yield from torch.randperm(self.n, generator=self.g).tolist()
-
-
-class GlobalRng(EpochShuffle):
-    def __iter__(self):
-        yield from torch.randperm(self.n).tolist()
-
-
-class IgnoresEpoch(EpochShuffle):
-    def __iter__(self):
-        yield from torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()
-
-
-class FixedLength(EpochShuffle):
-    def __len__(self):
-        return 10
-
-
-class Sequential(EpochShuffle):
-    def __iter__(self):
-        yield from range(self.n)
-
-
-class IgnoresSeed(EpochShuffle):
-    def __iter__(self):
-        yield from torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
-
-
-def test_05_epoch_shuffle() -> None:
-    check = nb05.epoch_shuffle
-    assert status(check, EpochShuffle)[0] is Status.SOLVED
-    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
-
-    class Stub(EpochShuffle):
-        def __iter__(self):
-            raise NotImplementedError
-
-    assert status(check, Stub)[0] is Status.NOT_ATTEMPTED
-    assert "depend on (seed, epoch) only" in status(check, GeneratorInInit)[1]
-    assert "depend on (seed, epoch) only" in status(check, GlobalRng)[1]
-    assert "set_epoch(1) gave the same order" in status(check, IgnoresEpoch)[1]
-    assert "use n, not a fixed number" in status(check, FixedLength)[1]
-    assert "the order is 0, 1, 2" in status(check, Sequential)[1]
-    assert "seeds 3 and 4 give the same order" in status(check, IgnoresSeed)[1]
-    assert "not an instance" in status(check, EpochShuffle(10))[1]
-
-
-# ----------------------------------------------------------------- 05.6: a bucketing batch sampler
-
-
-class MyBucketSampler(Sampler):
-    """The notebook's solution."""
-
-    def __init__(self, lengths, batch_size, bucket_size, generator):
-        self.lengths = torch.as_tensor(lengths)
-        self.batch_size = batch_size
-        self.bucket_size = bucket_size
-        self.generator = generator
-
-    def __iter__(self):
-        order = torch.randperm(len(self.lengths), generator=self.generator)
-        batches = []
-        for bucket in order.split(self.bucket_size):
-            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True)]
-            batches.extend(by_length.split(self.batch_size))
-        for k in torch.randperm(len(batches), generator=self.generator).tolist():
-            yield batches[k].tolist()
-
-    def __len__(self):
-        return math.ceil(len(self.lengths) / self.batch_size)
-
-
-class OnceInInit(MyBucketSampler):  # the batches computed once: every epoch the same (what 05.3 used to teach)
-    def __init__(self, lengths, batch_size, bucket_size, generator):
-        super().__init__(lengths, batch_size, bucket_size, generator)
-        self.fixed = list(super().__iter__())
-
-    def __iter__(self):
-        yield from self.fixed
-
-
-class FullSort(MyBucketSampler):
-    def __iter__(self):
-        by_length = torch.argsort(self.lengths, stable=True)
-        batches = list(by_length.split(self.batch_size))
-        for k in torch.randperm(len(batches), generator=self.generator).tolist():
-            yield batches[k].tolist()
-
-
-class NoSort(MyBucketSampler):
-    def __iter__(self):
-        order = torch.randperm(len(self.lengths), generator=self.generator)
-        for b in order.split(self.batch_size):
-            yield b.tolist()
-
-
-class BatchesInOrder(MyBucketSampler):
-    def __iter__(self):
-        order = torch.randperm(len(self.lengths), generator=self.generator)
-        by_length = order[torch.argsort(self.lengths[order], stable=True)]
-        yield from (b.tolist() for b in by_length.split(self.batch_size))
-
-
-class WrongLength(MyBucketSampler):
-    def __len__(self):
-        return len(self.lengths)
-
-
-class GlobalShuffle(MyBucketSampler):
-    def __iter__(self):
-        self.generator = None
-        yield from super().__iter__()
-
-
-def test_05_bucket_sampler() -> None:
-    check = nb05.bucket_sampler
-    assert status(check, MyBucketSampler)[0] is Status.SOLVED
-    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
-    assert "second epoch repeats the first" in status(check, OnceInInit)[1]
-    assert "sort only within each bucket" in status(check, FullSort)[1]
-    assert "sort each bucket by length" in status(check, NoSort)[1]
-    assert "run from short to long" in status(check, BatchesInOrder)[1]
-    assert "__len__ is the number of batches" in status(check, WrongLength)[1]
-    assert "draw every random choice from self.generator" in status(check, GlobalShuffle)[1]
-
-
-# ----------------------------------------------------------------- 05.5: a class first, then a sample of it
-
-
-class ClassThenSample(Sampler):
-    """The notebook's solution."""
-
-    def __init__(self, targets, num_samples, generator):
-        targets = torch.as_tensor(targets)
-        self.members = [torch.nonzero(targets == c).flatten() for c in targets.unique()]
-        self.num_samples = num_samples
-        self.generator = generator
-
-    def __iter__(self):
-        classes = torch.randint(len(self.members), (self.num_samples,), generator=self.generator)
-        for c in classes.tolist():
-            members = self.members[c]
-            yield int(members[torch.randint(len(members), (1,), generator=self.generator)])
-
-    def __len__(self):
-        return self.num_samples
-
-
-class UniformOverSamples(ClassThenSample):
-    def __iter__(self):
-        n = sum(len(m) for m in self.members)
-        yield from torch.randint(n, (self.num_samples,), generator=self.generator).tolist()
-
-
-class FirstMembers(ClassThenSample):
-    def __iter__(self):
-        classes = torch.randint(len(self.members), (self.num_samples,), generator=self.generator)
-        for c in classes.tolist():
-            yield int(self.members[c][torch.randint(5, (1,), generator=self.generator)])
-
-
-class FreshGenerator(ClassThenSample):
-    def __iter__(self):
-        self.generator = torch.Generator().manual_seed(0)
-        yield from super().__iter__()
-
-
-class GlobalDraws(ClassThenSample):
-    def __iter__(self):
-        self.generator = None
-        yield from super().__iter__()
-
-
-class YieldsLabels(ClassThenSample):
-    def __iter__(self):
-        yield from torch.randint(len(self.members), (self.num_samples,), generator=self.generator).tolist()
-
-
-def test_05_class_then_sample() -> None:
-    check = nb05.class_then_sample
-    assert status(check, ClassThenSample)[0] is Status.SOLVED
-    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
-    assert "pick the class first" in status(check, UniformOverSamples)[1]
-    assert "only 5 different ones" in status(check, FirstMembers)[1]
-    assert "second epoch repeats the first" in status(check, FreshGenerator)[1]
-    assert "not from torch's global generator" in status(check, GlobalDraws)[1]
-    assert "pick the class first" in status(check, YieldsLabels)[1]
-
-
-# ----------------------------------------------------------------- 05.4: softer balancing
-
-
-def balanced_sampler(targets, power, generator):
-    """The notebook's solution."""
-    targets = torch.as_tensor(targets)
-    weights = torch.bincount(targets).double()[targets] ** -power
-    return WeightedRandomSampler(weights, num_samples=len(targets), replacement=True, generator=generator)
-
-
-def test_05_balanced_sampler() -> None:
-    check = nb05.balanced_sampler
-    assert status(check, balanced_sampler)[0] is Status.SOLVED
-    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
-
-    def stub(targets, power, generator):
+    def __call__(self, image):
         raise NotImplementedError
 
-    def weighted(weights_of, replacement=True, size=None, generator_of=lambda g: g):
-        def fn(targets, power, generator):
-            targets = torch.as_tensor(targets)
-            weights = weights_of(torch.bincount(targets).double(), targets, power)
-            return WeightedRandomSampler(weights, num_samples=size or len(targets), replacement=replacement,
-                                         generator=generator_of(generator))
-        return fn
+    def __repr__(self):
+        raise NotImplementedError
 
-    class Reseeding:  # a new generator with the same seed every epoch: all epochs alike
-        def __init__(self, targets, power, generator):
-            self.args, self.seed = (targets, power), generator.initial_seed()
 
-        def __len__(self):
-            return len(self.args[0])
+def seed_worker(worker_id):
+    raise NotImplementedError
+'''
 
-        def __iter__(self):
-            return iter(balanced_sampler(*self.args, torch.Generator().manual_seed(self.seed)))
+SEED = "    info.dataset.rng = np.random.default_rng(info.seed)"
+WRONG = {
+    "no_clamp": (GOOD.replace(").clamp(0, 1)", ")"), "with std=1 values left [0, 1]"),
+    "numpy": (GOOD.replace("torch.randn_like(image)", "torch.from_numpy(np.random.standard_normal("
+                           "tuple(image.shape))).float()"), "with the same torch.manual_seed the noise differs"),
+    "generator_in_init": (GOOD.replace("self.std = std", "self.std = std\n        self.g = torch.Generator().manual_seed(0)")
+                          .replace("torch.randn_like(image)", "torch.randn(image.shape, generator=self.g)"),
+                          "with the same torch.manual_seed the noise differs"),
+    "in_place": (GOOD.replace("return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+                              "return image.add_(torch.randn_like(image) * self.std).clamp_(0, 1)"), "changed its input in place"),
+    "variance": (GOOD.replace("* self.std)", "* self.std ** 2)"), "standard deviation of 0.010"),
+    "no_repr": (GOOD.replace('    def __repr__(self):\n        return f"GaussianNoise(std={self.std})"\n', ""), "give it a __repr__"),
+    "no_validation": (GOOD.replace("            raise ValueError", "            pass  #"), "should raise ValueError"),
+    "no_type_error": (GOOD.replace("raise TypeError(", "print("), "should raise TypeError saying what to do"),
+    "noise_drawn_once": (GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
+        "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+        "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
+        "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
+    "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
+    "no_seed_worker": (GOOD.split("\n\ndef seed_worker")[0], "should define a function seed_worker"),
+    "seed_worker_does_nothing": (GOOD.replace(SEED, "    pass"), "still draw the same shifts (your module's seed_worker"),
+    "seed_worker_fresh_entropy": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"), "not from fresh entropy"),
+    "seed_worker_by_id": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
+                          "the worker id alone"),
+}
 
-    per_sample = lambda counts, targets, power: counts[targets] ** -power  # noqa: E731
-    assert status(check, stub)[0] is Status.NOT_ATTEMPTED
-    assert "one per *class*" in status(check, weighted(lambda c, t, p: c ** -p))[1]
-    assert "with power=0.5" in status(check, weighted(lambda c, t, p: c[t] ** -1.0))[1]
-    assert "negative exponent" in status(check, weighted(lambda c, t, p: c[t] ** p))[1]
-    assert "replacement=True" in status(check, weighted(per_sample, replacement=False))[1]
-    assert "pass generator=generator" in status(check, weighted(per_sample, generator_of=lambda g: None))[1]
-    assert "num_samples=len(targets)" in status(check, weighted(per_sample, size=10))[1]
-    assert "instead of re-seeding" in status(check, Reseeding)[1]
+
+def write_module(folder: Path, name: str, source: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.fixture
+def module_folder(tmp_path: Path):
+    yield tmp_path
+    for name in ["good_module", "stub_module", "edited_module", *(f"module_{k}" for k in WRONG)]:
+        sys.modules.pop(name, None)
+    if str(tmp_path) in sys.path:
+        sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.timeout(300)
+def test_05_worker_module(module_folder: Path) -> None:
+    check = nb05.worker_module
+    assert status(check, ...)[0] is Status.NOT_ATTEMPTED
+    assert status(check, write_module(module_folder, "stub_module", STUB))[0] is Status.NOT_ATTEMPTED
+    assert "run the %%writefile cell first" in status(check, module_folder / "missing.py")[1]
+    assert status(check, write_module(module_folder, "good_module", GOOD))[0] is Status.SOLVED
+    for name, (source, hint) in WRONG.items():
+        message = status(check, write_module(module_folder, f"module_{name}", source))[1]
+        assert hint in message, (name, message)
+
+
+@pytest.mark.timeout(120)
+def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> None:
+    """A module edited after its first import is checked as edited; a generator made in __init__ and drawn the
+    same in both spawn workers is caught there, where it matters."""
+    path = write_module(module_folder, "edited_module", WRONG["no_clamp"][0])
+    assert "values left [0, 1]" in status(nb05.worker_module, path)[1]
+    write_module(module_folder, "edited_module", GOOD)
+    assert status(nb05.worker_module, path)[0] is Status.SOLVED
+    same_in_workers = GOOD.replace("self.std = std", "self.std = std\n        self.calls = 0").replace(
+        "torch.randn_like(image)", "(torch.randn_like(image) if self.calls < 4 else torch.zeros_like(image) + 0.1)"
+    ).replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
+    write_module(module_folder, "edited_module", same_in_workers)
+    assert "both spawn workers drew the same noise" in status(nb05.worker_module, path)[1]

@@ -122,7 +122,7 @@ def test_stale_temp_of_a_live_process_is_kept(tmp_path: Path) -> None:
 SCRATCH_SCRIPT = """
 import os, sys
 from course_lib import data
-print(data.scratch_folder("09"), flush=True)
+print(data.scratch_folder("10"), flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)  # what nbval does to a kernel: no atexit, no cleanup
 """
@@ -140,16 +140,16 @@ def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
     exited = Path(run("exit").stdout.strip())
     assert not exited.exists(), "a kernel that exits removes its own folder"
     assert not killed.exists(), "the next call removes the folder of the killed kernel"
-    foreign = tmp_path / "course09-notours"  # same name pattern, no owner file: not the course's
+    foreign = tmp_path / "course10-notours"  # same name pattern, no owner file: not the course's
     foreign.mkdir()
-    other_host = tmp_path / "course08-otherhost"  # a dead pid, but written on another host (a shared /tmp)
+    other_host = tmp_path / "course09-otherhost"  # a dead pid, but written on another host (a shared /tmp)
     other_host.mkdir()
     (other_host / _support._SCRATCH_OWNER).write_text(f"elsewhere {killed_pid_stand_in()}")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    first = data.scratch_folder("06")
-    assert first.name.startswith("course06-") and (first / _support._SCRATCH_OWNER).exists()
+    first = data.scratch_folder("07")
+    assert first.name.startswith("course07-") and (first / _support._SCRATCH_OWNER).exists()
     assert foreign.exists() and other_host.exists() and first.exists()
-    again = data.scratch_folder("06")  # the notebook's first cell, run again in the same kernel
+    again = data.scratch_folder("07")  # the notebook's first cell, run again in the same kernel
     assert again.is_dir() and not first.exists(), "a second call for the same notebook replaces the first folder"
 
 

@@ -1,4 +1,4 @@
-"""course_lib.iterable: the streams behave as notebook 07 says, in real DataLoaders.
+"""course_lib.iterable: the streams behave as notebook 08 says, in real DataLoaders.
 
 Sharding is tested in this process with torch's worker information set by hand (fast, so
 hypothesis can try many cases), and in a few real DataLoaders with worker processes. The batch
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from course_lib import iterable
-from course_lib.checks.nb07 import as_worker
+from course_lib.checks.nb08 import as_worker
 from course_lib.iterable import (
     BufferShuffled,
     EndlessStream,

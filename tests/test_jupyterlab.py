@@ -112,9 +112,9 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04", "10", "11"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 10 and 11,
+RUN_ALL = ["01", "04", "11", "12"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 11 and 12,
 # whose exercise answers (the tuned workers; the count of samples trained twice) a later cell uses
-SIDE_BY_SIDE = ["04", "10"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
+SIDE_BY_SIDE = ["04", "11"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
 # (01 runs alone, first: it prepares the data and shows the progress bar)
 RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (04 needs ~70 s here, ~200 s under heavy load); then a cell at [*] is stuck
 # Any test of the stage may be the one that runs a notebook first (e.g. run alone with -k).
@@ -178,16 +178,16 @@ LEARNER_PATHS = [
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
                              wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
                  id="04.3"),
-    # 10.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
-    pytest.param(LearnerPath("10", ("## 4 · ", "### Pitfall: fewer shards"), "10.2", cell="tuned = ...", stub="tuned = ...",
+    # 11.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
+    pytest.param(LearnerPath("11", ("## 4 · ", "### Pitfall: fewer shards"), "11.2", cell="tuned = ...", stub="tuned = ...",
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
-                 id="10.2"),
-    # 11.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
-    pytest.param(LearnerPath("11", ("### Exercise 11.1", "## 2 · "), "11.1", cell="def seen_twice_and_never(",
+                 id="11.2"),
+    # 12.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
+    pytest.param(LearnerPath("12", ("### Exercise 12.1", "## 2 · "), "12.1", cell="def seen_twice_and_never(",
                              stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),
                              right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n')),
-                 id="11.1"),
+                 id="12.1"),
 ]
 
 

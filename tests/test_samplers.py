@@ -163,7 +163,7 @@ def test_balancing_weights_errors() -> None:
 def test_coverage_counts_repeats_and_unseen() -> None:
     cov = coverage([0, 1, 1, 1, 3], 5)
     assert (cov.drawn, cov.distinct, cov.repeats, cov.unseen, cov.repeated, cov.missing) == (5, 3, 2, 2, [1], [2, 4])
-    assert repr(cov) == "Coverage(drawn=5, distinct=3, repeats=2, unseen=2)" and not cov.exact  # notebook 07 prints it
+    assert repr(cov) == "Coverage(drawn=5, distinct=3, repeats=2, unseen=2)" and not cov.exact  # notebook 08 prints it
     assert coverage(RandomSampler(range(10), generator=gen()), 10).exact
     cov = coverage(RandomSampler(range(1000), replacement=True, generator=gen()), 1000)
     assert 0.33 < cov.unseen / 1000 < 0.41  # about 1/e of the samples are never drawn

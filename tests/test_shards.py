@@ -378,7 +378,7 @@ def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set:
 @pytest.mark.timeout(200)
 def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     """The resampled mode: every rank takes exactly --epoch-batches batches. (The plain mode, every sample once over
-    2 ranks × 2 workers, and the missing-nodesplitter error run under torchrun in notebook 08.)"""
+    2 ranks × 2 workers, and the missing-nodesplitter error run under torchrun in notebook 09.)"""
     args = ["--urls", image_shards.urls, "--workers", "2", "--batch-size", "4"]
     launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
            nproc=2, timeout=90, show=False)

@@ -1,6 +1,6 @@
 """course_lib.train: the data-parallel training script, as one process.
 
-Under a real torchrun it runs in notebook 06 (2 ranks: shares, identical weights, the uneven-inputs hang
+Under a real torchrun it runs in notebook 07 (2 ranks: shares, identical weights, the uneven-inputs hang
 and its two fixes, a crashed rank; nbval compares every line) and in the Slurm stage (tests/test_slurm.py:
 torchrun on one and two nodes, and srun tasks), so it is not started again here.
 """

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
 
-from ..datasets import InMemoryDataset
-
-from ._core import Hint, attempted, drain, exercise, require
+from ._core import Hint, attempted, exercise, require
 
 
 def _check_chain(chain_cls: Any) -> None:
@@ -152,70 +146,4 @@ def augment_pair(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
             "six calls gave the same crop: augmentation should be random (RandomResizedCrop, RandomHorizontalFlip).")
 
 
-# ----------------------------------------------------------------- 02.5: a transform class in a module, for spawn workers
-
-
-def _load(path: Path) -> Any:
-    """Import (or re-import, after an edit) the learner's module; its folder goes on ``sys.path``, which spawn workers copy."""
-    folder = str(path.parent.resolve())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    module = importlib.import_module(path.stem)
-    return importlib.reload(module)
-
-
-def _raises(exc: type[BaseException], call: Callable[[], Any]) -> str:
-    """The message of the ``exc`` that ``call()`` raised, or ``""`` (no such exception: not the answer)."""
-    try:
-        call()
-    except exc as raised:
-        return str(raised) or type(raised).__name__
-    except NotImplementedError:
-        raise
-    except Exception:
-        return ""
-    return ""
-
-
-@exercise("02.5", "GaussianNoise lives in a module: spawn workers import it by name, and each worker draws its own noise.")
-def noise_module(path: Any) -> None:
-    """``path`` is a module defining ``GaussianNoise(std)``: adds N(0, std) noise from torch's generator, clamps to [0, 1]."""
-    attempted(path)
-    path = Path(path)
-    require(path.is_file(), f"there is no {path}: run the %%writefile cell first (it writes the module).")
-    noise_cls = getattr(_load(path), "GaussianNoise", None)
-    require(isinstance(noise_cls, type), f"{path.name} should define a class GaussianNoise.")
-    noise = noise_cls(0.1)
-    require(bool(_raises(ValueError, lambda: noise_cls(-0.1))), "GaussianNoise(-0.1) should raise ValueError: a standard "
-            "deviation cannot be negative, and the error should come when the pipeline is built.")
-    require("GaussianNoise" in repr(noise) and "0.1" in repr(noise),
-            f"repr(GaussianNoise(0.1)) is {repr(noise)[:60]!r}: give it a __repr__ such as GaussianNoise(std=0.1), so "
-            "that a printed Compose says what it does.")
-    x = torch.full((3, 64, 64), 0.5)
-    torch.manual_seed(0)
-    first = noise(x)
-    require(torch.equal(x, torch.full((3, 64, 64), 0.5)), "GaussianNoise changed its input in place (add_, +=): the "
-            "dataset's stored sample would drift on every read. Return image + noise, a new tensor.")
-    require(isinstance(first, torch.Tensor) and first.shape == x.shape and first.dtype == x.dtype,
-            "GaussianNoise should return a tensor of the input's shape and dtype.")
-    spread = float((first - x).std())
-    require(abs(spread - 0.1) < 0.01 and abs(float((first - x).mean())) < 0.01, f"the noise of GaussianNoise(0.1) has a "
-            f"standard deviation of {spread:.3f}: it should be 0.1, torch.randn_like(image) * std.")
-    torch.manual_seed(0)
-    require(torch.equal(noise(x), first), "with the same torch.manual_seed the noise differs: draw it from torch "
-            "(torch.randn_like), not NumPy or random, so that torch's seeds, the DataLoader's per-worker seeds "
-            "included, govern it.")
-    require(not torch.equal(noise(x), first), "two calls gave the same noise: draw new noise in __call__, not once in __init__.")
-    strong = noise_cls(1.0)(x)
-    require(0 <= float(strong.min()) and float(strong.max()) <= 1, "with std=1 values left [0, 1]: .clamp(0, 1) the result.")
-    require("ToImage" in _raises(TypeError, lambda: noise(Image.new("RGB", (4, 4)))), "GaussianNoise given a PIL image "
-            "should raise TypeError saying what to do: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
-    ds = InMemoryDataset(torch.full((4, 3, 8, 8), 0.5), transform=noise)
-    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")  # one batch per worker
-    worker0, worker1 = drain(loader)
-    require(not torch.equal(worker0[0] - 0.5, worker1[0] - 0.5), "both spawn workers drew the same noise: a generator "
-            "made in __init__ is copied into every worker. Use torch's own (torch.randn_like), which each worker seeds "
-            "differently.")
-
-
-__all__ = ["to_unit_range", "train_and_val", "is_round", "augment_pair", "noise_module"]
+__all__ = ["to_unit_range", "train_and_val", "is_round", "augment_pair"]

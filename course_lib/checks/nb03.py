@@ -100,7 +100,7 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
     require(sorted(epoch2) == list(range(100)), "each epoch should contain every index 0..99 exactly once.")
     require(epoch2 != list(range(100)), "the order is 0, 1, 2, ...: turn shuffle on.")
     own = getattr(a, "generator", "n/a")
-    if own is None:  # shuffling may also be a sampler's job, with the sampler's own generator (notebook 05)
+    if own is None:  # shuffling may also be a sampler's job, with the sampler's own generator (notebook 06)
         own = getattr(getattr(a, "sampler", None), "generator", None)
     require(
         own not in (None, torch.default_generator),

@@ -7,12 +7,9 @@ import time
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
 
-from .._support import fork_context
 from ..instrument import EpochRecord
-from ..workers import NoisyDataset
-from ._core import Hint, attempted, drain, exercise, require
+from ._core import Hint, attempted, exercise, require
 
 STEP = 0.040  # the training step of exercise 04.4, in seconds
 
@@ -259,39 +256,3 @@ def my_sweep(fn: Callable[..., Any]) -> None:
             f"{n} samples in {elapsed:.2f} s: samples per second is len(dataset) / the epoch's time, not batches per second.")
     require(results[0][0] > 0.4, f"with no workers the loop waits for every batch, 32 ms to make, then steps for 10 ms: "
             f"about 75 % of the time, not {results[0][0]:.0%}. Measure each loader with measure_stall(loader, step).")
-
-
-def _shifts(worker_init_fn: Callable[[int], None], seed: int) -> tuple[list[int], list[int]]:
-    """Shifts made by worker 0 and worker 1 (in-order loading alternates between them)."""
-    ctx = fork_context()  # a function defined in a notebook cell needs fork
-    loader = DataLoader(
-        NoisyDataset(n=12, seed=0),
-        batch_size=None,
-        num_workers=2,
-        worker_init_fn=worker_init_fn,
-        generator=torch.Generator().manual_seed(seed),
-        multiprocessing_context=ctx,
-    )
-    shifts = [int(shift) for _, shift in drain(loader)]
-    return shifts[0::2], shifts[1::2]
-
-
-@exercise("04.6", "each worker gets its own generator, seeded from the loader: different per worker, reproducible per seed.")
-def seed_workers(worker_init_fn: Any) -> None:
-    """``worker_init_fn(worker_id)`` gives each worker's copy of a NoisyDataset its own ``rng``."""
-    attempted(worker_init_fn)
-    require(callable(worker_init_fn), "pass the function itself (seed_worker), not the result of calling it.")
-    w0, w1 = _shifts(worker_init_fn, seed=1)
-    require(w0 != w1, "worker 0 and worker 1 still draw the same shifts: replace the dataset's rng in each worker.")
-    again = _shifts(worker_init_fn, seed=1)
-    require(
-        again == (w0, w1),
-        "two runs with the same loader seed give different shifts: seed the new generator from "
-        "get_worker_info().seed, not from fresh entropy.",
-    )
-    other = _shifts(worker_init_fn, seed=2)
-    require(
-        other != (w0, w1),
-        "a different loader seed gives the same shifts: seed from get_worker_info().seed, which follows "
-        "the loader's generator (the worker id alone, or a constant, does not).",
-    )

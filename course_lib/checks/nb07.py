@@ -1,307 +1,224 @@
-"""Checks for notebook 07 (iterable datasets).
+"""Checks for notebook 07 (distributed sampling).
 
-07.1 runs the learner's ``IterableDataset`` in the main process, as each worker of 1 to 4 (with
-torch's worker information set in this process, which is quick), and finally in real DataLoader
-worker processes; 07.2 runs the learner's stream for ranks x workers the same way. 07.3 compares a formula with what the DataLoader does (``course_lib.iterable``,
-which the tests hold to real DataLoaders). 07.4 runs the learner's stream in persistent worker processes over three epochs; 07.5 compares an eviction policy with the rule
-"as few as possible, oldest first, until the rest fits".
+Every check compares the learner's answer with torch's own ``DistributedSampler``, over many
+data set sizes and world sizes, so a formula that only fits the notebook's example is caught.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import math
-import multiprocessing as mp
-import warnings
-from typing import Any, Callable, Iterator, Sequence
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
 
-from torch.utils.data import DataLoader, IterableDataset
+import torch
+from torch.utils.data.distributed import DistributedSampler
 
-from .. import iterable
-from ._core import Hint, attempted, drain, exercise, require, stop_workers, whole_number
+from ..samplers import coverage
+from ._core import Hint, NotAttempted, attempted, exercise, require, whole_number
 
-
-@contextlib.contextmanager
-def as_worker(worker_id: int, num_workers: int, dataset: Any) -> Iterator[None]:
-    """Make ``get_worker_info()`` in this process answer as worker ``worker_id`` of ``num_workers``.
-
-    It sets what ``get_worker_info()`` returns, the private ``torch.utils.data._utils.worker._worker_info``
-    (checked with torch 2.14 and 2.15), so that a check can run the learner's class as each of 1-4
-    workers in milliseconds; the real DataLoader runs that follow confirm it with worker processes.
-    """
-    from torch.utils.data._utils import worker as _worker
-
-    saved = _worker._worker_info
-    _worker._worker_info = _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=worker_id, dataset=dataset)
-    try:
-        yield
-    finally:
-        _worker._worker_info = saved
+CASES = [(n, w) for n in (1, 7, 10, 23, 100, 101) for w in (1, 2, 3, 4, 8) if n >= w]
 
 
-def _ints(items: Any, what: str) -> list[int]:
-    out = []
-    for x in items:
-        try:
-            value = int(x)
-        except (TypeError, ValueError):
-            raise Hint(f"{what} yielded {x!r}; it should yield the sample numbers themselves (ints 0..n-1).") from None
-        out.append(value)
-    return out
+def _as_int(value: Any, call: str) -> int:
+    return whole_number(value, call, "a rank gets a whole number of samples (math.ceil / floor division).")
 
 
-def _judge(got: list[int], n: int, setting: str, shares: list[list[int]] | None = None) -> None:
-    counts = [got.count(i) for i in range(n)]
-    outside = sorted({i for i in got if not 0 <= i < n})
-    require(not outside, f"{setting}: it yielded {outside[:5]}, outside 0..{n - 1}.")
-    if shares is not None and n >= 1 and len(shares) > 1 and all(sorted(s) == list(range(n)) for s in shares):
-        raise Hint(
-            f"{setting}: every worker yielded all {n} samples, so each arrived {len(shares)} times. "
-            "Call get_worker_info() inside __iter__ and yield only this worker's share (info.id, info.num_workers)."
-        )
-    repeated = [i for i, c in enumerate(counts) if c > 1]
-    missing = [i for i, c in enumerate(counts) if c == 0]
-    if repeated:
-        raise Hint(f"{setting}: samples {repeated[:5]} arrived more than once. The workers' shares must not overlap.")
-    if missing:
-        raise Hint(
-            f"{setting}: samples {missing[:5]} never arrived. The shares must cover 0..{n - 1} "
-            "(blocks of n // num_workers leave the remainder out; range(info.id, n, info.num_workers) covers everything)."
-        )
-
-
-@exercise("07.1", "each worker yields only its share: every sample exactly once with 0, 1, 2, 3 (and 4) workers.")
-def sharded_stream(cls: Any) -> None:
-    """``cls(n)`` is an ``IterableDataset`` that yields each of ``0..n-1`` once over all DataLoader workers."""
-    attempted(cls)
-    require(
-        isinstance(cls, type) and issubclass(cls, IterableDataset),
-        f"pass the class itself (e.g. `ShardedRange`), a subclass of IterableDataset; got {cls!r}.",
-    )
-    for n in (0, 1, 7, 10):
-        setting = f"{cls.__name__}({n}) with num_workers=0"
-        try:
-            got = _ints(iter(cls(n)), setting)
-        except AttributeError as exc:
-            if "NoneType" in str(exc):
-                raise Hint(
-                    f"{setting}: {exc}. In the main process get_worker_info() returns None: "
-                    "then this process is the only one, and it yields everything."
-                ) from None
-            raise
-        _judge(got, n, setting)
-    for k in (1, 2, 3, 4):
-        for n in (0, 1, 2, 3, 5, 7, 10, 13):
-            shares = []
-            for w in range(k):
-                ds = cls(n)
-                with as_worker(w, k, ds):
-                    shares.append(_ints(iter(ds), f"{cls.__name__}({n}) in worker {w} of {k}"))
-            _judge([i for s in shares for i in s], n, f"{cls.__name__}({n}) with {k} workers", shares)
-    if "fork" not in mp.get_all_start_methods():  # Windows: a class from a notebook cannot reach spawned workers
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-        for n, k in ((10, 2), (7, 3)):
-            loader = DataLoader(cls(n), batch_size=None, num_workers=k, multiprocessing_context="fork", timeout=60)
-            _judge(_ints(loader, f"{cls.__name__}({n})"), n, f"{cls.__name__}({n}) in a real DataLoader with {k} workers")
-
-
-CASES = [(n, b, w) for n in (1, 5, 7, 10, 16, 25, 100) for b in (1, 3, 4, 8, 32) for w in (0, 1, 2, 3, 4)]
-
-
-def _call(fn: Callable[..., Any], n: int, b: int, w: int, drop_last: bool) -> int:
-    call = f"batches_per_epoch({n}, batch_size={b}, num_workers={w}, drop_last={drop_last})"
-    try:
-        value = fn(n, b, w, drop_last)
-    except ZeroDivisionError:
-        raise Hint(f"{call} divided by zero. num_workers=0 means no worker processes: the main process takes all {n} samples.") from None
-    return whole_number(value, call, "a count of batches is a whole number (math.ceil, //).")
-
-
-def _batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False) -> int:
-    """The reference: each worker batches its own share (``iterable.epoch_batch_sizes`` lists the sizes)."""
-    return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
-
-
-@exercise("07.3", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")
-def batches_per_epoch(fn: Callable[[int, int, int, bool], Any]) -> None:
-    """``fn(n, batch_size, num_workers, drop_last)``: batches in one epoch over a sharded ``n``-sample stream."""
+@exercise("07.1", "per rank: ceil(n / world) with padding, n // world with drop_last, the same on every rank.")
+def samples_per_rank(fn: Callable[[int, int, bool], Any]) -> None:
+    """``fn(n, world_size, drop_last)`` is the number of indices each rank's DistributedSampler yields."""
     attempted(fn)
     for drop_last in (False, True):
-        for n, b, w in CASES:
-            got = _call(fn, n, b, w, drop_last)
-            truth = _batches_per_epoch(n, b, w, drop_last)
+        for n, world in CASES:
+            call = f"samples_per_rank({n}, {world}, drop_last={drop_last})"
+            got = _as_int(fn(n, world, drop_last), call)
+            truth = len(DistributedSampler(range(n), num_replicas=world, rank=0, drop_last=drop_last))
             if got == truth:
                 continue
-            call = f"batches_per_epoch({n}, batch_size={b}, num_workers={w}, drop_last={drop_last})"
-            sizes = iterable.epoch_batch_sizes(n, b, w, drop_last)
-            shares = iterable.worker_shares(n, w)
-            whole = n // b if drop_last else math.ceil(n / b)
-            if got == whole:
-                raise Hint(
-                    f"{call} = {got}: that is len(loader), as if one process made every batch. Each of the {w} "
-                    f"workers batches its own share {shares}, and each share can end with a short batch: "
-                    f"the loader yields batches of {sizes}."
-                )
-            if w and got == w * (math.ceil(n / w) // b if drop_last else math.ceil(math.ceil(n / w) / b)):
-                raise Hint(f"{call} = {got}: not every share has ceil(n / num_workers) samples; here they are {shares}.")
-            if drop_last and got == _batches_per_epoch(n, b, w, False):
-                raise Hint(f"{call} = {got}: with drop_last=True every worker drops its own short last batch.")
-            raise Hint(f"{call} = {got}, but the loader yields {truth} batches, of sizes {sizes} (shares per worker: {shares}).")
+            if drop_last and got == math.ceil(n / world):
+                raise Hint(f"{call} = {got}: with drop_last=True the sampler drops the tail instead of padding, so round down.")
+            if not drop_last and got == n // world:
+                raise Hint(f"{call} = {got}: with drop_last=False the sampler pads with repeated samples, so round up.")
+            if got == n / world or got == round(n / world):
+                raise Hint(f"{call} = {got}, but {n} / {world} does not divide evenly: every rank gets the same whole number.")
+            if got == n:
+                raise Hint(f"{call} = {got}: that is the whole data set; each rank gets about 1/{world} of it.")
+            raise Hint(f"{call} = {got}, but the sampler gives each rank {truth}.")
 
 
-def _entries(sizes: Sequence[int]) -> list[tuple[str, int]]:
-    return [(f"r{i:05d}.npy", s) for i, s in enumerate(sizes)]
+def _indices(sampler: Any, call: str) -> list[int]:
+    require(hasattr(sampler, "__iter__"), f"{call} should return a sampler (something that yields indices), got {type(sampler).__name__}.")
+    return [int(i) for i in sampler]
 
 
-POLICY_CASES = [
-    ([100] * 10, 700),  # three too many
-    ([100] * 10, 1000),  # exactly full: nothing to do
-    ([100] * 4, 1000),  # room to spare
-    ([300, 50, 50, 50, 200, 100], 400),  # sizes differ: count bytes, not files
-    ([50, 50, 400, 100, 100], 450),
-    ([100, 100, 100], 0),  # a budget of nothing: everything goes
-    ([], 100),
+@exercise("07.2", "a DistributedSampler per rank with one shared seed, shuffle on, and set_epoch(epoch) called.")
+def epoch_sampler(fn: Callable[[Any, int, int, int], Any]) -> None:
+    """``fn(dataset, world_size, rank, epoch)`` returns the sampler rank ``rank`` should use in ``epoch``."""
+    attempted(fn)
+    data = range(23)
+    for world in (2, 3, 4):
+        orders = []
+        for epoch in (0, 1, 2):
+            call = f"epoch_sampler(dataset, world_size={world}, rank=..., epoch={epoch})"
+            shares = [_indices(fn(data, world, rank, epoch), call.replace("...", str(rank))) for rank in range(world)]
+            cov = coverage(shares, len(data))
+            if shares[0] == shares[1]:
+                raise Hint(f"{call}: ranks 0 and 1 get the same indices; give the sampler num_replicas=world_size and rank=rank.")
+            sizes = sorted({len(sh) for sh in shares})
+            require(len(sizes) == 1, f"{call}: ranks get {sizes} indices; a DistributedSampler gives every rank the same number.")
+            dropped = len(data) - world * sizes[0]  # > 0 only with drop_last=True
+            require(
+                len(cov.missing) <= max(dropped, 0) and len(cov.repeated) <= world - 1,
+                f"{call}: indices {cov.missing[:5]} go to no rank and {len(cov.repeated)} go to several. Did every "
+                "rank use the same seed? The shuffle must be the same permutation on every rank, so give them all one seed.",
+            )
+            require(shares[0] != sorted(shares[0]), f"{call}: rank 0's indices come in increasing order: turn shuffle on (it is the sampler's job, not the DataLoader's).")
+            orders.append(shares[0])
+        require(
+            len({tuple(o) for o in orders}) == 3,
+            f"world_size={world}: rank 0 gets the same order in two of epochs 0, 1, 2. Call sampler.set_epoch(epoch) before returning it.",
+        )
+    again = _indices(fn(data, 2, 0, 1), "epoch_sampler(dataset, 2, 0, 1)")
+    require(
+        again == _indices(fn(data, 2, 0, 1), "epoch_sampler(dataset, 2, 0, 1)"),
+        "two calls for the same rank and epoch give different orders: pass a fixed seed (the default seed=0 is fine).",
+    )
+
+
+@exercise("07.3", "an exact evaluation split: rank r takes r, r + world, r + 2·world, ... — no padding, nothing dropped.")
+def eval_indices(fn: Callable[[int, int, int], Any]) -> None:
+    """``fn(n, world_size, rank)`` lists the validation indices rank ``rank`` evaluates, each exactly once overall."""
+    attempted(fn)
+    for n, world in CASES + [(3, 4), (1, 2)]:
+        call = f"eval_indices({n}, {world}, rank)"
+        shares = [_indices(fn(n, world, rank), call.replace("rank)", f"{rank})")) for rank in range(world)]
+        require(all(0 <= i < n for s in shares for i in s), f"{call}: some index is outside 0..{n - 1}.")
+        cov = coverage(shares, n)
+        if cov.repeated:
+            raise Hint(
+                f"{call}: indices {cov.repeated[:5]} are evaluated twice; that is DistributedSampler's padding, which "
+                "counts those samples twice in the metric. Give each index to exactly one rank."
+            )
+        if cov.missing:
+            raise Hint(
+                f"{call}: indices {cov.missing[:5]} are never evaluated (drop_last?). Evaluation must see every sample; "
+                "ranks may get different counts."
+            )
+        sizes = [len(s) for s in shares]
+        require(max(sizes) - min(sizes) <= 1, f"{call}: ranks get {sizes} samples; balance them (at most one apart).")
+
+
+# ----------------------------------------------------------------- 07.4: who am I, from Slurm's variables
+SLURM_CASES = [  # (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID) -> local world size
+    (("5", "1", "8", "4(x2)", "1"), 4),
+    (("7", "0", "8", "2(x3),1", "3"), 1),
+    (("4", "0", "7", "2(x3),1", "2"), 2),
+    (("2", "2", "3", "3", "0"), 3),
+    (("3", "1", "5", "1,2(x2)", "1"), 2),
 ]
 
 
-@exercise("07.5", "as few deletions as possible, oldest first, until the rest fits the budget.")
-def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
-    """``fn(entries, budget_bytes)`` returns the names to evict; ``entries`` are ``(name, bytes)``, oldest first."""
+@exercise("07.4", "rank, local rank and world size from SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS; the tasks on "
+                  "this node from SLURM_STEP_TASKS_PER_NODE, expanded, at SLURM_NODEID.")
+def slurm_ranks(fn: Callable[[dict], Any]) -> None:
+    """``fn(env)`` returns ``(rank, local_rank, world_size, local_world_size)`` of one task started by ``srun``."""
     attempted(fn)
-    for sizes, budget in POLICY_CASES:
-        entries = _entries(sizes)
-        call = f"policy({len(entries)} entries of sizes {sizes}, budget_bytes={budget})"
-        result = fn(list(entries), budget)
-        require(result is not None, f"{call} returned None: return a list of names (an empty list when nothing must go).")
-        chosen = list(result)
-        names = [name for name, _ in entries]
-        if chosen and all(isinstance(c, tuple) for c in chosen):
-            raise Hint(f"{call} returned entries like {chosen[0]!r}: return only the names (the first item of each).")
-        require(all(c in names for c in chosen), f"{call} returned {chosen[:3]}, which are not names from entries.")
-        require(len(set(chosen)) == len(chosen), f"{call} names a file twice.")
-        left = sum(s for (name, s) in entries if name not in chosen)
-        total = sum(sizes)
-        truth = iterable_evict(entries, budget)
-        require(left <= budget, f"{call}: after deleting {len(chosen)} files {left} bytes remain, over the budget. Keep deleting, oldest first, and add up bytes, not files: sizes differ.")
-        if set(chosen) == set(truth):
-            continue
-        if not truth:
-            raise Hint(f"{call}: the cache holds {total} bytes, within the budget: delete nothing.")
-        if len(chosen) > len(truth):
-            raise Hint(
-                f"{call} deleted {len(chosen)} files, but deleting the {len(truth)} oldest is enough. "
-                "Stop as soon as the rest fits (count bytes, not files: sizes differ)."
-            )
-        newest_first = [name for name, _ in reversed(entries)]
-        if chosen and set(chosen) == set(newest_first[: len(chosen)]):
-            raise Hint(f"{call} deleted the newest files. entries come oldest first: evict from the front.")
-        raise Hint(f"{call} deleted {sorted(chosen)}; the oldest-first choice is {truth}.")
+    for (procid, localid, ntasks, per_node, nodeid), local_world in SLURM_CASES:
+        env = {"SLURM_PROCID": procid, "SLURM_LOCALID": localid, "SLURM_NTASKS": ntasks,
+               "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURM_NODEID": nodeid, "SLURM_JOB_NODELIST": "gpu[01-04]"}
+        call = f"slurm_ranks({{..., SLURM_STEP_TASKS_PER_NODE={per_node!r}, SLURM_NODEID={nodeid!r}}})"
+        try:
+            got = fn(dict(env))
+        except KeyError as exc:
+            raise Hint(f"{call} raised KeyError {exc}: srun sets only the variables in the env given "
+                       "(SLURM_NTASKS_PER_NODE, for one, is set only when --ntasks-per-node was asked for).") from None
+        except IndexError:
+            raise Hint(f"{call} raised IndexError: expand the list first ('2(x3),1' is 2, 2, 2, 1: one count per "
+                       "node), then take the count at position SLURM_NODEID.") from None
+        attempted(got)
+        require(isinstance(got, (tuple, list)) and len(got) == 4, f"{call} should return 4 numbers "
+                "(rank, local_rank, world_size, local_world_size), got {got!r}.")
+        require(all(isinstance(v, int) for v in got), f"{call} returned {tuple(got)!r}: the variables are strings; "
+                "return ints (int(env[...])).")
+        want = (int(procid), int(localid), int(ntasks), local_world)
+        require(tuple(got[:3]) == want[:3], f"{call} gave rank, local rank, world size {tuple(got[:3])}, expected "
+                f"{want[:3]}: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS.")
+        if got[3] != local_world:
+            raise Hint(f"{call} gave local world size {got[3]}, expected {local_world}: expand the list first "
+                       "('2(x3),1' is 2, 2, 2, 1: one count per node), then take the count at position SLURM_NODEID.")
 
 
-def iterable_evict(entries: Sequence[tuple[str, int]], budget: int) -> list[str]:
-    """The reference answer (``course_lib.growing.evict_oldest``)."""
-    from ..growing import evict_oldest
+# ----------------------------------------------------------------- 07.5: a DDP training script of your own
 
-    return evict_oldest(entries, budget)
+TRAIN_N, VAL_N = 201, 51  # the points of the learner's script: 201 to train on, 51 to evaluate (odd: padding would show)
 
 
-# ----------------------------------------------------------------- 07.2: a stream for ranks x workers
+def points(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    """The exercise's data: ``(index, point, label)``, 2-D points, label 1 outside the unit circle."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return torch.utils.data.TensorDataset(torch.arange(n), x, (x.norm(dim=1) > 1).long())
 
 
-def _ranked_run(cls: Any, n: int, world: int, workers: int, seed: int, epoch: int) -> list[list[tuple[int, float]]]:
-    """One epoch of ``cls(n, rank, world, seed)`` on every rank, each as ``workers`` workers (0: the main process):
-    one list of ``(index, noise)`` per (rank, worker) stream."""
-    streams = []
-    for rank in range(world):
-        ds = cls(n, rank, world, seed)
-        require(hasattr(ds, "set_epoch"), "give the class a set_epoch(epoch) method that stores the epoch.")
-        ds.set_epoch(epoch)
-        for worker in range(max(workers, 1)):
-            with (as_worker(worker, workers, ds) if workers else contextlib.nullcontext()):
-                items = list(ds)
-            for item in items:
-                require(isinstance(item, tuple) and len(item) == 2, f"yield pairs (index, noise), got {item!r}.")
-            streams.append([(int(i), float(x)) for i, x in items])
-    return streams
+def _model_from(weights: list[Any]) -> torch.nn.Module:
+    """The script's model, ``Linear(2, 16) -> ReLU -> Linear(16, 2)``, with a rank's reported weights."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    require(len(weights) == 4, f"report the model's 4 parameter tensors (model.module.parameters()), got {len(weights)}.")
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            require(tuple(torch.tensor(w).shape) == tuple(p.shape), "the reported weights do not fit "
+                    "Linear(2, 16) -> ReLU -> Linear(16, 2): keep the model of the template.")
+            p.copy_(torch.tensor(w))
+    return model
 
 
-@exercise("07.2", "every sample once per epoch over ranks x workers, a new order each epoch, and each stream's own "
-                  "noise, reproducible from (seed, epoch, rank, worker).")
-def ranked_stream(cls: Any) -> None:
-    """``cls(n, rank, world_size, seed)`` with ``set_epoch``: an IterableDataset of ``(index, noise)`` pairs."""
-    attempted(cls)
-    require(isinstance(cls, type) and issubclass(cls, IterableDataset),
-            f"pass the class itself, a subclass of IterableDataset; got {cls!r}.")
-    n = 24
-    for world, workers in ((1, 0), (2, 0), (1, 3), (2, 2), (3, 2)):
-        streams = _ranked_run(cls, n, world, workers, seed=0, epoch=0)
-        setting = f"{world} rank(s) x {workers} worker(s)"
-        got = [i for s in streams for i, _ in s]
-        per_rank = [sorted(i for s in streams[r * max(workers, 1):(r + 1) * max(workers, 1)] for i, _ in s) for r in range(world)]
-        require(world == 1 or len({tuple(p) for p in per_rank}) == world, f"{setting}: every rank yielded the same "
-                "samples: divide the permutation into world_size x num_workers shares, rank r's worker w taking "
-                "share r * num_workers + w.")
-        require(len(got) != n or len(set(got)) == n, f"{setting}: some samples came twice and others never, though the "
-                "shares add up to the data set: the ranks or workers cut their shares from different permutations. "
-                "Seed the permutation with (seed, epoch) only, the same on every rank and worker.")
-        _judge(got, n, setting, shares=[[i for i, _ in s] for s in streams] if world == 1 else None)
-    a = _ranked_run(cls, n, 2, 2, seed=0, epoch=0)
-    require(a == _ranked_run(cls, n, 2, 2, seed=0, epoch=0), "the same seed and epoch gave different streams: draw "
-            "every random number from generators seeded by (seed, epoch, ...), not from the global ones.")
-    order = [i for s in _ranked_run(cls, n, 1, 0, seed=0, epoch=0) for i, _ in s]
-    require(order != sorted(order), "the samples come in order 0, 1, 2, ...: shuffle them with a permutation drawn "
-            "from np.random.default_rng([seed, epoch]).")
-    require(a != _ranked_run(cls, n, 2, 2, seed=0, epoch=1), "epochs 0 and 1 gave the same streams: put the epoch "
-            "into the seed of the permutation (and of the noise).")
-    require(a != _ranked_run(cls, n, 2, 2, seed=1, epoch=0), "seeds 0 and 1 gave the same streams: use the seed.")
-    firsts = [s[0][1] for s in a if s]
-    require(len(set(firsts)) == len(firsts), "two streams drew the same noise: seed each stream's noise generator "
-            "with all of (seed, epoch, rank, worker), e.g. np.random.default_rng([seed, epoch, rank, worker]).")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = [list(drain(DataLoader(cls(n, rank, 2, 0), batch_size=None, num_workers=2,
-                                      multiprocessing_context=mp.get_context("fork")))) for rank in range(2)]
-    _judge([int(i) for r in real for i, _ in r], n, "2 ranks x 2 real worker processes")
+def check_ddp_reports(reports: list[dict[str, Any]], world: int = 2) -> None:
+    """What the ranks of the learner's script did, from their reports: raises Hint at the first fault."""
+    require(sorted(r.get("rank", -1) for r in reports) == list(range(world)), f"expected one report from each of the "
+            f"{world} ranks, got ranks {sorted(r.get('rank', -1) for r in reports)}: take the rank from dist.get_rank().")
+    reports = sorted(reports, key=lambda r: r["rank"])
+    epochs = [r["epochs"] for r in reports]
+    require(all(len(e) == 2 for e in epochs), "each report should list the indices of 2 epochs.")
+    for epoch in range(2):
+        shares = [e[epoch] for e in epochs]
+        cov = coverage(shares, TRAIN_N)
+        require(not cov.missing, f"epoch {epoch}: {len(cov.missing)} samples were never loaded, e.g. {cov.missing[:5]}, "
+                "and others twice: give the DistributedSampler one seed on every rank (seed=0), not one per rank.")
+        require(cov.drawn == math.ceil(TRAIN_N / world) * world and all(len(s) == cov.drawn // world for s in shares),
+                f"epoch {epoch}: the ranks loaded {[len(s) for s in shares]} samples; each should load "
+                f"ceil({TRAIN_N} / {world}) = {math.ceil(TRAIN_N / world)}, its DistributedSampler share. Every rank loading "
+                "the whole set means the loader has no DistributedSampler (sampler=sampler).")
+    require(all(e[0] != e[1] for e in epochs), "both epochs loaded the same order: call sampler.set_epoch(epoch) at the "
+            "top of every epoch, so that the shuffle changes.")
+    models = [_model_from(r["weights"]) for r in reports]
+    same = all(torch.equal(a, b) for m in models[1:] for a, b in zip(models[0].parameters(), m.parameters()))
+    require(same, "the ranks ended with different weights: wrap the model in DistributedDataParallel, which averages "
+            "the gradients of all ranks before every step (and start from one seed, torch.manual_seed(0)).")
+    val = points(VAL_N, 1)
+    with torch.no_grad():
+        truth = int((models[0](val.tensors[1]).argmax(1) == val.tensors[2]).sum())
+    for r in reports:
+        require(r.get("seen") == VAL_N, f"rank {r['rank']} reports {r.get('seen')} validation samples seen over all "
+                f"ranks, not {VAL_N}: give each rank an exact share (range(rank, {VAL_N}, world)), no DistributedSampler "
+                "padding, and all_reduce the counts.")
+        require(r.get("correct") == truth, f"rank {r['rank']} reports {r.get('correct')} correct over all ranks; the "
+                f"final model gets {truth} of {VAL_N} right: sum [correct, seen] over the ranks with dist.all_reduce, "
+                "after evaluating model.module under torch.no_grad().")
 
 
-def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -> list[list[int]]:
-    """The indices a DataLoader with ``num_workers`` persistent workers yields in each of ``epochs`` epochs."""
-    stream = cls(n, seed)
-    attempted(stream)
-    require(isinstance(stream, IterableDataset), f"{type(stream).__name__} should subclass IterableDataset.")
-    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0,
-                        multiprocessing_context=mp.get_context("fork") if num_workers else None)
-    out = []
-    try:
-        for epoch in range(epochs):
-            stream.set_epoch(epoch)
-            out.append(_ints(list(loader), type(stream).__name__))
-    finally:  # the persistent workers stop here, not at some later garbage collection (see drain)
-        stop_workers(loader._iterator)
-    return out
-
-
-@exercise("07.4", "the epoch in shared memory: persistent workers reshuffle every epoch, each sample once, "
-                  "the same orders on a rerun.")
-def persistent_stream(cls: Any) -> None:
-    """``cls(n, seed)``: an IterableDataset with ``set_epoch``, split by worker, reshuffled per epoch even in persistent workers."""
-    attempted(cls)
-    n, seed = 12, 3
-    for workers in (0, 2):
-        setting = f"with {workers} persistent workers" if workers else "with 0 workers"
-        orders = _epochs_of(cls, n, seed, workers)
-        for epoch, got in enumerate(orders):
-            _judge(got, n, f"{setting}, epoch {epoch}")
-        require(orders[0] != sorted(orders[0]), f"{setting} epoch 0 came in order 0..{n - 1}: shuffle it, "
-                "from np.random.default_rng([seed, epoch]).")
-        if workers and orders[0] == orders[1] == orders[2]:
-            raise Hint("with persistent workers all three epochs came in the same order: each worker kept the copy of "
-                       "the epoch it was started with. Keep the epoch in a tensor moved to shared memory "
-                       "(torch.zeros((), dtype=torch.int64).share_memory_()) and write it with fill_ in set_epoch.")
-        require(len({tuple(o) for o in orders}) == 3, f"{setting} two of three epochs came in the same order: "
-                "seed the permutation with the epoch, np.random.default_rng([seed, epoch]).")
-        again = _epochs_of(cls, n, seed, workers)
-        require(again == orders, f"{setting} a second stream with the same seed gave other orders: draw them from "
-                "np.random.default_rng([seed, epoch]), not from the global random state.")
+@exercise("07.5", "your script's 2 ranks split every epoch, reshuffled, trained identical models, and counted every "
+                  "validation sample exactly once.")
+def ddp_script(path: Any, launch: Callable[..., Any]) -> None:
+    """Start the learner's script with ``launch`` (``course_tools.launch.launch``) on 2 ranks; check their reports."""
+    if re.search(r"^\s*raise NotImplementedError", Path(path).read_text(), flags=re.MULTILINE):
+        raise NotAttempted(f"{path} still holds the stub's `raise NotImplementedError`: write the script, run its "
+                           "cell, then run this check again.")
+    with tempfile.TemporaryDirectory(prefix="course07-") as folder:
+        run = launch(str(path), folder, nproc=2, timeout=120, check=False, show=False)
+        require(run.ok, f"the job failed: {run.first_error()}")
+        files = sorted(Path(folder).glob("rank*.json"))
+        require(bool(files), "the ranks wrote no report: json.dump(report, f) into the folder given as sys.argv[1], "
+                "as rank<rank>.json.")
+        check_ddp_reports([json.loads(f.read_text()) for f in files])

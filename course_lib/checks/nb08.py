@@ -1,313 +1,307 @@
-"""Checks for notebook 08 (streaming shards).
+"""Checks for notebook 08 (iterable datasets).
 
-The loader check runs the learner's loader on real shards and looks at what comes out, then at
-the stages of its pipeline, to say which one is missing or misplaced. The counting checks compare
-with webdataset's own splitters and with what ``with_epoch`` does in webdataset 1.0.2.
+08.1 runs the learner's ``IterableDataset`` in the main process, as each worker of 1 to 4 (with
+torch's worker information set in this process, which is quick), and finally in real DataLoader
+worker processes; 08.2 runs the learner's stream for ranks x workers the same way. 08.3 compares a formula with what the DataLoader does (``course_lib.iterable``,
+which the tests hold to real DataLoaders). 08.4 runs the learner's stream in persistent worker processes over three epochs; 08.5 compares an eviction policy with the rule
+"as few as possible, oldest first, until the rest fits".
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-from collections import Counter
-from typing import Any, Callable
+import contextlib
+import math
+import multiprocessing as mp
+import warnings
+from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
-import torch
+from torch.utils.data import DataLoader, IterableDataset
 
-from .. import data as _data
-from ..shards import ShardSet, reader_shares
-from ._core import Hint, attempted, exercise, require
-
-
-def _stage_names(pipeline: Any) -> list[str]:
-    """Readable names of a webdataset pipeline's stages, e.g. ['DataLoader', 'unbatched', 'shuffle']."""
-    names = []
-    for stage in getattr(pipeline, "pipeline", []):
-        f = getattr(stage, "f", None)  # webdataset's curried filters keep the function in .f
-        if f is not None:
-            names.append(f.__name__.lstrip("_"))
-        elif hasattr(stage, "__name__"):
-            names.append(stage.__name__)
-        else:
-            names.append(type(stage).__name__)
-    return names
+from .. import iterable
+from ._core import Hint, attempted, drain, exercise, require, stop_workers, whole_number
 
 
-def _as_list(x: Any) -> list:
-    if isinstance(x, torch.Tensor):
-        return x.tolist()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return list(x)
+@contextlib.contextmanager
+def as_worker(worker_id: int, num_workers: int, dataset: Any) -> Iterator[None]:
+    """Make ``get_worker_info()`` in this process answer as worker ``worker_id`` of ``num_workers``.
 
+    It sets what ``get_worker_info()`` returns, the private ``torch.utils.data._utils.worker._worker_info``
+    (checked with torch 2.14 and 2.15), so that a check can run the learner's class as each of 1-4
+    workers in milliseconds; the real DataLoader runs that follow confirm it with worker processes.
+    """
+    from torch.utils.data._utils import worker as _worker
 
-@exercise("08.1", "batches made in the workers, then unbatched, shuffled across workers and rebatched on the loader.")
-def make_loader(fn: Callable[[str, int], Any], shardset: ShardSet, batch_size: int = 16) -> None:
-    """``fn(urls, batch_size)`` returns a ``wds.WebLoader`` yielding ``(images, labels)`` batches."""
-    from torch.utils.data import DataLoader
-
-    attempted(fn)
-    loader = fn(shardset.urls, batch_size)
-    attempted(loader)
-    require(loader is not None, "make_loader returned None: end the function with `return loader`.")
-    first = getattr(loader, "pipeline", [None])[0] if hasattr(loader, "pipeline") else None
-    require(isinstance(first, DataLoader),
-            f"make_loader returned a {type(loader).__name__}; return wds.WebLoader(dataset, num_workers=2, batch_size=None) "
-            "followed by .unbatched().shuffle(...).batched(batch_size).")
-    require(first.num_workers >= 1, "the WebLoader has num_workers=0: give it worker processes (num_workers=2).")
-    require(first.num_workers <= 2, f"num_workers={first.num_workers}: this course runs on 2 cores, use 2 workers at most.")
-    require(first.batch_size is None,
-            f"the WebLoader batches again (batch_size={first.batch_size}): the dataset already makes batches in the workers, "
-            "so pass batch_size=None.")
-    inner = _stage_names(first.dataset)
-    require("batched" in inner,
-            "the dataset does not batch in the workers, so every sample crosses to the main process on its own "
-            "(section 5 measured that cost): end the dataset with .batched(...).")
-    outer = _stage_names(loader)[1:]
-    require("unbatched" in outer,
-            "the loader never unbatches: the workers' batches arrive as they are, each from one worker's shards. "
-            "Follow the WebLoader with .unbatched().shuffle(...).batched(batch_size).")
-    require("shuffle" in outer[outer.index("unbatched"):],
-            "nothing shuffles after .unbatched(): every batch still comes from one worker's shards. "
-            "Put .shuffle(n) between .unbatched() and .batched(batch_size).")
-    require("batched" in outer[outer.index("unbatched"):],
-            "after .unbatched() the loader yields single samples: add .batched(batch_size) at the end.")
-    limit = shardset.samples // batch_size + 10
-    gc.collect()  # earlier half-read loaders must not be copied into this loader's forked workers
-    it = iter(loader)
+    saved = _worker._worker_info
+    _worker._worker_info = _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=worker_id, dataset=dataset)
     try:
-        batches = list(itertools.islice(it, limit))
+        yield
     finally:
-        close = getattr(it, "close", None)  # stop the workers of a loader that is not exhausted
-        if close is not None:
-            close()
-        del it
-        gc.collect()
-    require(len(batches) < limit, f"the loader yields more than {limit - 1} batches for {shardset.samples} samples: "
-            "is it resampled, or repeated with with_epoch? Read each shard once here.")
-    labels: list[int] = []
-    sizes = []
-    for batch in batches:
-        require(isinstance(batch, (tuple, list)) and len(batch) == 2,
-                "each batch should be (images, labels): use .to_tuple(\"jpg\", \"cls\") in the dataset.")
-        images, ys = batch
-        require(isinstance(images, torch.Tensor) and images.dim() == 4 and images.shape[1] == 3
-                and images.is_floating_point(),
-                f"the images of a batch should be a float tensor [batch, 3, H, W], got "
-                f"{type(images).__name__}{list(images.shape) if isinstance(images, torch.Tensor) else ''}: "
-                "decode with .decode(\"torchrgb\").")
-        ys = _as_list(ys)
-        require(len(ys) == images.shape[0], "a batch has different numbers of images and labels.")
-        labels += [int(y) for y in ys]
-        sizes.append(images.shape[0])
-    total = sum(sizes)
-    require(total != 2 * shardset.samples, f"{total} samples for {shardset.samples} in the shards: every sample came "
-            "twice. Keep webdataset's split_by_worker (the default workersplitter).")
-    require(total == shardset.samples, f"{total} samples came out, but the shards hold {shardset.samples}.")
-    short = [s for s in sizes[:-1] if s != batch_size]
-    require(not short, f"{len(short)} batches before the last are not full ({short[:4]}): rebatch on the loader.")
-    truth = Counter(_data.CLASSES.index(k.split("-")[0]) for k in shardset.all_keys())
-    require(Counter(labels) == truth, "the labels do not match the shards' .cls members: is the tuple (\"jpg\", \"cls\")?")
+        _worker._worker_info = saved
 
 
-def _min_shards(world: int, workers: int) -> int:
-    """The fewest shards for which webdataset's own splitters leave no reader empty."""
-    for n in itertools.count(1):
-        shares = reader_shares([f"s-{i:06d}.tar" for i in range(n)], world, workers)
-        if all(w for rank in shares for w in rank):
-            return n
-    raise AssertionError("unreachable")
-
-
-SHARD_CASES = [(1, 0), (1, 1), (1, 4), (2, 0), (2, 2), (3, 4), (4, 1), (8, 6)]
-
-
-@exercise("08.2", "ranks × workers: every DataLoader worker of every rank reads at least one shard.")
-def shards_needed(fn: Callable[[int, int], Any]) -> None:
-    """``fn(world_size, num_workers)`` is the fewest shards that leave no rank's worker without data."""
-    attempted(fn)
-    for world, workers in SHARD_CASES:
-        call = f"shards_needed({world}, {workers})"
-        got = fn(world, workers)
-        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
-                f"{call} should return a whole number of shards, got {got!r}.")
-        truth = _min_shards(world, workers)
-        if got == truth:
-            continue
-        if workers == 0 and got == 0:
-            raise Hint(f"{call} = 0: with num_workers=0 the rank's main process reads the shards itself, so each rank "
-                       "still needs one.")
-        if got == world and workers > 1:
-            raise Hint(f"{call} = {got}: one shard per rank, but each rank's {workers} workers split its shards again "
-                       f"(split_by_worker): {workers - 1} of them would read nothing.")
-        if got == max(1, workers) and world > 1:
-            raise Hint(f"{call} = {got}: that covers one rank's workers; split_by_node first gives each of the {world} "
-                       "ranks its own shards.")
-        if got == world + workers:
-            raise Hint(f"{call} = {got}: the splits nest (every rank's shards are split again among its workers), so "
-                       "the numbers multiply.")
-        if got > truth:
-            raise Hint(f"{call} = {got}: more than needed; with {truth} shards every reader already gets one.")
-        raise Hint(f"{call} = {got}, but with {got} shards some worker reads nothing; webdataset needs {truth}.")
-
-
-EPOCH_CASES = [(n, b, w, on) for n in (12, 30) for b in (8, 32) for w in (0, 1, 2, 3) for on in ("loader", "dataset")]
-
-
-@exercise("08.3", "on the loader with_epoch counts the rank's batches; on the dataset it counts each worker's.")
-def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
-    """``fn(batches_per_rank, batch_size, num_workers, on)``: the ``n`` in ``.with_epoch(n)`` that gives
-    ``batches_per_rank`` batches per rank when the dataset ends with ``.batched(batch_size)`` and
-    ``with_epoch`` stands on the ``"loader"`` (a WebLoader) or on the ``"dataset"``."""
-    attempted(fn)
-    for n, b, w, on in EPOCH_CASES:
-        call = f"with_epoch_value({n}, batch_size={b}, num_workers={w}, on={on!r})"
-        got = fn(n, b, w, on)
-        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
-                f"{call} should return a whole number, got {got!r}.")
-        truth = n if on == "loader" or w == 0 else n // w
-        if got == truth:
-            continue
-        if got in (n * b, truth * b):
-            raise Hint(f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
-                       "the dataset ends with .batched(...), so that is batches, not samples.")
-        if on == "dataset" and w > 1 and got == n:
-            raise Hint(f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
-                       f"yields that many, so the rank would get {w * n} batches.")
-        if on == "dataset" and w == 0:
-            raise Hint(f"{call} = {got}: with num_workers=0 the main process iterates the dataset once, so per worker "
-                       "is per rank here.")
-        if on == "loader" and got != n:
-            raise Hint(f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
-                       "is the whole rank's epoch, whatever the number of workers.")
-        raise Hint(f"{call} = {got}, but the rank would then not get {n} batches.")
-
-
-# ----------------------------------------------------------------- 08.4: one rank's loader, equal steps on every rank
-
-
-def _labelled_shards(folder: Any, shards: int, per_shard: int) -> list[str]:
-    """``shards`` small tar shards whose every sample says where it comes from: class ``shard * 100 + i``."""
-    import io
-
-    import webdataset as wds
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (4, 4), (90, 60, 30)).save(buf, "JPEG")
-    urls = []
-    for s in range(shards):
-        path = f"{folder}/check-{s:06d}.tar"
-        with wds.TarWriter(path) as sink:
-            for i in range(per_shard):
-                sink.write({"__key__": f"s{s:02d}i{i:02d}", "jpg": buf.getvalue(), "cls": s * 100 + i})
-        urls.append(path)
-    return urls
-
-
-def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int) -> list[int]:
-    """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps)``, batch by batch."""
-    from ..shards import simulated_reader
-
-    with simulated_reader(rank, world):
-        loader = fn(urls, batch_size, steps)
-        require(loader is not None, "rank_loader returned None: return the loader.")
-        error = ""
+def _ints(items: Any, what: str) -> list[int]:
+    out = []
+    for x in items:
         try:
-            batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here
-        except ValueError as exc:
-            error = str(exc)
-        del loader
-    gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
-    require("splitter" not in error, "webdataset refused to read: with several ranks it needs "
-            "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
-    require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")
-    labels = []
-    for batch in batches:
-        require(isinstance(batch, (tuple, list)) and len(batch) == 2, "each batch should be a pair (images, labels).")
-        labels.append([int(v) for v in _as_list(batch[1])])
-    return labels
+            value = int(x)
+        except (TypeError, ValueError):
+            raise Hint(f"{what} yielded {x!r}; it should yield the sample numbers themselves (ints 0..n-1).") from None
+        out.append(value)
+    return out
 
 
-@exercise("08.4", "every rank reads only its own shards, each worker its part of them, and all ranks take the same "
-                  "number of steps: with_epoch on the loader repeats a short rank's data and cuts a long one's.")
-def rank_loader(fn: Callable[..., Any]) -> None:
-    """``fn(urls, batch_size, steps)``: this rank's loader, split by node and worker, exactly ``steps`` batches long."""
-    import tempfile
+def _judge(got: list[int], n: int, setting: str, shares: list[list[int]] | None = None) -> None:
+    counts = [got.count(i) for i in range(n)]
+    outside = sorted({i for i in got if not 0 <= i < n})
+    require(not outside, f"{setting}: it yielded {outside[:5]}, outside 0..{n - 1}.")
+    if shares is not None and n >= 1 and len(shares) > 1 and all(sorted(s) == list(range(n)) for s in shares):
+        raise Hint(
+            f"{setting}: every worker yielded all {n} samples, so each arrived {len(shares)} times. "
+            "Call get_worker_info() inside __iter__ and yield only this worker's share (info.id, info.num_workers)."
+        )
+    repeated = [i for i, c in enumerate(counts) if c > 1]
+    missing = [i for i, c in enumerate(counts) if c == 0]
+    if repeated:
+        raise Hint(f"{setting}: samples {repeated[:5]} arrived more than once. The workers' shares must not overlap.")
+    if missing:
+        raise Hint(
+            f"{setting}: samples {missing[:5]} never arrived. The shares must cover 0..{n - 1} "
+            "(blocks of n // num_workers leave the remainder out; range(info.id, n, info.num_workers) covers everything)."
+        )
 
+
+@exercise("08.1", "each worker yields only its share: every sample exactly once with 0, 1, 2, 3 (and 4) workers.")
+def sharded_stream(cls: Any) -> None:
+    """``cls(n)`` is an ``IterableDataset`` that yields each of ``0..n-1`` once over all DataLoader workers."""
+    attempted(cls)
+    require(
+        isinstance(cls, type) and issubclass(cls, IterableDataset),
+        f"pass the class itself (e.g. `ShardedRange`), a subclass of IterableDataset; got {cls!r}.",
+    )
+    for n in (0, 1, 7, 10):
+        setting = f"{cls.__name__}({n}) with num_workers=0"
+        try:
+            got = _ints(iter(cls(n)), setting)
+        except AttributeError as exc:
+            if "NoneType" in str(exc):
+                raise Hint(
+                    f"{setting}: {exc}. In the main process get_worker_info() returns None: "
+                    "then this process is the only one, and it yields everything."
+                ) from None
+            raise
+        _judge(got, n, setting)
+    for k in (1, 2, 3, 4):
+        for n in (0, 1, 2, 3, 5, 7, 10, 13):
+            shares = []
+            for w in range(k):
+                ds = cls(n)
+                with as_worker(w, k, ds):
+                    shares.append(_ints(iter(ds), f"{cls.__name__}({n}) in worker {w} of {k}"))
+            _judge([i for s in shares for i in s], n, f"{cls.__name__}({n}) with {k} workers", shares)
+    if "fork" not in mp.get_all_start_methods():  # Windows: a class from a notebook cannot reach spawned workers
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        for n, k in ((10, 2), (7, 3)):
+            loader = DataLoader(cls(n), batch_size=None, num_workers=k, multiprocessing_context="fork", timeout=60)
+            _judge(_ints(loader, f"{cls.__name__}({n})"), n, f"{cls.__name__}({n}) in a real DataLoader with {k} workers")
+
+
+CASES = [(n, b, w) for n in (1, 5, 7, 10, 16, 25, 100) for b in (1, 3, 4, 8, 32) for w in (0, 1, 2, 3, 4)]
+
+
+def _call(fn: Callable[..., Any], n: int, b: int, w: int, drop_last: bool) -> int:
+    call = f"batches_per_epoch({n}, batch_size={b}, num_workers={w}, drop_last={drop_last})"
+    try:
+        value = fn(n, b, w, drop_last)
+    except ZeroDivisionError:
+        raise Hint(f"{call} divided by zero. num_workers=0 means no worker processes: the main process takes all {n} samples.") from None
+    return whole_number(value, call, "a count of batches is a whole number (math.ceil, //).")
+
+
+def _batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False) -> int:
+    """The reference: each worker batches its own share (``iterable.epoch_batch_sizes`` lists the sizes)."""
+    return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
+
+
+@exercise("08.3", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")
+def batches_per_epoch(fn: Callable[[int, int, int, bool], Any]) -> None:
+    """``fn(n, batch_size, num_workers, drop_last)``: batches in one epoch over a sharded ``n``-sample stream."""
     attempted(fn)
-    world, batch_size, steps = 2, 4, 7
-    with tempfile.TemporaryDirectory(prefix="course08-") as folder:
-        urls = _labelled_shards(folder, shards=5, per_shard=10)  # rank 0 gets 3 shards (30 samples), rank 1 gets 2 (20)
-        runs = [_rank_run(fn, urls, rank, world, batch_size, steps) for rank in range(world)]
-    counts = [len(r) for r in runs]
-    if counts != [steps] * world:
-        hint = (f"the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
-                "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
-        if all(c > steps for c in counts):
-            hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
-        elif counts[0] != counts[1]:
-            hint += "; unequal steps leave the longer rank waiting in a collective forever (notebook 06)"
-        raise Hint(hint + ".")
-    for rank, batches in enumerate(runs):
-        shards = {label // 100 for batch in batches for label in batch}
-        mine = set(range(rank, 5, world))
-        require(shards <= mine, f"rank {rank} read shards {sorted(shards - mine)} of the other rank: split the shards "
-                "between ranks with nodesplitter=wds.split_by_node.")
-        sizes = {len(batch) for batch in batches[:-1]}
-        require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size.")
-        labels = [label for batch in batches for label in batch]
-        first_pass = labels[:10 * len(mine)]
-        require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
-                "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+    for drop_last in (False, True):
+        for n, b, w in CASES:
+            got = _call(fn, n, b, w, drop_last)
+            truth = _batches_per_epoch(n, b, w, drop_last)
+            if got == truth:
+                continue
+            call = f"batches_per_epoch({n}, batch_size={b}, num_workers={w}, drop_last={drop_last})"
+            sizes = iterable.epoch_batch_sizes(n, b, w, drop_last)
+            shares = iterable.worker_shares(n, w)
+            whole = n // b if drop_last else math.ceil(n / b)
+            if got == whole:
+                raise Hint(
+                    f"{call} = {got}: that is len(loader), as if one process made every batch. Each of the {w} "
+                    f"workers batches its own share {shares}, and each share can end with a short batch: "
+                    f"the loader yields batches of {sizes}."
+                )
+            if w and got == w * (math.ceil(n / w) // b if drop_last else math.ceil(math.ceil(n / w) / b)):
+                raise Hint(f"{call} = {got}: not every share has ceil(n / num_workers) samples; here they are {shares}.")
+            if drop_last and got == _batches_per_epoch(n, b, w, False):
+                raise Hint(f"{call} = {got}: with drop_last=True every worker drops its own short last batch.")
+            raise Hint(f"{call} = {got}, but the loader yields {truth} batches, of sizes {sizes} (shares per worker: {shares}).")
 
 
-def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, seed: int, epoch: int) -> list[int]:
-    """The labels rank ``rank`` of ``world`` reads in ``epoch`` from ``fn(urls, seed, epoch)``, in order."""
-    from ..shards import simulated_reader
-
-    with simulated_reader(rank, world_size=world):
-        dataset = fn(list(urls), seed, epoch)
-        attempted(dataset)
-        samples = list(dataset)
-    labels = []
-    for sample in samples:
-        require(isinstance(sample, (tuple, list)) and len(sample) == 2, "each sample should be a pair (key, label): "
-                'end the pipeline with wds.to_tuple("__key__", "cls").')
-        labels.append(int(sample[1]))
-    return labels
+def _entries(sizes: Sequence[int]) -> list[tuple[str, int]]:
+    return [(f"r{i:05d}.npy", s) for i, s in enumerate(sizes)]
 
 
-@exercise("08.5", "the shard list shuffled alike on every rank from (seed, epoch), then split: every shard read once per "
-                  "epoch over the ranks, a new share for each rank every epoch, the same one on a rerun.")
-def rotating_dataset(fn: Callable[..., Any]) -> None:
-    """``fn(urls, seed, epoch)``: this rank's ``(key, label)`` samples for ``epoch``, its shards drawn anew every epoch."""
-    import tempfile
+POLICY_CASES = [
+    ([100] * 10, 700),  # three too many
+    ([100] * 10, 1000),  # exactly full: nothing to do
+    ([100] * 4, 1000),  # room to spare
+    ([300, 50, 50, 50, 200, 100], 400),  # sizes differ: count bytes, not files
+    ([50, 50, 400, 100, 100], 450),
+    ([100, 100, 100], 0),  # a budget of nothing: everything goes
+    ([], 100),
+]
 
+
+@exercise("08.5", "as few deletions as possible, oldest first, until the rest fits the budget.")
+def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
+    """``fn(entries, budget_bytes)`` returns the names to evict; ``entries`` are ``(name, bytes)``, oldest first."""
     attempted(fn)
-    world, n = 2, 6
-    with tempfile.TemporaryDirectory(prefix="course08-") as folder:
-        urls = _labelled_shards(folder, shards=n, per_shard=3)
-        shares = []  # per epoch, per rank: the set of shards read
-        for epoch in range(4):
-            runs = [_rotation_run(fn, urls, rank, world, 0, epoch) for rank in range(world)]
-            read = [label // 100 for labels in runs for label in labels]
-            mine = [{label // 100 for label in labels} for labels in runs]
-            twice = sorted(mine[0] & mine[1])
-            if twice:
-                raise Hint(f"in epoch {epoch} both ranks read shards {twice}: " + (
-                    "split the shuffled list between the ranks with wds.split_by_node" if len(twice) == n else
-                    "every rank must shuffle the list identically, from (seed, epoch) only, never the rank") + ".")
-            require(sorted(read) == sorted(s for s in range(n) for _ in range(3)),
-                    f"in epoch {epoch} the ranks read shards {sorted(set(read))} ({len(read)} samples): every shard "
-                    f"once, all {n} of them, 3 samples each.")
-            shares.append(mine)
-            require(len(runs[0]) == len(set(runs[0])), f"rank 0 read a sample twice in epoch {epoch}.")
-        if all(s[0] == shares[0][0] for s in shares):
-            raise Hint(f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
-                       "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node.")
-        again = _rotation_run(fn, urls, 0, world, 0, 1)
-        first = _rotation_run(fn, urls, 0, world, 0, 1)
-        require(again == first, "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
-                "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).")
+    for sizes, budget in POLICY_CASES:
+        entries = _entries(sizes)
+        call = f"policy({len(entries)} entries of sizes {sizes}, budget_bytes={budget})"
+        result = fn(list(entries), budget)
+        require(result is not None, f"{call} returned None: return a list of names (an empty list when nothing must go).")
+        chosen = list(result)
+        names = [name for name, _ in entries]
+        if chosen and all(isinstance(c, tuple) for c in chosen):
+            raise Hint(f"{call} returned entries like {chosen[0]!r}: return only the names (the first item of each).")
+        require(all(c in names for c in chosen), f"{call} returned {chosen[:3]}, which are not names from entries.")
+        require(len(set(chosen)) == len(chosen), f"{call} names a file twice.")
+        left = sum(s for (name, s) in entries if name not in chosen)
+        total = sum(sizes)
+        truth = iterable_evict(entries, budget)
+        require(left <= budget, f"{call}: after deleting {len(chosen)} files {left} bytes remain, over the budget. Keep deleting, oldest first, and add up bytes, not files: sizes differ.")
+        if set(chosen) == set(truth):
+            continue
+        if not truth:
+            raise Hint(f"{call}: the cache holds {total} bytes, within the budget: delete nothing.")
+        if len(chosen) > len(truth):
+            raise Hint(
+                f"{call} deleted {len(chosen)} files, but deleting the {len(truth)} oldest is enough. "
+                "Stop as soon as the rest fits (count bytes, not files: sizes differ)."
+            )
+        newest_first = [name for name, _ in reversed(entries)]
+        if chosen and set(chosen) == set(newest_first[: len(chosen)]):
+            raise Hint(f"{call} deleted the newest files. entries come oldest first: evict from the front.")
+        raise Hint(f"{call} deleted {sorted(chosen)}; the oldest-first choice is {truth}.")
+
+
+def iterable_evict(entries: Sequence[tuple[str, int]], budget: int) -> list[str]:
+    """The reference answer (``course_lib.growing.evict_oldest``)."""
+    from ..growing import evict_oldest
+
+    return evict_oldest(entries, budget)
+
+
+# ----------------------------------------------------------------- 08.2: a stream for ranks x workers
+
+
+def _ranked_run(cls: Any, n: int, world: int, workers: int, seed: int, epoch: int) -> list[list[tuple[int, float]]]:
+    """One epoch of ``cls(n, rank, world, seed)`` on every rank, each as ``workers`` workers (0: the main process):
+    one list of ``(index, noise)`` per (rank, worker) stream."""
+    streams = []
+    for rank in range(world):
+        ds = cls(n, rank, world, seed)
+        require(hasattr(ds, "set_epoch"), "give the class a set_epoch(epoch) method that stores the epoch.")
+        ds.set_epoch(epoch)
+        for worker in range(max(workers, 1)):
+            with (as_worker(worker, workers, ds) if workers else contextlib.nullcontext()):
+                items = list(ds)
+            for item in items:
+                require(isinstance(item, tuple) and len(item) == 2, f"yield pairs (index, noise), got {item!r}.")
+            streams.append([(int(i), float(x)) for i, x in items])
+    return streams
+
+
+@exercise("08.2", "every sample once per epoch over ranks x workers, a new order each epoch, and each stream's own "
+                  "noise, reproducible from (seed, epoch, rank, worker).")
+def ranked_stream(cls: Any) -> None:
+    """``cls(n, rank, world_size, seed)`` with ``set_epoch``: an IterableDataset of ``(index, noise)`` pairs."""
+    attempted(cls)
+    require(isinstance(cls, type) and issubclass(cls, IterableDataset),
+            f"pass the class itself, a subclass of IterableDataset; got {cls!r}.")
+    n = 24
+    for world, workers in ((1, 0), (2, 0), (1, 3), (2, 2), (3, 2)):
+        streams = _ranked_run(cls, n, world, workers, seed=0, epoch=0)
+        setting = f"{world} rank(s) x {workers} worker(s)"
+        got = [i for s in streams for i, _ in s]
+        per_rank = [sorted(i for s in streams[r * max(workers, 1):(r + 1) * max(workers, 1)] for i, _ in s) for r in range(world)]
+        require(world == 1 or len({tuple(p) for p in per_rank}) == world, f"{setting}: every rank yielded the same "
+                "samples: divide the permutation into world_size x num_workers shares, rank r's worker w taking "
+                "share r * num_workers + w.")
+        require(len(got) != n or len(set(got)) == n, f"{setting}: some samples came twice and others never, though the "
+                "shares add up to the data set: the ranks or workers cut their shares from different permutations. "
+                "Seed the permutation with (seed, epoch) only, the same on every rank and worker.")
+        _judge(got, n, setting, shares=[[i for i, _ in s] for s in streams] if world == 1 else None)
+    a = _ranked_run(cls, n, 2, 2, seed=0, epoch=0)
+    require(a == _ranked_run(cls, n, 2, 2, seed=0, epoch=0), "the same seed and epoch gave different streams: draw "
+            "every random number from generators seeded by (seed, epoch, ...), not from the global ones.")
+    order = [i for s in _ranked_run(cls, n, 1, 0, seed=0, epoch=0) for i, _ in s]
+    require(order != sorted(order), "the samples come in order 0, 1, 2, ...: shuffle them with a permutation drawn "
+            "from np.random.default_rng([seed, epoch]).")
+    require(a != _ranked_run(cls, n, 2, 2, seed=0, epoch=1), "epochs 0 and 1 gave the same streams: put the epoch "
+            "into the seed of the permutation (and of the noise).")
+    require(a != _ranked_run(cls, n, 2, 2, seed=1, epoch=0), "seeds 0 and 1 gave the same streams: use the seed.")
+    firsts = [s[0][1] for s in a if s]
+    require(len(set(firsts)) == len(firsts), "two streams drew the same noise: seed each stream's noise generator "
+            "with all of (seed, epoch, rank, worker), e.g. np.random.default_rng([seed, epoch, rank, worker]).")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = [list(drain(DataLoader(cls(n, rank, 2, 0), batch_size=None, num_workers=2,
+                                      multiprocessing_context=mp.get_context("fork")))) for rank in range(2)]
+    _judge([int(i) for r in real for i, _ in r], n, "2 ranks x 2 real worker processes")
+
+
+def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -> list[list[int]]:
+    """The indices a DataLoader with ``num_workers`` persistent workers yields in each of ``epochs`` epochs."""
+    stream = cls(n, seed)
+    attempted(stream)
+    require(isinstance(stream, IterableDataset), f"{type(stream).__name__} should subclass IterableDataset.")
+    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0,
+                        multiprocessing_context=mp.get_context("fork") if num_workers else None)
+    out = []
+    try:
+        for epoch in range(epochs):
+            stream.set_epoch(epoch)
+            out.append(_ints(list(loader), type(stream).__name__))
+    finally:  # the persistent workers stop here, not at some later garbage collection (see drain)
+        stop_workers(loader._iterator)
+    return out
+
+
+@exercise("08.4", "the epoch in shared memory: persistent workers reshuffle every epoch, each sample once, "
+                  "the same orders on a rerun.")
+def persistent_stream(cls: Any) -> None:
+    """``cls(n, seed)``: an IterableDataset with ``set_epoch``, split by worker, reshuffled per epoch even in persistent workers."""
+    attempted(cls)
+    n, seed = 12, 3
+    for workers in (0, 2):
+        setting = f"with {workers} persistent workers" if workers else "with 0 workers"
+        orders = _epochs_of(cls, n, seed, workers)
+        for epoch, got in enumerate(orders):
+            _judge(got, n, f"{setting}, epoch {epoch}")
+        require(orders[0] != sorted(orders[0]), f"{setting} epoch 0 came in order 0..{n - 1}: shuffle it, "
+                "from np.random.default_rng([seed, epoch]).")
+        if workers and orders[0] == orders[1] == orders[2]:
+            raise Hint("with persistent workers all three epochs came in the same order: each worker kept the copy of "
+                       "the epoch it was started with. Keep the epoch in a tensor moved to shared memory "
+                       "(torch.zeros((), dtype=torch.int64).share_memory_()) and write it with fill_ in set_epoch.")
+        require(len({tuple(o) for o in orders}) == 3, f"{setting} two of three epochs came in the same order: "
+                "seed the permutation with the epoch, np.random.default_rng([seed, epoch]).")
+        again = _epochs_of(cls, n, seed, workers)
+        require(again == orders, f"{setting} a second stream with the same seed gave other orders: draw them from "
+                "np.random.default_rng([seed, epoch]), not from the global random state.")

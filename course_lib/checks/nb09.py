@@ -1,202 +1,313 @@
-"""Checks for notebook 09 (beyond WebDataset).
+"""Checks for notebook 09 (streaming shards).
 
-09.1 runs the learner's MDS loader on real MDS shards; 09.2 runs their batch-keeping code on a
-real :class:`~course_lib.highrate.RingLoader` (whose slots are overwritten, so kept batches must
-be copies); 09.3 compares their shared-memory arithmetic with what a RingLoader allocates; 09.4 runs their
-memory-mapped batch reader over a real raw file for two epochs; 09.5 times their rate meter against loops whose
-wall and CPU time are known.
+The loader check runs the learner's loader on real shards and looks at what comes out, then at
+the stages of its pipeline, to say which one is missing or misplaced. The counting checks compare
+with webdataset's own splitters and with what ``with_epoch`` does in webdataset 1.0.2.
 """
 
 from __future__ import annotations
 
 import gc
-import tempfile
-import time
-from pathlib import Path
+import itertools
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ._core import Hint, attempted, exercise, require, whole_number
+from .. import data as _data
+from ..shards import ShardSet, reader_shares
+from ._core import Hint, attempted, exercise, require
 
 
-@exercise("09.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
-def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_size: int = 16) -> None:
-    """``fn(folder, batch_size)`` returns a DataLoader of ``(images, labels)`` over the MDS shards in ``folder``."""
+def _stage_names(pipeline: Any) -> list[str]:
+    """Readable names of a webdataset pipeline's stages, e.g. ['DataLoader', 'unbatched', 'shuffle']."""
+    names = []
+    for stage in getattr(pipeline, "pipeline", []):
+        f = getattr(stage, "f", None)  # webdataset's curried filters keep the function in .f
+        if f is not None:
+            names.append(f.__name__.lstrip("_"))
+        elif hasattr(stage, "__name__"):
+            names.append(stage.__name__)
+        else:
+            names.append(type(stage).__name__)
+    return names
+
+
+def _as_list(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return list(x)
+
+
+@exercise("09.1", "batches made in the workers, then unbatched, shuffled across workers and rebatched on the loader.")
+def make_loader(fn: Callable[[str, int], Any], shardset: ShardSet, batch_size: int = 16) -> None:
+    """``fn(urls, batch_size)`` returns a ``wds.WebLoader`` yielding ``(images, labels)`` batches."""
     from torch.utils.data import DataLoader
 
     attempted(fn)
-    loader = fn(folder, batch_size)
+    loader = fn(shardset.urls, batch_size)
     attempted(loader)
-    require(isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader.")
-    require(loader.num_workers >= 1, "the DataLoader has num_workers=0: give it worker processes (num_workers=2).")
-    inner = getattr(loader.dataset, "inner", loader.dataset)
-    ds_batch = getattr(inner, "batch_size", None)
-    require(ds_batch is not None, "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
-            "Pass batch_size to alternatives.mds_images(folder, batch_size).")
-    require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
-    require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
-            f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
-            "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
-            "mid-epoch points at the wrong samples). Use the same number for both.")
-    gc.collect()
+    require(loader is not None, "make_loader returned None: end the function with `return loader`.")
+    first = getattr(loader, "pipeline", [None])[0] if hasattr(loader, "pipeline") else None
+    require(isinstance(first, DataLoader),
+            f"make_loader returned a {type(loader).__name__}; return wds.WebLoader(dataset, num_workers=2, batch_size=None) "
+            "followed by .unbatched().shuffle(...).batched(batch_size).")
+    require(first.num_workers >= 1, "the WebLoader has num_workers=0: give it worker processes (num_workers=2).")
+    require(first.num_workers <= 2, f"num_workers={first.num_workers}: this course runs on 2 cores, use 2 workers at most.")
+    require(first.batch_size is None,
+            f"the WebLoader batches again (batch_size={first.batch_size}): the dataset already makes batches in the workers, "
+            "so pass batch_size=None.")
+    inner = _stage_names(first.dataset)
+    require("batched" in inner,
+            "the dataset does not batch in the workers, so every sample crosses to the main process on its own "
+            "(section 5 measured that cost): end the dataset with .batched(...).")
+    outer = _stage_names(loader)[1:]
+    require("unbatched" in outer,
+            "the loader never unbatches: the workers' batches arrive as they are, each from one worker's shards. "
+            "Follow the WebLoader with .unbatched().shuffle(...).batched(batch_size).")
+    require("shuffle" in outer[outer.index("unbatched"):],
+            "nothing shuffles after .unbatched(): every batch still comes from one worker's shards. "
+            "Put .shuffle(n) between .unbatched() and .batched(batch_size).")
+    require("batched" in outer[outer.index("unbatched"):],
+            "after .unbatched() the loader yields single samples: add .batched(batch_size) at the end.")
+    limit = shardset.samples // batch_size + 10
+    gc.collect()  # earlier half-read loaders must not be copied into this loader's forked workers
+    it = iter(loader)
+    try:
+        batches = list(itertools.islice(it, limit))
+    finally:
+        close = getattr(it, "close", None)  # stop the workers of a loader that is not exhausted
+        if close is not None:
+            close()
+        del it
+        gc.collect()
+    require(len(batches) < limit, f"the loader yields more than {limit - 1} batches for {shardset.samples} samples: "
+            "is it resampled, or repeated with with_epoch? Read each shard once here.")
     labels: list[int] = []
-    for images, ys in loader:
-        require(isinstance(images, torch.Tensor) and images.dim() == 4, "each batch should be (images [B, 3, H, W], labels).")
+    sizes = []
+    for batch in batches:
+        require(isinstance(batch, (tuple, list)) and len(batch) == 2,
+                "each batch should be (images, labels): use .to_tuple(\"jpg\", \"cls\") in the dataset.")
+        images, ys = batch
+        require(isinstance(images, torch.Tensor) and images.dim() == 4 and images.shape[1] == 3
+                and images.is_floating_point(),
+                f"the images of a batch should be a float tensor [batch, 3, H, W], got "
+                f"{type(images).__name__}{list(images.shape) if isinstance(images, torch.Tensor) else ''}: "
+                "decode with .decode(\"torchrgb\").")
+        ys = _as_list(ys)
+        require(len(ys) == images.shape[0], "a batch has different numbers of images and labels.")
         labels += [int(y) for y in ys]
-    require(len(labels) == samples, f"{len(labels)} samples came out of {samples} in the shards.")
+        sizes.append(images.shape[0])
+    total = sum(sizes)
+    require(total != 2 * shardset.samples, f"{total} samples for {shardset.samples} in the shards: every sample came "
+            "twice. Keep webdataset's split_by_worker (the default workersplitter).")
+    require(total == shardset.samples, f"{total} samples came out, but the shards hold {shardset.samples}.")
+    short = [s for s in sizes[:-1] if s != batch_size]
+    require(not short, f"{len(short)} batches before the last are not full ({short[:4]}): rebatch on the loader.")
+    truth = Counter(_data.CLASSES.index(k.split("-")[0]) for k in shardset.all_keys())
+    require(Counter(labels) == truth, "the labels do not match the shards' .cls members: is the tuple (\"jpg\", \"cls\")?")
 
 
-@exercise("09.2", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
-def first_batches(fn: Callable[[Any, int], Any]) -> None:
-    """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
-    from ..highrate import RingLoader, write_raw_tensors
+def _min_shards(world: int, workers: int) -> int:
+    """The fewest shards for which webdataset's own splitters leave no reader empty."""
+    for n in itertools.count(1):
+        shares = reader_shares([f"s-{i:06d}.tar" for i in range(n)], world, workers)
+        if all(w for rank in shares for w in rank):
+            return n
+    raise AssertionError("unreachable")
 
+
+SHARD_CASES = [(1, 0), (1, 1), (1, 4), (2, 0), (2, 2), (3, 4), (4, 1), (8, 6)]
+
+
+@exercise("09.2", "ranks × workers: every DataLoader worker of every rank reads at least one shard.")
+def shards_needed(fn: Callable[[int, int], Any]) -> None:
+    """``fn(world_size, num_workers)`` is the fewest shards that leave no rank's worker without data."""
     attempted(fn)
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "raw.f32", 24, sample_bytes=4096, seed=9)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(24, -1))
-        with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
-            got = fn(ring, 4)
-            attempted(got)
-            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
-            require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
-            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
-            if len(same) < 4:
-                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
-                           "batches overwrite. Keep batch.clone().")
-            for i, batch in enumerate(got):
-                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
-                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
-                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
-            again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
-            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
-
-
-RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
-
-
-@exercise("09.3", "slots × batch_size × sample bytes, allocated once: (2 × workers + 1) slots unless given.")
-def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
-    """``fn(batch_size, sample_bytes, num_workers, slots)``: bytes of shared memory a RingLoader allocates."""
-    attempted(fn)
-    for batch, sample, workers, slots in RING_CASES:
-        call = f"ring_bytes({batch}, {sample}, {workers}, slots={slots})"
-        got = whole_number(fn(batch, sample, workers, slots), call, "a number of bytes is whole.")
-        n_slots = slots or 2 * workers + 1
-        truth = n_slots * batch * sample
+    for world, workers in SHARD_CASES:
+        call = f"shards_needed({world}, {workers})"
+        got = fn(world, workers)
+        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+                f"{call} should return a whole number of shards, got {got!r}.")
+        truth = _min_shards(world, workers)
         if got == truth:
             continue
-        if slots is None and got == 2 * workers * batch * sample:
-            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
-                       "(the batch it is working on).")
-        if got == batch * sample:
-            raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
-        if slots is not None and got == (2 * workers + 1) * batch * sample:
-            raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
-        raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
+        if workers == 0 and got == 0:
+            raise Hint(f"{call} = 0: with num_workers=0 the rank's main process reads the shards itself, so each rank "
+                       "still needs one.")
+        if got == world and workers > 1:
+            raise Hint(f"{call} = {got}: one shard per rank, but each rank's {workers} workers split its shards again "
+                       f"(split_by_worker): {workers - 1} of them would read nothing.")
+        if got == max(1, workers) and world > 1:
+            raise Hint(f"{call} = {got}: that covers one rank's workers; split_by_node first gives each of the {world} "
+                       "ranks its own shards.")
+        if got == world + workers:
+            raise Hint(f"{call} = {got}: the splits nest (every rank's shards are split again among its workers), so "
+                       "the numbers multiply.")
+        if got > truth:
+            raise Hint(f"{call} = {got}: more than needed; with {truth} shards every reader already gets one.")
+        raise Hint(f"{call} = {got}, but with {got} shards some worker reads nothing; webdataset needs {truth}.")
 
 
-def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
-    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
-    where = {float(v): i for i, v in enumerate(truth[:, 0])}
-    found = []
-    for batch in batches:
-        for row in batch:
-            i = where.get(float(row[0]))
-            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
-                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
-            found.append(i)
-    return found
+EPOCH_CASES = [(n, b, w, on) for n in (12, 30) for b in (8, 32) for w in (0, 1, 2, 3) for on in ("loader", "dataset")]
 
 
-@exercise("09.4", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
-                  "batch gathered into one buffer allocated once.")
-def mapped_batches(cls: Any) -> None:
-    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
-    from ..highrate import write_raw_tensors
-
-    attempted(cls)
-    n, size, batch = 50, 256, 8
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
-        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
-        attempted(reader)
-        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
-        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
-        for _ in range(2):
-            got, sizes = [], []
-            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
-                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
-                        "which a training step takes (torch.from_file gives one).")
-                held.append(b)
-                sizes.append(b.shape[0])
-                got.append(b.clone())
-            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
-                    "short batch: slice the buffer to its length).")
-            epochs.append(_rows_to_index(got, truth))
-        for e, order in enumerate(epochs):
-            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
-                    f"records of {n}: every record once per epoch.")
-        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
-        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
-        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
-        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
-                "torch.Generator with seed + epoch rather than using the global random state.")
-        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
-        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
-        buffers = len({b.untyped_storage().data_ptr() for b in held})
-        if buffers > 1:
-            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
-                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
-                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
-
-
-def _busy(seconds: float) -> None:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-
-
-@exercise("09.5", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
-def measure(fn: Callable[..., Any]) -> None:
-    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
+@exercise("09.3", "on the loader with_epoch counts the rank's batches; on the dataset it counts each worker's.")
+def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
+    """``fn(batches_per_rank, batch_size, num_workers, on)``: the ``n`` in ``.with_epoch(n)`` that gives
+    ``batches_per_rank`` batches per rank when the dataset ends with ``.batched(batch_size)`` and
+    ``with_epoch`` stands on the ``"loader"`` (a WebLoader) or on the ``"dataset"``."""
     attempted(fn)
-    batch = torch.zeros(250_000)  # 1 MB
-    stepped: list[int] = []
+    for n, b, w, on in EPOCH_CASES:
+        call = f"with_epoch_value({n}, batch_size={b}, num_workers={w}, on={on!r})"
+        got = fn(n, b, w, on)
+        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+                f"{call} should return a whole number, got {got!r}.")
+        truth = n if on == "loader" or w == 0 else n // w
+        if got == truth:
+            continue
+        if got in (n * b, truth * b):
+            raise Hint(f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
+                       "the dataset ends with .batched(...), so that is batches, not samples.")
+        if on == "dataset" and w > 1 and got == n:
+            raise Hint(f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
+                       f"yields that many, so the rank would get {w * n} batches.")
+        if on == "dataset" and w == 0:
+            raise Hint(f"{call} = {got}: with num_workers=0 the main process iterates the dataset once, so per worker "
+                       "is per rank here.")
+        if on == "loader" and got != n:
+            raise Hint(f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
+                       "is the whole rank's epoch, whatever the number of workers.")
+        raise Hint(f"{call} = {got}, but the rank would then not get {n} batches.")
 
-    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
-        for _ in range(4):
-            time.sleep(0.05)
-            yield batch
 
-    def busy():  # 4 MB in about 0.2 s of CPU
-        for _ in range(4):
-            _busy(0.05)
-            yield batch
+# ----------------------------------------------------------------- 09.4: one rank's loader, equal steps on every rank
 
-    start = time.perf_counter()
-    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
-    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
-    attempted(got)
-    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
-    rate, cpu = float(got[0]), float(got[1])
-    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
-    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
-        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
-    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
-            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
-            "seconds (time.perf_counter()).")
-    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
-            "time.process_time(), not the wall clock.")
-    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
-    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
-            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
-    try:
-        fn(sleepy, 8_000_000, lambda b: None)
-    except Exception:  # noqa: BLE001 - any clear error will do
-        return
-    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
-               "against nbytes, or a short pass passes for a fast one.")
+
+def _labelled_shards(folder: Any, shards: int, per_shard: int) -> list[str]:
+    """``shards`` small tar shards whose every sample says where it comes from: class ``shard * 100 + i``."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (90, 60, 30)).save(buf, "JPEG")
+    urls = []
+    for s in range(shards):
+        path = f"{folder}/check-{s:06d}.tar"
+        with wds.TarWriter(path) as sink:
+            for i in range(per_shard):
+                sink.write({"__key__": f"s{s:02d}i{i:02d}", "jpg": buf.getvalue(), "cls": s * 100 + i})
+        urls.append(path)
+    return urls
+
+
+def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int) -> list[int]:
+    """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps)``, batch by batch."""
+    from ..shards import simulated_reader
+
+    with simulated_reader(rank, world):
+        loader = fn(urls, batch_size, steps)
+        require(loader is not None, "rank_loader returned None: return the loader.")
+        error = ""
+        try:
+            batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here
+        except ValueError as exc:
+            error = str(exc)
+        del loader
+    gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
+    require("splitter" not in error, "webdataset refused to read: with several ranks it needs "
+            "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
+    require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")
+    labels = []
+    for batch in batches:
+        require(isinstance(batch, (tuple, list)) and len(batch) == 2, "each batch should be a pair (images, labels).")
+        labels.append([int(v) for v in _as_list(batch[1])])
+    return labels
+
+
+@exercise("09.4", "every rank reads only its own shards, each worker its part of them, and all ranks take the same "
+                  "number of steps: with_epoch on the loader repeats a short rank's data and cuts a long one's.")
+def rank_loader(fn: Callable[..., Any]) -> None:
+    """``fn(urls, batch_size, steps)``: this rank's loader, split by node and worker, exactly ``steps`` batches long."""
+    import tempfile
+
+    attempted(fn)
+    world, batch_size, steps = 2, 4, 7
+    with tempfile.TemporaryDirectory(prefix="course09-") as folder:
+        urls = _labelled_shards(folder, shards=5, per_shard=10)  # rank 0 gets 3 shards (30 samples), rank 1 gets 2 (20)
+        runs = [_rank_run(fn, urls, rank, world, batch_size, steps) for rank in range(world)]
+    counts = [len(r) for r in runs]
+    if counts != [steps] * world:
+        hint = (f"the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
+                "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
+        if all(c > steps for c in counts):
+            hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
+        elif counts[0] != counts[1]:
+            hint += "; unequal steps leave the longer rank waiting in a collective forever (notebook 07)"
+        raise Hint(hint + ".")
+    for rank, batches in enumerate(runs):
+        shards = {label // 100 for batch in batches for label in batch}
+        mine = set(range(rank, 5, world))
+        require(shards <= mine, f"rank {rank} read shards {sorted(shards - mine)} of the other rank: split the shards "
+                "between ranks with nodesplitter=wds.split_by_node.")
+        sizes = {len(batch) for batch in batches[:-1]}
+        require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size.")
+        labels = [label for batch in batches for label in batch]
+        first_pass = labels[:10 * len(mine)]
+        require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
+                "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+
+
+def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, seed: int, epoch: int) -> list[int]:
+    """The labels rank ``rank`` of ``world`` reads in ``epoch`` from ``fn(urls, seed, epoch)``, in order."""
+    from ..shards import simulated_reader
+
+    with simulated_reader(rank, world_size=world):
+        dataset = fn(list(urls), seed, epoch)
+        attempted(dataset)
+        samples = list(dataset)
+    labels = []
+    for sample in samples:
+        require(isinstance(sample, (tuple, list)) and len(sample) == 2, "each sample should be a pair (key, label): "
+                'end the pipeline with wds.to_tuple("__key__", "cls").')
+        labels.append(int(sample[1]))
+    return labels
+
+
+@exercise("09.5", "the shard list shuffled alike on every rank from (seed, epoch), then split: every shard read once per "
+                  "epoch over the ranks, a new share for each rank every epoch, the same one on a rerun.")
+def rotating_dataset(fn: Callable[..., Any]) -> None:
+    """``fn(urls, seed, epoch)``: this rank's ``(key, label)`` samples for ``epoch``, its shards drawn anew every epoch."""
+    import tempfile
+
+    attempted(fn)
+    world, n = 2, 6
+    with tempfile.TemporaryDirectory(prefix="course09-") as folder:
+        urls = _labelled_shards(folder, shards=n, per_shard=3)
+        shares = []  # per epoch, per rank: the set of shards read
+        for epoch in range(4):
+            runs = [_rotation_run(fn, urls, rank, world, 0, epoch) for rank in range(world)]
+            read = [label // 100 for labels in runs for label in labels]
+            mine = [{label // 100 for label in labels} for labels in runs]
+            twice = sorted(mine[0] & mine[1])
+            if twice:
+                raise Hint(f"in epoch {epoch} both ranks read shards {twice}: " + (
+                    "split the shuffled list between the ranks with wds.split_by_node" if len(twice) == n else
+                    "every rank must shuffle the list identically, from (seed, epoch) only, never the rank") + ".")
+            require(sorted(read) == sorted(s for s in range(n) for _ in range(3)),
+                    f"in epoch {epoch} the ranks read shards {sorted(set(read))} ({len(read)} samples): every shard "
+                    f"once, all {n} of them, 3 samples each.")
+            shares.append(mine)
+            require(len(runs[0]) == len(set(runs[0])), f"rank 0 read a sample twice in epoch {epoch}.")
+        if all(s[0] == shares[0][0] for s in shares):
+            raise Hint(f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
+                       "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node.")
+        again = _rotation_run(fn, urls, 0, world, 0, 1)
+        first = _rotation_run(fn, urls, 0, world, 0, 1)
+        require(again == first, "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
+                "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).")

@@ -64,15 +64,15 @@ def test_prepare_all_then_notebooks_reuse_it_without_writing(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "verified shapes-small-seed0: images, shards ready" in done.stdout
     assert f"export COURSE_DATA_DIR={tmp_path}" in done.stdout
-    for split in preparation.NB08_SHARDS:
+    for split in preparation.NB09_SHARDS:
         assert (shards.shard_folder(split, root=tmp_path) / "manifest.json").is_file()
     before = snapshot(tmp_path)
 
     # What the notebooks call, with COURSE_DATA_DIR set as the instructor says: it reuses, writes nothing.
     notebook_calls = (
         "from course_lib import data, shards\nfrom course_tools import preparation\n"
-        "root = data.prepare_data()\n"  # notebooks 01-08
-        "for split, maxcount in preparation.NB08_SHARDS.items():\n"  # notebook 08's shards, its parameters
+        "root = data.prepare_data()\n"  # notebooks 01-09
+        "for split, maxcount in preparation.NB09_SHARDS.items():\n"  # notebook 09's shards, its parameters
         "    shards.write_image_shards(shards.shard_folder(split), split=split, maxcount=maxcount)\n"
         "print(data.describe(root))\n"
     )

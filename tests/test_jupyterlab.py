@@ -112,8 +112,9 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04", "11", "12"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 11 and 12,
-# whose exercise answers (the tuned workers; the count of samples trained twice) a later cell uses
+RUN_ALL = ["01", "04", "05", "11", "12"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 05, 11
+# and 12, whose exercise answers (the module spawn workers import; the tuned workers; the count of samples trained
+# twice) a later cell uses
 SIDE_BY_SIDE = ["04", "11"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
 # (01 runs alone, first: it prepares the data and shows the progress bar)
 RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (04 needs ~70 s here, ~200 s under heavy load); then a cell at [*] is stuck
@@ -162,6 +163,31 @@ SQUARES = '''class Squares(Dataset):
     def __getitem__(self, i):
 {guard}        return i, i ** 2
 '''
+WORKER_MODULE = '''%%writefile scratch/my_workers.py
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+
+class GaussianNoise:
+    def __init__(self, std=0.1):
+        if std < 0:
+            raise ValueError(f"std must be >= 0, got {{std}}")
+        self.std = std
+
+    def __call__(self, image):
+        if not isinstance(image, torch.Tensor):
+            raise TypeError("put v2.ToImage() and v2.ToDtype(torch.float32, scale=True) before GaussianNoise")
+        return (image + torch.randn_like(image) * self.std).clamp(0, 1)
+
+    def __repr__(self):
+        return f"GaussianNoise(std={{self.std}})"
+
+
+def seed_worker(worker_id):
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng({seed})
+'''
 SEEN = '''    counts = collections.Counter()
     for rank_steps in steps.values():
         for step in rank_steps:
@@ -183,6 +209,12 @@ LEARNER_PATHS = [
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
                  id="11.2"),
+    # 05.2: the module's seed_worker seeds every worker alike (a constant seed); the section after it imports the
+    # module, already imported with the stub in this kernel, and runs it in spawn workers, which read the file anew.
+    pytest.param(LearnerPath("05", ("### Exercise 05.2", "## 4 · "), "05.2", cell="%%writefile scratch/my_workers.py",
+                             check='check.worker_module(scratch / "my_workers.py")',
+                             wrong=WORKER_MODULE.format(seed="0"), right=WORKER_MODULE.format(seed="info.seed")),
+                 id="05.2"),
     # 12.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
     pytest.param(LearnerPath("12", ("### Exercise 12.1", "## 2 · "), "12.1", cell="def seen_twice_and_never(",
                              stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import get_worker_info
 
 from course_lib.checks import Status, nb05
-from exercise_status import status
+from exercise_status import right_and_stubs, status
 
 # ----------------------------------------------------------------- 05.1: a generator per worker
 
@@ -165,3 +165,65 @@ def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> 
     ).replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
     write_module(module_folder, "edited_module", same_in_workers)
     assert "both spawn workers drew the same noise" in status(nb05.worker_module, path)[1]
+
+
+# ----------------------------------------------------------------- 05.3: records that forked workers share
+
+
+class CompactRecords:
+    def __init__(self, records):
+        self.paths = np.array([path for path, _ in records])
+        self.labels = np.array([label for _, label in records], dtype=np.int64)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return str(self.paths[i]), int(self.labels[i])
+
+
+class ObjectArray(CompactRecords):  # one Python object per path, as in a list
+    def __init__(self, records):
+        super().__init__(records)
+        self.paths = np.array([path for path, _ in records], dtype=object)
+
+
+class KeptList(CompactRecords):  # the arrays are made, but the list is what __getitem__ reads
+    def __init__(self, records):
+        super().__init__(records)
+        self.records = records
+
+    def __getitem__(self, i):
+        return self.records[i]
+
+
+class AsBytes(CompactRecords):
+    def __getitem__(self, i):
+        return self.paths[i].encode(), int(self.labels[i])
+
+
+class NumpyLabel(CompactRecords):  # a NumPy integer is a fine label
+    def __getitem__(self, i):
+        return str(self.paths[i]), self.labels[i]
+
+
+class ShiftedByOne(CompactRecords):
+    def __getitem__(self, i):
+        return str(self.paths[i - 1]), int(self.labels[i - 1])
+
+
+class Stub:
+    def __init__(self, records):
+        raise NotImplementedError
+
+
+@pytest.mark.timeout(120)
+def test_05_compact_records() -> None:
+    right_and_stubs(nb05.compact_records, CompactRecords, Stub)
+    assert status(nb05.compact_records, NumpyLabel)[0] is Status.SOLVED
+    for wrong in (ObjectArray, KeptList):
+        verdict, hint = status(nb05.compact_records, wrong)
+        assert verdict is Status.WRONG and "copied" in hint and "dtype=object" in hint, (wrong, hint)
+    assert "as bytes" in status(nb05.compact_records, AsBytes)[1]
+    assert "not the path" in status(nb05.compact_records, ShiftedByOne)[1]
+    assert "class itself" in status(nb05.compact_records, CompactRecords([("a", 1)]))[1]

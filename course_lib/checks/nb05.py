@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from .._support import fork_context
 from ..datasets import InMemoryDataset
-from ..workers import NoisyDataset
+from ..workers import NoisyDataset, _private_mb
 from ._core import attempted, drain, exercise, require
 
 # ----------------------------------------------------------------- 05.1: a generator per worker
@@ -132,5 +133,70 @@ def worker_module(path: Any) -> None:
     _require_seeded(seed_worker, context="spawn", where=" (your module's seed_worker, in spawn workers)")
 
 
-__all__ = ["seed_workers", "worker_module"]
+# ----------------------------------------------------------------- 05.3: records that forked workers share
+
+
+class _ReadAll(Dataset):
+    """One sample: the MB of private memory a forked worker gained by reading every item of ``dataset``."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> float:
+        before = _private_mb()
+        for i in range(len(self.dataset)):
+            self.dataset[i]
+        return _private_mb() - before
+
+
+def _copied_mb(dataset: Any) -> float:
+    loader = DataLoader(_ReadAll(dataset), batch_size=None, num_workers=1, multiprocessing_context=fork_context())
+    return float(drain(loader)[0])
+
+
+class _ListRecords(Dataset):
+    """What exercise 05.3 replaces: the records as a Python list."""
+
+    def __init__(self, records: list) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self.records[i]
+
+
+N_RECORDS = 200_000
+
+
+@exercise("05.3", "a forked worker reads every record without copying them: paths and labels in NumPy arrays.")
+def compact_records(cls: Any) -> None:
+    """``cls(records)``: a map-style dataset over ``(path, label)`` records whose reads copy no memory into a forked worker."""
+    attempted(cls)
+    require(isinstance(cls, type), "pass the class itself (CompactRecords), not an instance of it.")
+    records = [(f"train/{i % 10}/{i:07d}.jpg", i % 10) for i in range(N_RECORDS)]
+    dataset = cls(records)
+    require(len(dataset) == N_RECORDS, f"len() is {len(dataset)} for {N_RECORDS} records.")
+    for i in (0, 1, 12_345, N_RECORDS - 1):
+        path, label = dataset[i]
+        require(not isinstance(path, bytes), f"dataset[{i}] gives the path as bytes ({path!r}): decode it, .decode(), "
+                "or keep the paths as a str array (np.array(paths)), whose items str() turns into a str.")
+        require(isinstance(path, str) and path == records[i][0], f"dataset[{i}][0] is {path!r}, not the path "
+                f"{records[i][0]!r} (a str).")
+        require(isinstance(label, (int, np.integer)) and not isinstance(label, bool) and label == records[i][1],
+                f"dataset[{i}][1] is {label!r}, not the label {records[i][1]}.")
+    if not sys.platform.startswith("linux"):
+        return  # the measurement needs fork and /proc; the answer's shape was checked above
+    mine, listed = _copied_mb(dataset), _copied_mb(_ListRecords(records))
+    require(mine < max(1.0, listed / 10), f"a forked worker reading every record copied {mine:.0f} MB (a list of the "
+            f"records: {listed:.0f} MB). Something still holds one Python object per record: a list, a dict, or a "
+            "NumPy array of dtype=object. Keep the paths in np.array(paths) (a str array) and the labels in an int64 "
+            "array, and make each item's str and int in __getitem__.")
+
+
+__all__ = ["compact_records", "seed_workers", "worker_module"]
 

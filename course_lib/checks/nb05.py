@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._support import fork_context
 from ..datasets import InMemoryDataset
-from ..workers import NoisyDataset, _private_mb
+from ..workers import NoisyDataset, private_memory_growth
 from ._core import attempted, drain, exercise, require
 
 # ----------------------------------------------------------------- 05.1: a generator per worker
@@ -136,27 +136,6 @@ def worker_module(path: Any) -> None:
 # ----------------------------------------------------------------- 05.3: records that forked workers share
 
 
-class _ReadAll(Dataset):
-    """One sample: the MB of private memory a forked worker gained by reading every item of ``dataset``."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, index: int) -> float:
-        before = _private_mb()
-        for i in range(len(self.dataset)):
-            self.dataset[i]
-        return _private_mb() - before
-
-
-def _copied_mb(dataset: Any) -> float:
-    loader = DataLoader(_ReadAll(dataset), batch_size=None, num_workers=1, multiprocessing_context=fork_context())
-    return float(drain(loader)[0])
-
-
 class _ListRecords(Dataset):
     """What exercise 05.3 replaces: the records as a Python list."""
 
@@ -191,7 +170,7 @@ def compact_records(cls: Any) -> None:
                 f"dataset[{i}][1] is {label!r}, not the label {records[i][1]}.")
     if not sys.platform.startswith("linux"):
         return  # the measurement needs fork and /proc; the answer's shape was checked above
-    mine, listed = _copied_mb(dataset), _copied_mb(_ListRecords(records))
+    mine, listed = private_memory_growth(dataset), private_memory_growth(_ListRecords(records))
     require(mine < max(1.0, listed / 10), f"a forked worker reading every record copied {mine:.0f} MB (a list of the "
             f"records: {listed:.0f} MB). Something still holds one Python object per record: a list, a dict, or a "
             "NumPy array of dtype=object. Keep the paths in np.array(paths) (a str array) and the labels in an int64 "

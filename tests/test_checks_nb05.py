@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from torch.utils.data import get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from course_lib.checks import Status, nb05
 from exercise_status import right_and_stubs, status
@@ -227,3 +227,47 @@ def test_05_compact_records() -> None:
     assert "as bytes" in status(nb05.compact_records, AsBytes)[1]
     assert "not the path" in status(nb05.compact_records, ShiftedByOne)[1]
     assert "class itself" in status(nb05.compact_records, CompactRecords([("a", 1)]))[1]
+
+
+# ----------------------------------------------------------------- 05.4: the copy-on-read meter
+
+
+def _private(field: str = "Private_Dirty:") -> float:
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field))
+
+
+class _ReadAll:
+    def __init__(self, items, field="Private_Dirty:"):
+        self.items, self.field = items, field
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        before = _private(self.field)
+        for i in range(len(self.items)):
+            self.items[i]
+        return _private(self.field) - before
+
+
+def _meter(context: str = "fork", field: str = "Private_Dirty:"):
+    def copied_mb(items):
+        loader = DataLoader(_ReadAll(items, field), batch_size=None, num_workers=1, multiprocessing_context=context)
+        return float(next(iter(loader)))
+    return copied_mb
+
+
+def _meter_stub(items):
+    raise NotImplementedError
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps_rollup and fork: Linux only")
+@pytest.mark.timeout(120)
+def test_05_copied_mb() -> None:
+    right_and_stubs(nb05.copied_mb, _meter(), _meter_stub)
+    for wrong in (_meter("spawn"), _meter(field="Rss:"), lambda items: _ReadAll(items)[0]):  # spawned; Rss; no worker
+        verdict, hint = status(nb05.copied_mb, wrong)
+        assert verdict is Status.WRONG and "inside the worker" in hint and "fork" in hint, hint
+    assert "as a number" in status(nb05.copied_mb, lambda items: str(_meter()(items)))[1]
+    assert "function itself" in status(nb05.copied_mb, 3.0)[1]

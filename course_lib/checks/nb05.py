@@ -177,5 +177,30 @@ def compact_records(cls: Any) -> None:
             "array, and make each item's str and int in __getitem__.")
 
 
-__all__ = ["compact_records", "seed_workers", "worker_module"]
+# ----------------------------------------------------------------- 05.4: the copy-on-read meter
+
+
+@exercise("05.4", "your meter sees a forked worker copy a list it reads, and not an array.")
+def copied_mb(fn: Any) -> None:
+    """``fn(items)``: MB of private memory a forked DataLoader worker gains by reading every item of ``items``."""
+    attempted(fn)
+    require(callable(fn), "pass the function itself (copied_mb), not the result of calling it.")
+    if not sys.platform.startswith("linux"):
+        return  # /proc/self/smaps_rollup and fork: Linux only
+    listed = [float(i) for i in range(300_000)]
+    on_list, on_array = fn(listed), fn(np.asarray(listed))
+    for name, value in (("list", on_list), ("array", on_array)):
+        require(isinstance(value, (int, float, np.number)) and not isinstance(value, bool),
+                f"copied_mb(a {name}) returned {value!r}: return the MB as a number (after - before).")
+    reference = private_memory_growth(listed)
+    require(on_list > reference / 3, f"reading a list of 300,000 floats copied {on_list:.2f} MB by your meter, "
+            f"{reference:.1f} MB by the course's. Read the items inside the worker (in __getitem__), with the "
+            "DataLoader's multiprocessing_context='fork' (a spawned worker gets a pickled copy, private from the "
+            "start), and take Private_Dirty from /proc/self/smaps_rollup before and after (Rss counts shared pages too).")
+    require(on_array < max(1.0, on_list / 10), f"your meter says reading an array copied {on_array:.1f} MB (a list: "
+            f"{on_list:.1f} MB): measure only the reading, between two Private_Dirty readings in the worker, not "
+            "the worker's start.")
+
+
+__all__ = ["compact_records", "copied_mb", "seed_workers", "worker_module"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -32,6 +33,9 @@ def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
     else:
         names = " or ".join(k.__name__ for k in kinds)
         raise PitfallDidNotHappen(f"expected {names}, but the code ran without error")
+    # A failed DataLoader's iterator lives on in the traceback's reference cycle, its dead workers still registered
+    # with torch's SIGCHLD handler, which then blames the next cell whose child process exits: collect it now.
+    gc.collect()
 
 
 class _CapturedStderr:

@@ -3,12 +3,15 @@
 One pipeline (:func:`build_dataset`): every reader (a worker of a rank) cycles through shards of its own,
 and every rank takes the same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
 notebook; ``torchrun -m course_lib.capstone train --shards DIR`` trains on every rank and writes
-``rankN.json`` (its subcommands and each rank's loop: :mod:`course_tools.rank_scripts`);
-``decode_ms``/``step_ms`` are simulated costs (sleeps), 0 on a cluster.
+``rankN.json``; ``decode_ms``/``step_ms`` are simulated costs (sleeps), 0 on a cluster.
+
+The file reads top to bottom: the pipeline, measuring it, the checks before a job starts, then the program
+(each rank's training loop and the command line with its subcommands ``train``, ``check`` and ``shards``).
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import random
@@ -17,10 +20,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from .datasets import image_tensor
+from . import distributed
+from ._programs import one_line, run_on_one_rank
+from .datasets import DataNotFoundError, image_tensor
 from .instrument import EpochRecord, InstrumentedLoader, simulated_step
-from .shards import ShardError, _find_shards, check_enough_shards
+from .resume import load_checkpoint, save_checkpoint
+from .shards import ShardError, _find_shards, check_enough_shards, read_shardset, write_image_shards
+from .train import ddp_model, epoch_mean_loss, weights_digest
 
 __all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "STALL_TARGET", "STEP_MS", "SimulatedDecode", "build_dataset",
            "check_job", "cpus_per_task", "make_loader", "measure", "plot_stall", "run_epoch", "sweep"]
@@ -204,7 +213,149 @@ def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
     return ranks_per_node * (num_workers + 1)
 
 
-if __name__ == "__main__":  # the subcommands and each rank's loop: course_tools.rank_scripts
-    from course_tools.rank_scripts import capstone_main
+# --------------------------------------------------------------------------- the program: one rank's training
+def _one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -> int:
+    """Steps per rank for about one pass over the shards, from their folder's manifest."""
+    try:
+        samples = read_shardset(paths[0].parent).samples
+    except ShardError:
+        raise ShardError(
+            f"{paths[0].parent.name}/ has no manifest to count its samples: give --epoch-batches N "
+            "(steps per epoch on every rank)"
+        ) from None
+    batches = samples // (world_size * batch_size)
+    if batches < 1:
+        raise ShardError(f"{samples} samples are less than one batch of {batch_size} per rank for {world_size} ranks: "
+                         "use a smaller --batch-size or give --epoch-batches")
+    return batches
 
-    raise SystemExit(capstone_main())
+
+def _train(args: argparse.Namespace) -> dict:
+    """One rank's run: returns (and writes, with ``--report``) what it read and how long it waited."""
+    env = distributed.dist_env()
+    paths = check_job(args.shards, env.world_size, args.workers)  # before any rendezvous: all ranks alike
+    epoch_batches = args.epoch_batches or _one_pass_batches(paths, env.world_size, args.batch_size)
+    return run_on_one_rank(lambda env, device: _train_rank(args, env, device, paths, epoch_batches),
+                           args.device, args.timeout)
+
+
+def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
+                epoch_batches: int) -> dict:
+    """One rank's training (section 4): the instrumented shard pipeline, DDP, a report with each epoch's stall."""
+    model, ddp, opt = ddp_model(device, args.seed, args.lr)
+    report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
+                    "workers": args.workers, "prefetch_factor": args.prefetch_factor,
+                    "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": [], "resumed_at": []}
+    ckpt = load_checkpoint(args.ckpt, env.rank) if args.ckpt else None
+    if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (EndlessShardCycle)
+        if ckpt["report"]["world_size"] != env.world_size:
+            raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['report']['world_size']} "
+                                           f"ranks, this job has {env.world_size}: resume it with as many, or start "
+                                           "afresh with another --ckpt folder")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        report = ckpt["report"]
+        report["resumed_at"].append(len(report["epochs"]))
+        print(f"resumed from {args.ckpt}: {len(report['epochs'])} epoch(s) done", flush=True)
+    first = len(report["epochs"])
+    loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
+                         args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda", first_epoch=first)
+    for epoch in range(first, args.epochs):
+        keys: list[list[str]] = []
+        losses: list[float] = []
+
+        def step(batch: tuple) -> None:
+            x, y, batch_keys = batch
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = F.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()  # DDP's all-reduce: every rank must take the same number of steps
+            opt.step()
+            simulated_step(None, args.step_ms / 1000)
+            keys.append(list(batch_keys))
+            losses.append(loss.item())
+
+        stats, workers = run_epoch(loader, epoch_batches, step)
+        by_worker: dict[str, list[str]] = {}
+        for worker, batch_keys in zip(workers, keys):
+            by_worker.setdefault(str(worker), []).extend(batch_keys)
+        report["epochs"].append({
+            "batches": len(keys), "samples": sum(map(len, keys)), "keys_by_worker": by_worker,
+            "stall": stats.stall_fraction, "steady_stall": stats.steady_stall_fraction,
+            "first_batch_s": stats.first_batch_s, "mean_wait_ms": 1000 * stats.waited / max(1, len(keys)),
+            "mean_step_ms": 1000 * stats.mean_step, "mean_load_ms": 1000 * stats.mean_load,
+            "seconds": stats.wall, "mean_loss": epoch_mean_loss(losses, device),
+        })
+        print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
+              f"{len(by_worker)} reader(s); waiting for data {stats.steady_stall_fraction:.0%} of the time "
+              "after the first batch", flush=True)
+        if args.ckpt:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "report": report}
+            save_checkpoint(args.ckpt, env.rank, epoch + 1, state)  # "step" = epochs done
+    report["weights_sha256"] = weights_digest(model)
+    if args.report:
+        distributed.write_report(args.report, env.rank, report)
+    return report
+
+
+# --------------------------------------------------------------------------- the command line
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.capstone", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train on every rank (start it with torchrun)")
+    t.add_argument("--shards", required=True, help="a folder of .tar shards, a brace pattern or a glob")
+    t.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    t.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker prepares ahead")
+    t.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="per rank")
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--epoch-batches", type=int, default=0,
+                   help="steps per epoch on every rank (0: one pass's worth, from the shards' manifest)")
+    t.add_argument("--decode-ms", type=float, default=0.0, help="simulated extra decoding per sample (0 on a cluster)")
+    t.add_argument("--step-ms", type=float, default=0.0, help="simulated accelerator time per step (0 on a cluster)")
+    t.add_argument("--lr", type=float, default=0.05)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
+    t.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
+    t.add_argument("--report", help="folder for one rankN.json report per rank")
+    t.add_argument("--ckpt", help="checkpoint folder: saved at every epoch's end, resumed from when it holds one (a "
+                                  "shard stream has no mid-epoch state: a stopped job redoes its unfinished epoch)")
+    c = sub.add_parser("check", help="are there enough shards for the job? (run it before starting one)")
+    c.add_argument("--shards", required=True)
+    c.add_argument("--ranks", type=int, required=True, help="the job's world size (nodes × ranks per node)")
+    c.add_argument("--workers", type=int, required=True)
+    w = sub.add_parser("shards", help="write the shapes images as shards (on a login node)")
+    w.add_argument("--out", required=True)
+    w.add_argument("--size", default="small")
+    w.add_argument("--data", help="folder of the prepared data sets (default: $COURSE_DATA_DIR or the cache)")
+    w.add_argument("--maxcount", type=int, default=50, help="samples per shard")
+    args = p.parse_args(argv)
+    if args.command == "train":
+        if args.workers < 0 or args.prefetch_factor < 1 or args.batch_size < 1 or args.epochs < 1 or args.epoch_batches < 0:
+            p.error("need --workers >= 0, --prefetch-factor >= 1, --batch-size >= 1, --epochs >= 1, --epoch-batches >= 0")
+        if args.decode_ms < 0 or args.step_ms < 0:
+            p.error("--decode-ms and --step-ms cannot be negative")
+    if args.command == "check" and (args.ranks < 1 or args.workers < 0):
+        p.error("need --ranks >= 1 and --workers >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib.capstone train|check|shards``: 0, or 2 after one line for a known error."""
+    args = _parse_args(argv)
+    try:
+        if args.command == "train":
+            record(_train)(args)  # torchrun then names the rank whose error came first
+        elif args.command == "check":
+            paths = check_job(args.shards, args.ranks, args.workers)
+            print(f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
+                  f"{len(paths) / (args.ranks * max(1, args.workers)):.1f} shards per reader")
+        else:
+            written = write_image_shards(args.out, size=args.size, root=args.data, maxcount=args.maxcount)
+            print(written.describe())
+    except (ShardError, DataNotFoundError, distributed.DistEnvError) as exc:
+        return one_line(exc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

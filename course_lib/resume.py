@@ -8,10 +8,13 @@ arrives (the step ends, every rank saves, the job exits). ``--loader stateful`` 
 most scripts save (model, optimizer, epoch, step), so a restarted run starts its epoch's data over.
 ``--stop-at S`` practises an ending after step S: rank 0 and its workers get SIGKILL (a lost node) or torchrun
 SIGTERM (a scheduler's notice).
+
+The file reads top to bottom: the pieces notebook 12 teaches, then the program (one rank's loop, the command line).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import json
@@ -28,9 +31,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from . import distributed
+from ._programs import add_data_arguments, one_line, run_on_one_rank
 from ._support import new_file, write_atomic
-from .datasets import WithIndex, image_tensor, shapes
+from .datasets import DataNotFoundError, WithIndex, image_tensor, shapes
 from .train import ddp_model, weights_digest
 
 __all__ = ["ResumableShuffle", "ResumableStream", "StopFlag", "ignore_stop_signals", "load_checkpoint", "read_steps", "save_checkpoint",
@@ -175,6 +181,7 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+# --------------------------------------------------------------------------- the program: one rank's training
 def _build(args: Any, env: distributed.DistEnv) -> tuple[Any, DistributedSampler]:
     dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=32), size=args.size, root=args.data))
     if args.limit:
@@ -259,7 +266,47 @@ def _practice_stop(how: str, stop: StopFlag) -> None:
         time.sleep(0.01)  # wait for our own copy, so that the ranks agree on this step
 
 
-if __name__ == "__main__":  # the command line: course_tools.rank_scripts
-    from course_tools.rank_scripts import resume_main
+# --------------------------------------------------------------------------- the command line
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.resume", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="checkpoint folder (resumed from when it holds one)")
+    p.add_argument("--report", required=True, help="folder for each rank's rankN.steps.jsonl")
+    p.add_argument("--loader", choices=("stateful", "plain"), default="stateful")
+    add_data_arguments(p)
+    p.add_argument("--limit", type=int, default=64, help="use only the first N training images (0: all)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    p.add_argument("--ckpt-every", type=int, default=4, help="steps between checkpoints (0: only when signalled)")
+    p.add_argument("--stop-at", type=int, default=0, help="practice: end the job after this step (0: never)")
+    p.add_argument("--how", choices=("kill", "term"), default="kill",
+                   help="kill: rank 0 and its workers get SIGKILL; term: rank 0 sends torchrun SIGTERM")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="simulated extra work per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
+    p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
+    args = p.parse_args(argv)
+    if min(args.epochs, args.batch_size) < 1 or min(args.workers, args.limit, args.ckpt_every, args.stop_at) < 0:
+        p.error("--epochs and --batch-size must be at least 1; --workers, --limit, --ckpt-every, --stop-at not negative")
+    return args
 
-    raise SystemExit(resume_main())
+
+@record  # torchrun then names the rank whose error came first, with its traceback
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib.resume``: 0, or 2 after one line for missing data or a checkpoint it cannot resume."""
+    args = _parse_args(argv)
+
+    def run(env: distributed.DistEnv, device: torch.device) -> dict:
+        print(f"rank {env.rank}: {_run(args, env, device)}", flush=True)
+        return {}
+
+    try:
+        run_on_one_rank(run, args.device, args.timeout)
+    except (DataNotFoundError, distributed.DistEnvError) as exc:
+        return one_line(exc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

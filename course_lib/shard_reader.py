@@ -2,14 +2,23 @@
 
 Each rank reads the shards split by node and by worker, records which keys each worker saw, and meets the
 other ranks in an ``all_reduce`` after every batch, as DDP would; ``--resampled --epoch-batches N`` and
-``--no-nodesplitter`` reproduce notebook 09's other cases. Here is each rank's loader; the command's arguments
-and its loop are in :mod:`course_tools.rank_scripts`.
+``--no-nodesplitter`` reproduce notebook 09's other cases. The whole program is this file: each rank's loader,
+its loop and report, then the command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import warnings
+from typing import Sequence
 
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from . import distributed
+from ._programs import run_on_one_rank
 from .iterable import worker_slot
 
 __all__ = ["build_loader"]
@@ -42,7 +51,68 @@ def build_loader(args: argparse.Namespace):
     return loader
 
 
-if __name__ == "__main__":  # the command line and the loop: course_tools.rank_scripts
-    from course_tools.rank_scripts import shard_reader_main
+# --------------------------------------------------------------------------- one rank's reading
+def _read_rank(args: argparse.Namespace, env: distributed.DistEnv) -> dict:
+    """One rank's reading: which keys and shards each worker read, and an ``all_reduce`` per batch, as DDP would."""
+    loader = build_loader(args)
+    keys: list[str] = []
+    by_worker: dict[str, list[str]] = {}
+    shards_by_worker: dict[str, list[str]] = {}
+    batches = 0
+    step = torch.zeros(1)
+    for batch_keys, _labels, urls, workers in loader:
+        for key, url, worker in zip(batch_keys, urls, workers):
+            keys.append(key)
+            by_worker.setdefault(str(int(worker)), []).append(key)
+            names = shards_by_worker.setdefault(str(int(worker)), [])
+            if os.path.basename(url) not in names:
+                names.append(os.path.basename(url))
+        batches += 1
+        dist.all_reduce(step)  # what DDP's backward does every step: wait for every rank
+    totals = torch.tensor([float(batches)])
+    dist.all_reduce(totals)  # the ranks finished together, or this never returns
+    report = {"rank": env.rank, "world_size": env.world_size, "workers": args.workers,
+              "resampled": args.resampled, "batches": batches, "samples": len(keys), "keys": keys,
+              "keys_by_worker": by_worker, "shards_by_worker": shards_by_worker}
+    for worker in sorted(by_worker, key=int):
+        shard_list = ", ".join(s.rsplit("-", 1)[-1].split(".")[0] for s in shards_by_worker[worker])
+        drawn = " (drawn at random, with replacement)" if args.resampled else ""
+        print(f"worker {worker}: {len(by_worker[worker])} samples from shards {shard_list}{drawn}")
+    print(f"rank {env.rank}: {batches} batches, {len(keys)} samples")
+    if args.report:
+        distributed.write_report(args.report, env.rank, report)
+    return report
 
-    raise SystemExit(shard_reader_main())
+
+# --------------------------------------------------------------------------- the command line
+def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_lib.shard_reader", description=__doc__.split("\n\n")[0])
+    p.add_argument("--urls", required=True, help="the shards: a brace pattern such as data/shapes-train-{000000..000007}.tar")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--shardshuffle", type=int, default=0, help="shard shuffle buffer (0: shards in order)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resampled", action="store_true", help="draw shards with replacement (needs --epoch-batches)")
+    p.add_argument("--epoch-batches", type=int, default=0, help="cut each rank's epoch at this many batches")
+    p.add_argument("--no-nodesplitter", action="store_true", help="omit nodesplitter= (the pitfall)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may wait for the other ranks")
+    p.add_argument("--report", help="folder for one rankN.json report per rank")
+    args = p.parse_args(argv)
+    if args.workers < 0 or args.batch_size < 1 or args.epoch_batches < 0:
+        p.error("--workers must be >= 0, --batch-size >= 1 and --epoch-batches >= 0")
+    if args.resampled and not args.epoch_batches:
+        p.error("--resampled never ends by itself: give --epoch-batches N")
+    return args
+
+
+@record  # torchrun then names the rank whose error came first, with its traceback
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course_lib.shard_reader``."""
+    args = _parse_args(argv)
+    warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")  # set explicitly in build_loader
+    run_on_one_rank(lambda env, _device: _read_rank(args, env), "cpu", args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

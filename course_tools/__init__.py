@@ -10,7 +10,4 @@ is a command of ``python -m course_lib`` (:mod:`course_tools.cli`):
 * :mod:`~course_tools.authoring`: ``authoring build|check``, learner notebooks from solutions;
 * :mod:`~course_tools.versions`: the tested and accepted versions, in one place;
 * :mod:`~course_tools.launch`: starts ``torchrun`` jobs from a notebook, with timeouts;
-* :mod:`~course_tools.rank_scripts`: what ``python -m course_lib.train``, ``.shard_reader`` and ``.capstone`` run on
-  each rank (their arguments and loops; the pieces they put together are lessons in those modules);
-* :mod:`~course_tools.slurm`: writes the capstone's Slurm script.
 """

@@ -10,8 +10,8 @@
 bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
 read into one reused sample-sized buffer (the limit), into reused and fresh batch-sized buffers,
 through a plain ``DataLoader`` with 0
-and N workers, and through :class:`~course_lib.highrate.RingLoader` (reused shared-memory
-slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`). With
+and N workers, and through :class:`~course_lib.further.highrate.RingLoader` (reused shared-memory
+slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.further.highrate`). With
 ``--source shards`` the same samples are ``.npy`` members of tar shards (a folder, written first
 if missing): webdataset with workers against a RingLoader reading by an index of the shards.
 
@@ -165,7 +165,7 @@ GOAL_RING_SHARE = 0.5  # RingLoader / raw read into a reused buffer
 
 def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Write (or reuse) the raw file or the tensor shards, then compare every reader on them."""
-    from course_lib import highrate
+    from course_lib.further import highrate
 
     sample_bytes = int(args.sample_mb * 2**20) // 4 * 4
     n = max(args.batch_size, int(args.size_mb * 2**20) // sample_bytes)
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from course_lib.alternatives import FormatError
-    from course_lib.highrate import RawDataError
+    from course_lib.further.highrate import RawDataError
     from course_lib.shards import ShardError
 
     args = build_parser().parse_args(argv)

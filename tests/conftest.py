@@ -1,4 +1,13 @@
-"""Shared fixtures: a tiny generated data set, made once per test session; one OpenMP thread per process."""
+"""Shared fixtures: a tiny generated data set, made once per test session; one OpenMP thread per process.
+
+And the two test tiers. Every test carries exactly one tier marker, or collection fails:
+
+* ``quick``: ``pytest -m quick``, the inner loop (about 2 minutes on 2 cores): every module's unit tests, every
+  check's right and wrong answers, notebook hygiene and the layering rule; no notebook execution, no torchrun
+  job, no Slurm, no browser;
+* ``full``: everything else; plain ``pytest`` (the README's test command, CI) runs both tiers. nbval's notebook
+  cells are ``full`` without saying so.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +24,25 @@ from course_lib import data
 # oversubscribe the cores, where spinning threads made notebook 06's training cell take four times as long.
 # A learner's Jupyter keeps torch's default; the notebooks' measurements are ratios either way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+TIERS = ("quick", "full")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two."""
+    untiered = []
+    for item in items:
+        if item.nodeid.split("::")[0].endswith(".ipynb"):  # a notebook cell, re-executed by nbval
+            item.add_marker(pytest.mark.full)
+            continue
+        tiers = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if len(tiers) != 1:
+            untiered.append(f"{item.nodeid}: {sorted(tiers) or 'no tier'}")
+    if untiered:
+        raise pytest.UsageError("every test needs exactly one tier marker, pytest.mark.quick or pytest.mark.full "
+                                "(tests/conftest.py says which is which):\n  " + "\n  ".join(untiered[:30]))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -161,7 +161,7 @@ def test_07_batches_per_epoch() -> None:
 
 
 def test_07_eviction_policy() -> None:
-    from course_lib.growing import evict_oldest
+    from course_lib.further.growing import evict_oldest
 
     assert status(nb08.eviction_policy, evict_oldest)[0] is Status.SOLVED
     assert status(nb08.eviction_policy, ...)[0] is Status.NOT_ATTEMPTED

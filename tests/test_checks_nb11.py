@@ -10,7 +10,7 @@ import pytest
 from course_lib import capstone, shards
 from course_lib.checks import Status, nb11
 from course_lib.instrument import BatchRecord, EpochRecord
-from course_tools import slurm
+from course_lib import slurm_script as slurm
 from exercise_status import right_and_stubs, status
 
 STALLS = {0: 0.6, 1: 0.35, 2: 0.03, 3: 0.02}  # the shape measured on 2 cores

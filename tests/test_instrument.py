@@ -67,7 +67,9 @@ def _check_consistent(epoch: EpochRecord, n_samples: int, batch_size: int, worke
         assert all(p.end <= q.start + 1e-6 for p, q in zip(mine, mine[1:]))
     for earlier, later in zip(batches, batches[1:]):  # the loop is sequential
         assert earlier.received <= earlier.step_end <= later.requested + 1e-9
-    assert 0.0 <= epoch.stall_fraction <= 1.0
+    # the loop is always either waiting in next() or running its step: the two add up to the wall time
+    assert math.isclose(epoch.waited + sum(b.step for b in batches), epoch.wall, rel_tol=1e-9, abs_tol=1e-9)
+    assert epoch.stall_fraction == epoch.waited / epoch.wall
     assert all(0.0 <= share <= 1.0 + 1e-6 for share in epoch.worker_busy.values())
     assert epoch.first_batch_s == batches[0].received and batches[0].requested == 0.0
 
@@ -82,7 +84,9 @@ def test_timeline_is_consistent(images, num_workers: int) -> None:
     assert all(b.step >= 0.002 for b in epoch.batches)
     if num_workers:
         assert set(epoch.worker_started) == set(range(num_workers))  # start-up is visible per worker
-        assert all(0 <= t <= epoch.first_batch_s for t in epoch.worker_started.values())
+        assert all(t >= 0 for t in epoch.worker_started.values())  # started for this epoch
+        # the worker that made the first batch was up before it arrived (another may come up later, on a busy machine)
+        assert epoch.worker_started[epoch.batches[0].worker] <= epoch.first_batch_s
     text = epoch.summary()
     assert "samples/s" in text and "waiting for data" in text
 
@@ -223,7 +227,8 @@ def test_no_stale_start_after_a_skipped_error_or_the_end_of_a_stream(num_workers
     list(loader)
     time.sleep(0.3)  # a gap between epochs must not count as loading time of the next epoch's first batch
     list(loader)
-    assert max(b.load for b in loader.last.batches) < 0.25
+    # a start stamped before the gap would lie before this epoch began (negative), and its load would include the gap
+    assert all(0 <= b.start and b.load <= b.received for b in loader.last.batches)
     assert all(share <= 1.0 + 1e-6 for share in loader.last.worker_busy.values())
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from course_tools import authoring
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -41,6 +43,16 @@ def outputs_text(cell: nbformat.NotebookNode) -> str:
         parts.append(out.get("text", ""))
         parts.append(out.get("data", {}).get("text/plain", ""))
     return "".join(parts)
+
+
+def test_the_readme_counts_and_lists_every_notebook() -> None:
+    """The intro's count ("Twelve notebooks") and the course table follow notebooks/, whatever it holds."""
+    readme = (ROOT / "README.md").read_text()
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen".split()
+    assert f"{words[len(LEARNERS)].capitalize()} notebooks" in readme, f"the README should say {len(LEARNERS)} notebooks"
+    rows = re.findall(r"^\| (\d\d) \| [1-5] \| \[[^\]]+\]\(notebooks/([^)]+\.ipynb)\)", readme, re.M)
+    assert [f"{nn}_" for nn, _ in rows] == [p.name[:3] for p in LEARNERS]
+    assert [name for _, name in rows] == [p.name for p in LEARNERS]
 
 
 def test_every_solution_has_a_learner_version_and_vice_versa() -> None:

@@ -4,26 +4,22 @@
   the versions named anywhere come from ``course_tools.versions``;
 * every import of ``course_lib`` and ``course_tools`` is declared in pyproject.toml (read from the
   code itself, not from a list kept by hand);
-* ``course_lib`` stays a short lesson library: every public name says which notebook teaches it and
-  is used or named by a notebook; tools live in ``course_tools``.
+* no tool lives in ``course_lib`` (the layers and the lesson library's public names: tests/test_layering.py).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
-import json
 import re
 import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 
 from course_tools import versions
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSON_MODULES = sorted(p for p in (ROOT / "course_lib").glob("*.py") if not p.name.startswith("_"))
 PACKAGE_FILES = sorted((ROOT / "course_lib").rglob("*.py")) + sorted((ROOT / "course_tools").rglob("*.py"))
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
@@ -143,52 +139,7 @@ def test_every_module_of_both_packages_imports() -> None:
         importlib.import_module(".".join(rel.parts).removesuffix(".__init__"))
 
 
-# --------------------------------------------------------------------------- a short lesson library
-
-
-def _notebook_text() -> tuple[str, str]:
-    """All code cells, and the `code spans` of all markdown cells, of every notebook (both versions)."""
-    code, spans = [], []
-    for path in sorted((ROOT / "notebooks").rglob("[0-9][0-9]_*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
-            source = "".join(cell["source"])
-            if cell["cell_type"] == "code":
-                code.append(source)
-            else:
-                spans += re.findall(r"`([^`]+)`", source)
-    return "\n".join(code), "\n".join(spans)
-
-
-def test_course_lib_is_short() -> None:
-    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "course_lib").glob("*.py"))
-    assert lines <= 5000, f"course_lib outside checks/ has {lines} lines: the lesson library must stay short"
-
-
-@pytest.mark.parametrize("path", LESSON_MODULES, ids=[p.stem for p in LESSON_MODULES])
-def test_public_names_say_where_they_are_taught_and_a_notebook_uses_them(path: Path) -> None:
-    if path.stem == "__main__":
-        return
-    tree = ast.parse(path.read_text())
-    assert ast.get_docstring(tree), "a module docstring"
-    exported = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                     and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), None)
-    assert exported is not None, "a lesson module lists its public names in __all__"
-    code, spans = _notebook_text()
-    defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    for name in exported:
-        if name in defined:
-            doc = ast.get_docstring(defined[name]) or ""
-            assert re.match(r"Notebooks? \d\d", doc), f"{name}'s docstring should start with 'Notebook NN, section N: ...'"
-        word = re.compile(rf"\b{re.escape(name)}\b")
-        named = bool(word.search(code) or word.search(spans))
-        assert named, f"{name} is used or named by no notebook: make it private or remove it"
-    for name, node in defined.items():
-        is_error = isinstance(node, ast.ClassDef) and any(
-            isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception", "Timeout")) or
-            isinstance(b, ast.Attribute) and b.attr.endswith("Error") for b in node.bases) or name.endswith(("Error", "Timeout"))
-        assert name in exported or name.startswith("_") or is_error or name == "main", (
-            f"{name} is public but not in __all__: a lesson's name goes in __all__, anything else starts with _"
-        )
+# --------------------------------------------------------------------------- tools stay tools
 
 
 def test_no_tool_lives_in_course_lib() -> None:

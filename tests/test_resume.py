@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from course_lib import resume
 from course_lib.distributed import read_reports
-from course_tools import rank_scripts
 from course_tools.launch import launch
 
 
@@ -68,7 +67,7 @@ def test_the_stop_flag_notes_the_signal_and_agrees_alone():
 
 def test_bad_options_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit):
-        rank_scripts._resume_args(["--ckpt", "c", "--report", "r", "--ckpt-every", "-1"])
+        resume._parse_args(["--ckpt", "c", "--report", "r", "--ckpt-every", "-1"])
     assert "not negative" in capsys.readouterr().err
 
 

@@ -386,7 +386,7 @@ def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tm
 
 
 def test_shard_reader_arguments() -> None:
-    from course_tools.rank_scripts import _reader_args
+    from course_lib.shard_reader import _parse_args as _reader_args
 
     with pytest.raises(SystemExit):
         _reader_args(["--urls", "x.tar", "--resampled"])
@@ -401,7 +401,7 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     import itertools
 
     from course_lib import shard_reader
-    from course_tools.rank_scripts import _reader_args
+    from course_lib.shard_reader import _parse_args as _reader_args
 
     def keys(seed: int) -> list[str]:
         args = _reader_args(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "4",

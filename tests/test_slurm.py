@@ -178,7 +178,7 @@ def _foreign_file(run_dir: Path) -> None:
 @pytest.fixture(scope="session")
 def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Stage:
     """Every job of the stage, submitted together and waited for."""
-    from course_tools.slurm import write_slurm_script
+    from course_lib.slurm_script import write_slurm_script
 
     start = time.monotonic()
     base = tmp_path_factory.mktemp("slurm-stage")
@@ -365,15 +365,13 @@ def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
 
 
 # Runs the course's teardown many times, cheaply: torch, torchvision and course_lib are imported once,
-# and every rank is a child forked from this driver that runs course_lib.train's own main (in
-# course_tools.rank_scripts) and then leaves through the interpreter's normal exit. (Importing them before
+# and every rank is a child forked from this driver that runs course_lib.train's own main and then leaves through the interpreter's normal exit. (Importing them before
 # any process group exists is what the patched course does too; the fresh processes of the Slurm jobs
 # above cover the import order.)
 EXIT_DRIVER = r'''"""Written by tests/test_slurm.py: RUNS runs of 2 ranks of course_lib.train, PARALLEL at a time."""
 import gc, json, os, signal, sys, time
 import torch, torchvision.transforms.v2  # noqa: F401  what a rank imports anyway; once, here
 import course_lib.train as course_train
-from course_tools.rank_scripts import train_main
 from course_tools.launch import free_ports
 
 RUNS, PARALLEL, OUT, DATA = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -390,7 +388,7 @@ def rank_main(run, rank, port):
                       SLURM_JOB_NODELIST="127.0.0.1", MASTER_PORT=str(port))
     argv = [*ARGS, "--report", f"{OUT}/reports{run}"]
     sys.argv = [course_train.__file__, *argv]  # as `python -m course_lib.train` sees it (and the exit hook)
-    return train_main(argv)
+    return course_train.main(argv)
 
 
 def main():
@@ -617,7 +615,7 @@ def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slur
     shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the
     checkpoint of the last finished epoch (tests/test_capstone.py proves that equals an uninterrupted run)."""
     from course_lib.shards import write_image_shards
-    from course_tools.slurm import write_slurm_script
+    from course_lib.slurm_script import write_slurm_script
 
     start = time.monotonic()
     out, runs = tmp_path / "out", tmp_path / "runs"

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from course_lib import train
-from course_tools import rank_scripts
 from course_lib.distributed import read_reports
 
 
@@ -25,7 +24,7 @@ def args(root: Path, *extra: str) -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_single_process_run_sees_every_sample_each_epoch(tiny_root: Path, tmp_path: Path) -> None:
-    assert rank_scripts.train_main(args(tiny_root, "--report", str(tmp_path))) == 0
+    assert train.main(args(tiny_root, "--report", str(tmp_path))) == 0
     (report,) = read_reports(tmp_path)
     assert report["world_size"] == 1 and report["source"] == "single"
     for epoch in report["epochs"]:
@@ -57,7 +56,7 @@ def test_half_set_slurm_environment_is_one_clear_line(tiny_root: Path) -> None:
 @pytest.mark.parametrize("bad", [["--epochs", "0"], ["--batch-size", "0"], ["--workers", "-1"], ["--sharding", "x"]])
 def test_bad_arguments_are_argparse_errors(bad: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        rank_scripts._train_args(bad)
+        train._parse_args(bad)
     assert info.value.code == 2
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import math
+import multiprocessing
+import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -54,9 +60,22 @@ def test_decoders_agree_with_the_image() -> None:
         workers.decode_ppm(b"P6 1 1 255 abc")
 
 
-def test_parallel_speedups_reports_both_kinds() -> None:
-    s = workers.parallel_speedups(workers.decode_ppm, workers.ppm_payloads(n=8, side=16))
-    assert set(s) == {"threads", "processes"} and all(v > 0 for v in s.values())
+def _note_pid(folder: str, item: int) -> None:
+    """Decode-free work with a trace: one line per call, naming the item and the process that ran it."""
+    with open(f"{folder}/calls.txt", "a") as f:
+        f.write(f"{item} {os.getpid()} {threading.get_ident()}\n")
+
+
+def test_parallel_speedups_runs_every_item_serially_in_threads_and_in_other_processes(tmp_path) -> None:
+    items = list(range(12))
+    s = workers.parallel_speedups(functools.partial(_note_pid, str(tmp_path)), items, workers=2)
+    assert set(s) == {"threads", "processes"} and all(math.isfinite(v) and v > 0 for v in s.values())
+    calls = [line.split() for line in (tmp_path / "calls.txt").read_text().splitlines()]
+    assert sorted(int(item) for item, _, _ in calls) == sorted(items * 3)  # serially, in threads, in processes
+    here = [item for item, pid, _ in calls if int(pid) == os.getpid()]
+    elsewhere = {pid for _, pid, _ in calls if int(pid) != os.getpid()}
+    assert len(here) == 2 * len(items)  # the serial pass and the thread pool ran in this process
+    assert 1 <= len(elsewhere) <= 2  # the process pool's 2 workers, forked
 
 
 @linux_only
@@ -102,5 +121,9 @@ def test_parallel_speedups_of_the_jpeg_decoder_in_forked_processes() -> None:
     """Forked pool processes decode without deadlocking. Had the decoder used torch (a float tensor of a 512 px
     image is large enough for torch's OpenMP pool), a process forked after this one started that pool would hang."""
     (torch.ones(3, 512, 512) * 2).sum()  # start torch's OpenMP threads in this process first
-    result = workers.parallel_speedups(workers.decode_jpeg, workers.jpeg_payloads(n=16, side=512))
-    assert set(result) == {"threads", "processes"} and all(v > 0 for v in result.values())
+    payloads = workers.jpeg_payloads(n=16, side=512)
+    result = workers.parallel_speedups(workers.decode_jpeg, payloads)  # a hang here is what this test is about
+    assert set(result) == {"threads", "processes"} and all(math.isfinite(v) and v > 0 for v in result.values())
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        decoded = list(pool.map(workers.decode_jpeg, payloads[:2]))  # a forked process decodes what this one does
+    assert all(np.array_equal(a, workers.decode_jpeg(p)) for a, p in zip(decoded, payloads))

@@ -1,7 +1,7 @@
 """Checks for notebook 10 (beyond WebDataset).
 
 10.1 runs the learner's MDS loader on real MDS shards; 10.2 runs their batch-keeping code on a
-real :class:`~course_lib.highrate.RingLoader` (whose slots are overwritten, so kept batches must
+real :class:`~course_lib.further.highrate.RingLoader` (whose slots are overwritten, so kept batches must
 be copies); 10.3 compares their shared-memory arithmetic with what a RingLoader allocates; 10.4 runs their
 memory-mapped batch reader over a real raw file for two epochs; 10.5 times their rate meter against loops whose
 wall and CPU time are known.
@@ -51,7 +51,7 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
 @exercise("10.2", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
 def first_batches(fn: Callable[[Any, int], Any]) -> None:
     """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
-    from ..highrate import RingLoader, write_raw_tensors
+    from ..further.highrate import RingLoader, write_raw_tensors
 
     attempted(fn)
     with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
@@ -115,7 +115,7 @@ def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int
                   "batch gathered into one buffer allocated once.")
 def mapped_batches(cls: Any) -> None:
     """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
-    from ..highrate import write_raw_tensors
+    from ..further.highrate import write_raw_tensors
 
     attempted(cls)
     n, size, batch = 50, 256, 8

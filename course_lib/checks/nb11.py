@@ -13,10 +13,10 @@ import os
 import subprocess
 import tempfile
 import time
+import re
 from pathlib import Path
 from typing import Any, Callable
 
-from course_tools.slurm import sbatch_options, script_settings
 
 from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
 from ..shards import simulated_reader
@@ -239,3 +239,25 @@ def slurm_script(path: Any, results: Any) -> None:
             f"the shards on the cluster are at {CLUSTER_SHARDS} (shards=...); the notebook's own are in a temporary folder "
             "that the cluster cannot see.")
     require("CHANGE_ME" in text, "keep the account and partition placeholders (CHANGE_ME) for the cluster's own values.")
+
+
+# --------------------------------------------------------------------------- reading a Slurm script
+def sbatch_options(text: str) -> dict[str, str]:
+    """The ``#SBATCH --name=value`` options of a script (comments after them dropped)."""
+    options = {}
+    for line in text.splitlines():
+        m = re.match(r"^#SBATCH\s+--([\w-]+)(?:[= ](\S+))?", line)
+        if m:
+            options[m.group(1)] = m.group(2) or ""
+    return options
+
+
+def script_settings(text: str) -> dict[str, str]:
+    """The ``NAME=value`` assignments at the start of a script's lines, as written (``WORKERS=2``
+    gives ``{"WORKERS": "2"}``; a trailing ``# comment`` is dropped)."""
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Z_]+)=(\S*)", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found

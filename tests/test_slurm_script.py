@@ -1,4 +1,4 @@
-"""course_tools.slurm: notebook 11's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
+"""course_lib.slurm_script: notebook 11's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from course_tools import slurm
+from course_lib import slurm_script as slurm
+from course_lib.checks.nb11 import sbatch_options, script_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("nodes", [1, 3])
@@ -20,11 +21,11 @@ def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) 
     text = path.read_text()
     assert os.access(path, os.X_OK)
     subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
-    options = slurm.sbatch_options(text)
+    options = sbatch_options(text)
     assert options["nodes"] == str(nodes) and options["ntasks-per-node"] == "1" and options["gres"] == "gpu:4"
     assert options["cpus-per-task"] == "16"  # 4 ranks × (3 workers + 1)
     assert options["account"] == options["partition"] == "CHANGE_ME"
-    settings = slurm.script_settings(text)
+    settings = script_settings(text)
     assert settings["WORKERS"] == "3" and settings["PREFETCH_FACTOR"] == "4" and settings["CPUS_PER_TASK"] == "16"
     assert 'SHARDS="${SHARDS:-/scratch/$USER/shards}"' in text and "/dev/shm" in text
     assert ("--standalone" in text) == (nodes == 1) and ("--rdzv-endpoint" in text) == (nodes > 1)

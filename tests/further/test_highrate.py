@@ -1,4 +1,4 @@
-"""course_lib.highrate: the raw tensor file, the readers, and the reused-buffer RingLoader."""
+"""course_lib.further.highrate: the raw tensor file, the readers, and the reused-buffer RingLoader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from course_tools import bench
 from course_lib.timing import medians
-from course_lib.highrate import (
+from course_lib.further.highrate import (
     MappedBatches,
     RawDataError,
     RawTensorDataset,

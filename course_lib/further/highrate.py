@@ -22,10 +22,10 @@ import numpy.lib.format as npformat
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ._support import check_int, new_file, write_atomic
-from .shards import _load_npy, brace_urls
-from .iterable import worker_slot
-from .timing import medians
+from .._support import check_int, new_file, write_atomic
+from ..shards import _load_npy, brace_urls
+from ..iterable import worker_slot
+from ..timing import medians
 
 __all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards",
            "plot_main_process", "plot_rates", "write_raw_tensors"]
@@ -100,7 +100,7 @@ def _open_raw(path: str | os.PathLike[str]) -> _Float32Samples:
     if not path.is_file() or not sidecar.is_file():
         raise RawDataError(
             f"no raw tensor file {path.name} (with its .json description) in {path.parent.name or '.'}: write one with "
-            f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
+            f"course_lib.further.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
     meta = json.loads(sidecar.read_text())
     raw = _raw_file(path, int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
@@ -557,7 +557,7 @@ def _colour(name: str) -> str:
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
     """Notebook 10, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
-    from .viz import _relative_bars
+    from ..viz import _relative_bars
 
     med = medians(results)
     first = next(iter(med))

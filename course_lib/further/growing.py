@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._support import check_int, fork_context, write_atomic
-from .data import CLASSES, draw_shape
-from .datasets import check_index
+from .._support import check_int, fork_context, write_atomic
+from ..data import CLASSES, draw_shape
+from ..datasets import check_index
 
 __all__ = ["CacheSnapshot", "GrowingCache", "ProducerError", "evict_oldest", "plot_growth", "reuse_counts", "sample_nbytes"]
 
@@ -350,6 +350,11 @@ class GrowingCache:
     def exitcodes(self) -> list[int | None]:
         """Each producer's exit code (``None`` while it runs)."""
         return [p.exitcode for p in self._procs]
+
+    @property
+    def pids(self) -> list[int]:
+        """Each producer's process id, producer 0 first (empty before :meth:`start`): to watch them, e.g. in ``top``."""
+        return [p.pid for p in self._procs]
 
     def __enter__(self) -> GrowingCache:
         return self.start()

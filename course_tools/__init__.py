@@ -7,7 +7,7 @@ is a command of ``python -m course_lib`` (:mod:`course_tools.cli`):
 * :mod:`~course_tools.doctor`: ``doctor``, is a participant's environment ready?
 * :mod:`~course_tools.bench`: ``bench loader|highrate|formats``, the benchmarks;
 * :mod:`~course_tools.slides`: ``slides build``, the offline decks;
-* :mod:`~course_tools.authoring`: ``authoring build|check``, learner notebooks from solutions;
+* :mod:`~course_tools.authoring`: ``authoring build|check|renumber``, learner notebooks from solutions, renumbering;
 * :mod:`~course_tools.versions`: the tested and accepted versions, in one place;
 * :mod:`~course_tools.launch`: starts ``torchrun`` jobs from a notebook, with timeouts;
 """

@@ -18,16 +18,28 @@ Commands (run from the repository root)::
     python -m course_lib authoring build            # regenerate learner notebooks, execute all
     python -m course_lib authoring build 02_transforms --no-execute
     python -m course_lib authoring check            # are the learner notebooks up to date?
+    python -m course_lib authoring renumber --insert 10 --dry-run   # make room for a new notebook 10
+
+``renumber`` moves every notebook numbered NN or above up by one, with everything named after it
+(both notebook versions, ``course_lib/checks/nbNN.py``, ``tests/test_checks_nbNN.py``) and every
+reference to it in the repository's text files; see :data:`RULES` for the references it rewrites.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import difflib
+import fnmatch
+import os
 import re
+import subprocess
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 
@@ -144,6 +156,274 @@ def build(notebooks: Path, names: list[str] | None = None, run: bool = True) -> 
                 print(f"executed {path.relative_to(notebooks.parent)} in {execute(path):.1f} s", flush=True)
 
 
+# --------------------------------------------------------------------------- renumbering
+
+
+class RenumberError(ValueError):
+    """A renumbering cannot be done as asked; the message says what to do instead."""
+
+
+NN = r"\d\d(?!\d)"  # a notebook number: two digits (each rule says what may stand before them)
+_ID = r"\d\d\.[1-9](?!\d|\.\d)"  # an exercise id: 07.3
+_RANGE = rf"{NN}(?:[ \t]*[–-][ \t]*{NN})?"  # 07, or 07–09 (both ends are mapped)
+_ITEM = rf"{_RANGE}(?:'s)?(?:\s+\([^()]*\))?"  # in a list after "notebooks": 07, 07's, 07 (samplers)
+_AND = r"(?:,\s+and\s+|,\s*|\s+and\s+)"
+_CHECKS = ("course_lib/checks/nb*.py", "tests/test_checks*.py")
+#: Files that name notebooks by a quoted number ("04", "01-09"), where quoted numbers are nothing else.
+_QUOTED = ("tests/test_jupyterlab.py", "tests/tools/test_slides.py", "course_tools/preparation.py")
+#: Never rewritten: this module and its tests (their examples are not the course's), vendored code.
+_EXCLUDED = ("course_tools/authoring.py", "tests/tools/test_authoring.py", "slides/vendor/*")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One kind of reference: ``pattern`` finds it, and its group ``ref`` holds the numbers to map."""
+
+    name: str
+    pattern: re.Pattern[str]
+    files: tuple[str, ...] = ("*",)  # where it applies: globs on the path from the repository root
+    markdown_only: bool = False  # only in .md files and in notebooks' markdown cells
+
+
+def _rule(name: str, pattern: str, files: tuple[str, ...] = ("*",), markdown_only: bool = False, flags: int = 0) -> Rule:
+    return Rule(name, re.compile(pattern, flags), files, markdown_only)
+
+
+#: The references ``renumber`` rewrites (with those of :func:`_course_rules`). A number changes only where
+#: one of them finds it, and only if it is the number of a notebook that moves: "batch 10", "seed 11",
+#: "10 %", "12.5×" or a host "gpu[07-08]" never match. Numbers inside parentheses of a list are skipped.
+RULES = [
+    _rule("notebook NN", rf"\b[Nn]otebook\s+(?P<ref>{NN})"),  # notebook 07, Notebook 07's, (notebook 07)
+    _rule("notebooks NN, NN and NN–NN", rf"\b[Nn]otebooks\s+(?P<ref>{_ITEM}(?:{_AND}{_ITEM})*)"),  # notebooks 03 (basics), 05 and 07–09
+    _rule("notebook:NN# figure", rf"\bnotebook:(?P<ref>{NN})#"),  # slides: ![...](notebook:07#c010)
+    # Exercise 07.3, exercises 07.2 and 07.3, exercises 07.2–07.4
+    _rule("exercise NN.K", rf"\b[Ee]xercises?\s+(?P<ref>{_ID}(?:(?:{_AND}|[ \t]*[–-][ \t]*){_ID})*)"),
+    _rule("exercise NN.K", rf"(?P<q>[\"'])(?P<ref>{_ID})(?P=q)"),  # exercise("07.3", ...), id="07.3"
+    _rule("exercise NN.K", rf"(?:\bas in|^[ \t]*#)[ \t]+(?P<ref>{_ID})", flags=re.M),  # as in 07.3; a comment "# 07.3: ..."
+    _rule("nbNN module", rf"(?<![A-Za-z0-9])nb(?P<ref>{NN})"),  # checks.nb07, import nb07, test_checks_nb07
+    _rule("test_NN_ name", rf"\btest_(?P<ref>{NN})_"),  # def test_07_epoch_sampler
+    _rule("name ending in NN", rf"(?<=[A-Za-z_])(?P<ref>{NN})\b", files=("tests/test_checks*.py",)),  # _loader07, val07
+    _rule("scratch folder", rf"\bscratch_folder\((?P<q>[\"'])(?P<ref>{NN})(?P=q)"),  # scratch_folder("07")
+    _rule("scratch folder", rf"(?<![\w])course(?P<ref>{NN})-"),  # course07-*, prefix="course07-"
+    _rule("command argument", rf"\b(?:authoring build|figures)[ \t]+(?P<ref>{NN})(?![\w.])"),  # slides figures 07
+    _rule("module (NN)", rf"`[ \t]+\(?(?P<ref>{_RANGE}(?:,[ \t]*{_RANGE})*)(?=[,;)])"),  # `samplers` (06), ``workers`` 04-05,
+    # a table cell that ends in notebook numbers: | 07 | 3 | ..., | 07, 08 |, | here (briefly), 04, 05 |
+    _rule("table cell", rf"\|(?:[^|\n]*?,)??[ \t]*(?P<ref>{NN}(?:,[ \t]*{NN})*)[ \t]*(?=\|)", markdown_only=True),
+    _rule("quoted NN", rf"(?P<q>[\"'])(?P<ref>{_RANGE})(?P=q)", files=_QUOTED),  # LearnerPath("07", ...)
+]
+
+
+def _course_rules(root: Path, names: dict[int, str]) -> list[Rule]:
+    """The rules that depend on the course: each notebook's file name (``07_distributed_sampling``) and title after
+    its number (``07 · Distributed sampling``); in the checks and their tests, any exercise id the checks declare."""
+    ids = sorted(set(re.findall(r"@exercise\(\s*[\"'](\d\d\.\d)[\"']", "".join(
+        p.read_text(encoding="utf-8") for p in (root / "course_lib" / "checks").glob("nb[0-9][0-9].py")))))
+    rules = [_rule("exercise NN.K", rf"(?<![\w.])(?P<ref>{'|'.join(map(re.escape, ids))})(?!\d|\.\d)", files=_CHECKS)] if ids else []
+    for number, name in names.items():
+        words = r"[\s_-]+".join(re.escape(w) for w in name.split("_"))
+        rules.append(_rule("NN_name file", rf"(?<!\d)(?P<ref>{number:02d})_{re.escape(name)}(?!\w)"))
+        rules.append(_rule("NN title", rf"(?<![\w.])(?P<ref>{number:02d})(?:[ \t]+·)?[ \t]+{words}(?!\w)", flags=re.I))
+    return rules
+
+
+_NUMBER = re.compile(r"\([^()]*\)|(?<![\w.])(\d\d)(?!\d)")  # the numbers of a reference; parentheses are skipped
+_TOKEN = re.compile(r"(?<![\w.])(\d\d)(?!\d)")
+_CONTEXT = re.compile(r"notebook|exercise", re.I)
+
+
+def notebook_names(root: Path) -> dict[int, str]:
+    """``{number: name}`` of the course's notebooks (``7: "distributed_sampling"``), learner and solution versions."""
+    folder = root / "notebooks"
+    if not (folder / "solutions").is_dir():
+        raise RenumberError(f"no {folder / 'solutions'} folder: run from the repository root or pass --root")
+    paths = [*folder.glob("[0-9][0-9]_*.ipynb"), *(folder / "solutions").glob("[0-9][0-9]_*.ipynb")]
+    if not paths:
+        raise RenumberError(f"no numbered notebooks (NN_name.ipynb) in {folder} or {folder / 'solutions'}: nothing to renumber")
+    return {int(p.name[:2]): p.stem[3:] for p in sorted(paths)}
+
+
+def insert_mapping(numbers: list[int], insert: str) -> dict[int, int]:
+    """``{old: new}`` that makes room for a new notebook ``insert``: each notebook from there on moves up by one."""
+    last = max(numbers, default=0)
+    if not re.fullmatch(r"\d{1,2}", insert):
+        raise RenumberError(f"--insert {insert!r}: give the number the new notebook will have, e.g. --insert {last:02d}")
+    at = int(insert)
+    if at < 1:
+        raise RenumberError(f"--insert {insert}: notebooks are numbered from 01; --insert 01 makes room for a new first notebook")
+    if at > last + 1:
+        raise RenumberError(f"--insert {insert}: the last notebook is {last:02d}, so a new one goes at {last + 1:02d} at the most "
+                            f"(which moves nothing); to move notebooks, give a number from 01 to {last:02d}")
+    if last >= 99 and at <= last:
+        raise RenumberError(f"--insert {insert}: notebook {last:02d} would become {last + 1}, and numbers have two digits")
+    return {n: n + 1 for n in sorted(numbers) if n >= at}
+
+
+def _applies(rule: Rule, path: str, markdown: bool) -> bool:
+    return (markdown or not rule.markdown_only) and any(fnmatch.fnmatch(path, g) for g in rule.files)
+
+
+def _rewrite(text: str, path: str, markdown: bool, rules: list[Rule], mapping: dict[int, int]) -> tuple[str, Counter[str], list[str]]:
+    """``text`` with every reference the rules find mapped, all in one pass; the replacements per rule; and the
+    lines that keep a moved number next to the word notebook or exercise, or quoted (to check by hand)."""
+    spans: dict[int, tuple[str, str]] = {}  # start of a number -> (its new text, the rule that found it)
+    for rule in rules:
+        if not _applies(rule, path, markdown):
+            continue
+        for m in rule.pattern.finditer(text):
+            for n in _NUMBER.finditer(m.group("ref")):
+                if n.group(1) and int(n.group(1)) in mapping:
+                    spans.setdefault(m.start("ref") + n.start(1), (f"{mapping[int(n.group(1))]:02d}", rule.name))
+    parts, last = [], 0
+    for start in sorted(spans):
+        parts += [text[last:start], spans[start][0]]
+        last = start + 2
+    parts.append(text[last:])
+    left, offset = [], 0
+    for lineno, line in enumerate(text.splitlines(keepends=True), 1):
+        for m in _TOKEN.finditer(line):
+            quoted = line[m.start() - 1:m.start()] in ("'", '"') and line[m.end():m.end() + 1] == line[m.start() - 1]
+            if int(m.group(1)) in mapping and offset + m.start() not in spans and (quoted or _CONTEXT.search(line)):
+                left.append(f"{lineno}: {line.strip()}")
+                break
+        offset += len(line)
+    return "".join(parts), Counter(name for _, name in spans.values()), left
+
+
+def _rewrite_notebook(text: str, path: str, rules: list[Rule], mapping: dict[int, int]) -> tuple[str, Counter[str], list[str]]:
+    """:func:`_rewrite` on a notebook's cell sources and stored text outputs; nbformat writes it back as it was."""
+    nb = nbformat.reads(text, as_version=4)
+    counts: Counter[str] = Counter()
+    left: list[str] = []
+
+    def fix(value: str, markdown: bool, where: str) -> str:
+        new, found, kept = _rewrite(value, path, markdown, rules, mapping)
+        counts.update(found)
+        left.extend(f"{where}, line {line}" for line in kept)
+        return new
+
+    for i, cell in enumerate(nb.cells, 1):
+        cell.source = fix(cell.source, cell.cell_type == "markdown", f"cell {i}")
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out.text = fix(out.text, False, f"cell {i} output")
+            for mime, value in out.get("data", {}).items():
+                if mime.startswith("text/") and isinstance(value, str):
+                    out.data[mime] = fix(value, mime == "text/markdown", f"cell {i} output")
+            if out.get("output_type") == "error":
+                out.evalue = fix(out.evalue, False, f"cell {i} error")
+                out.traceback = [fix(line, False, f"cell {i} error") for line in out.traceback]
+    return (nbformat.writes(nb) + "\n" if counts else text), counts, left
+
+
+def _files(root: Path) -> tuple[list[str], set[str]]:
+    """The repository's files (paths from ``root``), and those git tracks (empty outside a git repository)."""
+    def git(*args: str) -> list[str]:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args], capture_output=True, text=True, check=True).stdout
+        return [p for p in out.split("\0") if p]
+
+    try:
+        tracked = git("--cached")
+        every = sorted(set(tracked) | set(git("--others", "--exclude-standard")))
+    except (OSError, subprocess.CalledProcessError):
+        tracked = []
+        every = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
+    return [p for p in every if (root / p).is_file()], set(tracked)
+
+
+@dataclass
+class Plan:
+    """What a renumbering changes: files to move, new texts of edited files, replacements per rule."""
+
+    mapping: dict[int, int]
+    moves: list[tuple[str, str]] = field(default_factory=list)  # (old path, new path), from the root
+    edits: dict[str, tuple[str, str]] = field(default_factory=dict)  # old path -> (old text, new text)
+    counts: Counter[str] = field(default_factory=Counter)
+    per_file: dict[str, int] = field(default_factory=dict)
+    left: list[str] = field(default_factory=list)  # lines to check by hand
+    tracked: set[str] = field(default_factory=set)
+
+
+def plan(root: Path, mapping: dict[int, int]) -> Plan:
+    """Work out a renumbering (``{old: new}``) of the course in ``root`` without changing anything."""
+    rules = RULES + _course_rules(root, notebook_names(root))
+    file_rules = [r for r in rules if r.name in ("NN_name file", "nbNN module")]
+    files, tracked = _files(root)
+    result = Plan(mapping, tracked=tracked)
+    for path in files:
+        if any(fnmatch.fnmatch(path, g) for g in _EXCLUDED):
+            continue
+        folder, _, name = path.rpartition("/")
+        new_name = _rewrite(name, path, False, file_rules, mapping)[0]
+        if new_name != name:
+            result.moves.append((path, f"{folder}/{new_name}" if folder else new_name))
+        data = (root / path).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if "\0" in text:
+            continue
+        if path.endswith(".ipynb"):
+            new, counts, left = _rewrite_notebook(text, path, rules, mapping)
+        else:
+            new, counts, left = _rewrite(text, path, path.endswith(".md"), rules, mapping)
+        if new != text:
+            result.edits[path] = (text, new)
+            result.per_file[path] = sum(counts.values())
+            result.counts.update(counts)
+        result.left += [f"{path}:{line[:150]}" for line in left]
+    sources = {old for old, _ in result.moves}
+    for old, new in result.moves:
+        if (root / new).exists() and new not in sources:
+            raise RenumberError(f"{old} would move to {new}, which exists already: move or delete {new} first")
+    return result
+
+
+def apply(root: Path, p: Plan) -> None:
+    """Write the edited files, then move files in two steps (to a temporary name, then to the new one), so that
+    10 -> 11 never meets 11 -> 12; tracked files move with ``git mv``."""
+    for path, (_, new) in p.edits.items():
+        (root / path).write_bytes(new.encode("utf-8"))
+
+    def move(old: str, new: str, tracked: bool) -> None:
+        if tracked:
+            subprocess.run(["git", "-C", str(root), "mv", old, new], check=True, capture_output=True)
+        else:
+            os.replace(root / old, root / new)
+
+    for old, _ in p.moves:
+        move(old, old + ".renumbering", old in p.tracked)
+    for old, new in p.moves:
+        move(old + ".renumbering", new, old in p.tracked)
+
+
+def renumber(root: Path, insert: str, dry_run: bool = False, show: Callable[[str], None] = print) -> Plan | None:
+    """Make room for a new notebook ``insert`` (e.g. ``"10"``) in the course in ``root``; print what changes."""
+    mapping = insert_mapping(list(notebook_names(root)), insert)
+    if not mapping:
+        show(f"nothing to renumber: {int(insert):02d} follows the last notebook; add notebooks/solutions/{int(insert):02d}_<name>.ipynb")
+        return None
+    p = plan(root, mapping)
+    if dry_run:
+        for path, (old, new) in p.edits.items():
+            show("\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), path, path, n=0, lineterm="")))
+    else:
+        apply(root, p)
+    show(f"renumbering {', '.join(f'{a:02d} -> {b:02d}' for a, b in mapping.items())} in {root}"
+         + (" (dry run: nothing was changed)" if dry_run else ""))
+    sections = [
+        (f"files moved: {len(p.moves)}", [f"{old} -> {new}" for old, new in p.moves]),
+        (f"files edited: {len(p.edits)}", [f"{path}: {n}" for path, n in p.per_file.items()]),
+        (f"replacements per pattern: {sum(p.counts.values())}", [f"{name}: {n}" for name, n in p.counts.most_common()]),
+        (f"left alone, check by hand ({len(p.left)}: a moved number near 'notebook' or 'exercise', or quoted):", p.left),
+    ]
+    for title, lines in sections:
+        if lines or not title.startswith("left alone"):
+            show("\n".join([title, *(f"  {line}" for line in lines)]))
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib authoring", description=__doc__.split("\n\n")[0])
     parser.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="the notebooks folder")
@@ -152,7 +432,19 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     b.add_argument("--no-execute", action="store_true", help="only regenerate the learner notebooks")
     sub.add_parser("check", help="exit 1 if a learner notebook is out of date")
+    r = sub.add_parser("renumber", help="make room for a new notebook: move notebooks NN and above up by one, "
+                       "with their checks, tests and every reference to them")
+    r.add_argument("--insert", required=True, metavar="NN", help="the number the new notebook will have")
+    r.add_argument("--dry-run", action="store_true", help="print what would change (a diff and a summary); change nothing")
+    r.add_argument("--root", type=Path, default=Path("."), help="the repository (default: the current folder)")
     args = parser.parse_args(argv)
+    if args.command == "renumber":
+        try:
+            renumber(args.root, args.insert, dry_run=args.dry_run)
+        except RenumberError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if not (args.notebooks / "solutions").is_dir():
         parser.error(f"no {args.notebooks / 'solutions'} folder: run from the repository root or pass --notebooks")
     if args.command == "build":

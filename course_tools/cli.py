@@ -7,6 +7,7 @@
     python -m course_lib bench loader                 # benchmarks (instructors)
     python -m course_lib slides build                 # offline slide decks (instructors)
     python -m course_lib authoring build 02           # learner notebooks from solutions (maintainers)
+    python -m course_lib authoring renumber --insert 10 --dry-run   # what inserting a notebook at 10 changes
     python -m course_lib gpu                          # every GPU path, run and measured, where a GPU is
 
 Each command's module is imported only when it runs, so the doctor works where torch is missing.
@@ -26,7 +27,7 @@ COMMANDS = {
     "doctor": ("doctor", "check this environment for the course and say what to fix"),
     "bench": ("bench", "benchmarks: loader, highrate, formats (run on the participants' kind of machine)"),
     "slides": ("slides", "build the offline slide decks"),
-    "authoring": ("authoring", "learner notebooks from solutions; re-execute notebooks"),
+    "authoring": ("authoring", "learner notebooks from solutions; re-execute notebooks; renumber them to insert one"),
     "gpu": ("gpu", "the GPU checklist: run and measure every GPU path (reports 'not run' without a GPU)"),
 }
 

@@ -1,4 +1,4 @@
-"""course_lib.checks: the machinery, and notebooks 08-09 (01-07 have a test file each, as 10, 11 and 12 do)."""
+"""course_lib.checks: the machinery, and notebooks 08-09; notebooks 01-07 and 10-12 have a test file each."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ from course_lib import iterable  # noqa: E402
 from course_lib.checks import nb08  # noqa: E402
 
 
-class _Stream07(IterableDataset):
+class _Stream08(IterableDataset):
     """Exercise 08.1's answers, right and wrong; ``share(n, info)`` is what ``__iter__`` yields."""
 
     share = staticmethod(lambda n, info: range(n) if info is None else range(info.id, n, info.num_workers))
@@ -71,7 +71,7 @@ class _Stream07(IterableDataset):
 
 
 def _stream(share):
-    return type("ShardedRange", (_Stream07,), {"share": staticmethod(share)})
+    return type("ShardedRange", (_Stream08,), {"share": staticmethod(share)})
 
 
 def _stub_stream(n, info):
@@ -80,8 +80,8 @@ def _stub_stream(n, info):
 
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-def test_07_sharded_stream() -> None:
-    assert status(nb08.sharded_stream, _Stream07)[0] is Status.SOLVED
+def test_08_sharded_stream() -> None:
+    assert status(nb08.sharded_stream, _Stream08)[0] is Status.SOLVED
     blocks = _stream(lambda n, info: range(n) if info is None else iterable.contiguous_share(n, info.id, info.num_workers))
     assert status(nb08.sharded_stream, blocks)[0] is Status.SOLVED
     assert status(nb08.sharded_stream, ...)[0] is Status.NOT_ATTEMPTED
@@ -95,12 +95,12 @@ def test_07_sharded_stream() -> None:
     assert "more than once" in status(nb08.sharded_stream, overlap)[1]
     pairs = _stream(lambda n, info: [(i, 0) for i in range(n)])
     assert "ints 0..n-1" in status(nb08.sharded_stream, pairs)[1]
-    assert "class itself" in status(nb08.sharded_stream, _Stream07(3))[1]
+    assert "class itself" in status(nb08.sharded_stream, _Stream08(3))[1]
     outside = _stream(lambda n, info: range(1, n + 1))
     assert "outside" in status(nb08.sharded_stream, outside)[1]
 
 
-def _batches07(n, batch_size, num_workers, drop_last):
+def _batches08(n, batch_size, num_workers, drop_last):
     return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
 
 
@@ -127,7 +127,7 @@ def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w:
     return RankedStream
 
 
-def test_07_ranked_stream() -> None:
+def test_08_ranked_stream() -> None:
     check = nb08.ranked_stream
     assert status(check, ranked_stream())[0] is Status.SOLVED
     assert status(check, ranked_stream(share=lambda s, w, workers: w * s.world_size + s.rank))[0] is Status.SOLVED
@@ -143,8 +143,8 @@ def test_07_ranked_stream() -> None:
     assert "set_epoch(epoch) method" in status(check, ranked_stream(set_epoch=False))[1]
 
 
-def test_07_batches_per_epoch() -> None:
-    assert status(nb08.batches_per_epoch, _batches07)[0] is Status.SOLVED
+def test_08_batches_per_epoch() -> None:
+    assert status(nb08.batches_per_epoch, _batches08)[0] is Status.SOLVED
     assert status(nb08.batches_per_epoch, ...)[0] is Status.NOT_ATTEMPTED
     assert "len(loader)" in status(nb08.batches_per_epoch, lambda n, b, w, d: n // b if d else math.ceil(n / b))[1]
     per_worker = lambda n, b, w, d: sum((s // b if d else math.ceil(s / b)) for s in [n // w + (i < n % w) for i in range(w)])  # noqa: E731
@@ -154,13 +154,13 @@ def test_07_batches_per_epoch() -> None:
         per = math.ceil(n / k)
         return k * (per // b if d else math.ceil(per / b))
     assert "not every share" in status(nb08.batches_per_epoch, ceil_shares)[1]
-    assert "drops its own short" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, False))[1]
-    assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + 0.5)[1]
+    assert "drops its own short" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, False))[1]
+    assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, d) + 0.5)[1]
     assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: "3")[1]
-    assert "the loader yields" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches07(n, b, w, d) + (n == 100))[1]
+    assert "the loader yields" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, d) + (n == 100))[1]
 
 
-def test_07_eviction_policy() -> None:
+def test_08_eviction_policy() -> None:
     from course_lib.further.growing import evict_oldest
 
     assert status(nb08.eviction_policy, evict_oldest)[0] is Status.SOLVED
@@ -182,12 +182,12 @@ def test_07_eviction_policy() -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-def test_07_checks_leave_the_learners_random_state_alone() -> None:
+def test_08_checks_leave_the_learners_random_state_alone() -> None:
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    nb08.batches_per_epoch.evaluate(_batches07)
-    nb08.sharded_stream.evaluate(_Stream07)
+    nb08.batches_per_epoch.evaluate(_batches08)
+    nb08.sharded_stream.evaluate(_Stream08)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -197,18 +197,18 @@ import warnings  # noqa: E402
 
 import webdataset as wds  # noqa: E402
 
-from course_lib import shards as shards08  # noqa: E402
+from course_lib import shards as shards09  # noqa: E402
 from course_lib.checks import nb09  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def val08(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> shards08.ShardSet:
+def val09(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> shards09.ShardSet:
     """The tiny set's 20 validation images in 4 shards of 5."""
-    return shards08.write_image_shards(tmp_path_factory.mktemp("nb09") / "val", split="val", size="tiny",
+    return shards09.write_image_shards(tmp_path_factory.mktemp("nb09") / "val", split="val", size="tiny",
                                        root=tiny_root, maxcount=5)
 
 
-def _loader08(urls, batch_size, *, workers=2, loader_batch=None, in_workers=True, unbatch=True, shuffle=True,
+def _loader09(urls, batch_size, *, workers=2, loader_batch=None, in_workers=True, unbatch=True, shuffle=True,
               rebatch=True, decode="torchrgb", fields=("jpg", "cls"), labels=None, resampled=False,
               workersplitter=wds.split_by_worker, final=None):
     with warnings.catch_warnings():
@@ -230,42 +230,42 @@ def _loader08(urls, batch_size, *, workers=2, loader_batch=None, in_workers=True
     return loader
 
 
-def _wrong08(val08, **kwargs) -> str:
-    result = nb09.make_loader.evaluate(lambda u, b: _loader08(u, b, **kwargs), val08)
+def _wrong09(val09, **kwargs) -> str:
+    result = nb09.make_loader.evaluate(lambda u, b: _loader09(u, b, **kwargs), val09)
     assert result.status is Status.WRONG, result
     return result.message
 
 
 @pytest.mark.timeout(120)  # the loaders start worker processes
-def test_08_make_loader(val08) -> None:
-    assert status(nb09.make_loader, _loader08, val08)[0] is Status.SOLVED
-    assert status(nb09.make_loader, ..., val08)[0] is Status.NOT_ATTEMPTED
-    assert status(nb09.make_loader, lambda u, b: ..., val08)[0] is Status.NOT_ATTEMPTED
+def test_09_make_loader(val09) -> None:
+    assert status(nb09.make_loader, _loader09, val09)[0] is Status.SOLVED
+    assert status(nb09.make_loader, ..., val09)[0] is Status.NOT_ATTEMPTED
+    assert status(nb09.make_loader, lambda u, b: ..., val09)[0] is Status.NOT_ATTEMPTED
 
     def stub(urls, batch_size):
         raise NotImplementedError
 
-    assert status(nb09.make_loader, stub, val08)[0] is Status.NOT_ATTEMPTED
-    assert "return loader" in status(nb09.make_loader, lambda u, b: None, val08)[1]
-    assert "WebLoader" in status(nb09.make_loader, lambda u, b: wds.WebDataset(u, shardshuffle=False), val08)[1]
-    assert "num_workers=0" in _wrong08(val08, workers=0)
+    assert status(nb09.make_loader, stub, val09)[0] is Status.NOT_ATTEMPTED
+    assert "return loader" in status(nb09.make_loader, lambda u, b: None, val09)[1]
+    assert "WebLoader" in status(nb09.make_loader, lambda u, b: wds.WebDataset(u, shardshuffle=False), val09)[1]
+    assert "num_workers=0" in _wrong09(val09, workers=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about 3 workers on 2 cores: the point of the hint
-        assert "2 workers at most" in _wrong08(val08, workers=3)
-    assert "batch_size=None" in _wrong08(val08, loader_batch=4)
-    assert "does not batch in the workers" in _wrong08(val08, in_workers=False)
-    assert "never unbatches" in _wrong08(val08, unbatch=False, shuffle=False)
-    assert "nothing shuffles" in _wrong08(val08, shuffle=False)
-    assert "add .batched(batch_size)" in _wrong08(val08, rebatch=False)
-    assert "came twice" in _wrong08(val08, workersplitter=None)
-    assert "resampled" in _wrong08(val08, resampled=True)
-    assert "torchrgb" in _wrong08(val08, decode="pil")
-    assert "(images, labels)" in _wrong08(val08, fields=("jpg", "cls", "json"))
-    assert "not full" in _wrong08(val08, final=3)
-    assert "labels do not match" in _wrong08(val08, labels=lambda y: 0)
+        assert "2 workers at most" in _wrong09(val09, workers=3)
+    assert "batch_size=None" in _wrong09(val09, loader_batch=4)
+    assert "does not batch in the workers" in _wrong09(val09, in_workers=False)
+    assert "never unbatches" in _wrong09(val09, unbatch=False, shuffle=False)
+    assert "nothing shuffles" in _wrong09(val09, shuffle=False)
+    assert "add .batched(batch_size)" in _wrong09(val09, rebatch=False)
+    assert "came twice" in _wrong09(val09, workersplitter=None)
+    assert "resampled" in _wrong09(val09, resampled=True)
+    assert "torchrgb" in _wrong09(val09, decode="pil")
+    assert "(images, labels)" in _wrong09(val09, fields=("jpg", "cls", "json"))
+    assert "not full" in _wrong09(val09, final=3)
+    assert "labels do not match" in _wrong09(val09, labels=lambda y: 0)
 
 
-def test_08_shards_needed() -> None:
+def test_09_shards_needed() -> None:
     assert status(nb09.shards_needed, lambda w, k: w * max(1, k))[0] is Status.SOLVED
     assert status(nb09.shards_needed, ...)[0] is Status.NOT_ATTEMPTED
     assert "main process reads" in status(nb09.shards_needed, lambda w, k: w * k)[1]
@@ -277,14 +277,14 @@ def test_08_shards_needed() -> None:
     assert "webdataset needs" in status(nb09.shards_needed, lambda w, k: w * max(1, k) - (w == 8))[1]
 
 
-def _epoch08(n, b, w, on):
+def _epoch09(n, b, w, on):
     return n if on == "loader" or w == 0 else n // w
 
 
-def test_08_with_epoch_value() -> None:
-    assert status(nb09.with_epoch_value, _epoch08)[0] is Status.SOLVED
+def test_09_with_epoch_value() -> None:
+    assert status(nb09.with_epoch_value, _epoch09)[0] is Status.SOLVED
     assert status(nb09.with_epoch_value, ...)[0] is Status.NOT_ATTEMPTED
-    assert "not samples" in status(nb09.with_epoch_value, lambda n, b, w, on: _epoch08(n, b, w, on) * b)[1]
+    assert "not samples" in status(nb09.with_epoch_value, lambda n, b, w, on: _epoch09(n, b, w, on) * b)[1]
     assert "counts per worker" in status(nb09.with_epoch_value, lambda n, b, w, on: n)[1]
     assert "per worker is per rank" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n))[1]
     assert "whole rank's epoch" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w))[1]
@@ -316,7 +316,7 @@ def rank_loader(node=True, worker=True, epoch_on="loader"):
     return fn
 
 
-def test_08_rank_loader() -> None:
+def test_09_rank_loader() -> None:
     check = nb09.rank_loader
 
     def stub(urls, batch_size, steps):
@@ -343,7 +343,7 @@ def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
     assert multiprocessing.active_children() == []
 
 
-class _Persistent07(torch.utils.data.IterableDataset):
+class _Persistent08(torch.utils.data.IterableDataset):
     """Exercise 08.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
 
     def __init__(self, n, seed, shared=True, split=True, rng="seeded", with_epoch=True):
@@ -365,7 +365,7 @@ class _Persistent07(torch.utils.data.IterableDataset):
 
 
 def _persistent(**wrong):
-    return lambda n, seed: _Persistent07(n, seed, **wrong)
+    return lambda n, seed: _Persistent08(n, seed, **wrong)
 
 
 @pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from exercise_status import status
 IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]
 
 
-def test_05_balanced_weights() -> None:
+def test_06_balanced_weights() -> None:
     counts = np.bincount(IMBALANCED)
     assert status(nb06.balanced_weights, 1.0 / counts[IMBALANCED], IMBALANCED)[0] is Status.SOLVED
     assert status(nb06.balanced_weights, torch.tensor(1.0 / counts[IMBALANCED]).float(), IMBALANCED)[0] is Status.SOLVED
@@ -45,7 +45,7 @@ def _split(n, val_fraction, seed):
     return SubsetRandomSampler(order[n_val:], generator=g), sorted(order[:n_val])
 
 
-def test_05_train_val_samplers() -> None:
+def test_06_train_val_samplers() -> None:
     assert status(nb06.train_val_samplers, _split)[0] is Status.SOLVED
     assert status(nb06.train_val_samplers, ...)[0] is Status.NOT_ATTEMPTED
 
@@ -113,7 +113,7 @@ def test_05_train_val_samplers() -> None:
     assert "len() and yield indices" in status(nb06.train_val_samplers, lambda n, f, seed: (_split(n, f, seed)[0], 5))[1]
 
 
-def test_05_checks_leave_the_learners_random_state_alone() -> None:
+def test_06_checks_leave_the_learners_random_state_alone() -> None:
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
@@ -180,7 +180,7 @@ class IgnoresSeed(EpochShuffle):
         yield from torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
 
 
-def test_05_epoch_shuffle() -> None:
+def test_06_epoch_shuffle() -> None:
     check = nb06.epoch_shuffle
     assert status(check, EpochShuffle)[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
@@ -266,7 +266,7 @@ class GlobalShuffle(MyBucketSampler):
         yield from super().__iter__()
 
 
-def test_05_bucket_sampler() -> None:
+def test_06_bucket_sampler() -> None:
     check = nb06.bucket_sampler
     assert status(check, MyBucketSampler)[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
@@ -330,7 +330,7 @@ class YieldsLabels(ClassThenSample):
         yield from torch.randint(len(self.members), (self.num_samples,), generator=self.generator).tolist()
 
 
-def test_05_class_then_sample() -> None:
+def test_06_class_then_sample() -> None:
     check = nb06.class_then_sample
     assert status(check, ClassThenSample)[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
@@ -351,7 +351,7 @@ def balanced_sampler(targets, power, generator):
     return WeightedRandomSampler(weights, num_samples=len(targets), replacement=True, generator=generator)
 
 
-def test_05_balanced_sampler() -> None:
+def test_06_balanced_sampler() -> None:
     check = nb06.balanced_sampler
     assert status(check, balanced_sampler)[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED

@@ -15,7 +15,7 @@ from course_tools.launch import launch
 from exercise_status import right_and_stubs, status
 
 
-def test_06_samples_per_rank() -> None:
+def test_07_samples_per_rank() -> None:
     assert status(nb07.samples_per_rank, lambda n, w, d: n // w if d else math.ceil(n / w))[0] is Status.SOLVED
     assert status(nb07.samples_per_rank, lambda n, w, d: n // w if d else -(-n // w))[0] is Status.SOLVED
     assert status(nb07.samples_per_rank, ...)[0] is Status.NOT_ATTEMPTED
@@ -33,7 +33,7 @@ def _epoch_sampler(dataset, world, rank, epoch, seed=0, shuffle=True, set_epoch=
     return sampler
 
 
-def test_06_epoch_sampler() -> None:
+def test_07_epoch_sampler() -> None:
     assert status(nb07.epoch_sampler, _epoch_sampler)[0] is Status.SOLVED
     assert status(nb07.epoch_sampler, ...)[0] is Status.NOT_ATTEMPTED
     assert "set_epoch" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, set_epoch=False))[1]
@@ -51,7 +51,7 @@ def _dl(dataset, world, rank, epoch):
     return sampler
 
 
-def test_06_eval_indices() -> None:
+def test_07_eval_indices() -> None:
     assert status(nb07.eval_indices, lambda n, w, r: range(r, n, w))[0] is Status.SOLVED
     assert status(nb07.eval_indices, lambda n, w, r: list(np.array_split(np.arange(n), w)[r]))[0] is Status.SOLVED
     assert status(nb07.eval_indices, ...)[0] is Status.NOT_ATTEMPTED
@@ -142,7 +142,7 @@ def hint(reports_) -> str:
     return "passed"
 
 
-def test_06_ddp_reports() -> None:
+def test_07_ddp_reports() -> None:
     assert hint(reports()) == "passed"
     assert "one seed on every rank" in hint(reports(seed_of=lambda rank: rank))
     assert "set_epoch(epoch)" in hint(reports(set_epoch=False))
@@ -155,7 +155,7 @@ def test_06_ddp_reports() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_06_ddp_script_under_torchrun(tmp_path: Path) -> None:
+def test_07_ddp_script_under_torchrun(tmp_path: Path) -> None:
     """The solution, started for real with torchrun (2 ranks, gloo); the stub; a script whose ranks fail."""
     script = solution_script(tmp_path)
     assert status(nb07.ddp_script, script, launch)[0] is Status.SOLVED

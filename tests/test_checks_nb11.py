@@ -57,7 +57,7 @@ def pipeline(node=True, worker=True, cycle=True, decode=True, fields=("jpg", "cl
     return fn
 
 
-def test_10_build_dataset() -> None:
+def test_11_build_dataset() -> None:
     check = nb11.build_dataset
 
     def stub(urls, seed, decode_ms):

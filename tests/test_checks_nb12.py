@@ -82,7 +82,7 @@ def as_dict(steps, n, epoch):
     return {"twice": twice, "never": never}
 
 
-def test_11_seen_twice_and_never_right_and_stubs() -> None:
+def test_12_seen_twice_and_never_right_and_stubs() -> None:
     def stub(steps, n, epoch):
         raise NotImplementedError
 
@@ -97,7 +97,7 @@ def test_11_seen_twice_and_never_right_and_stubs() -> None:
     (never_over_all_epochs, ["never should be [1], got []", "that no rank's step of that epoch holds"]),
     (as_dict, ["return two sorted lists, `return twice, never`", "{'twice': [], 'never': []}"]),
 ])
-def test_11_seen_twice_and_never_wrong_answers(fn, hints) -> None:
+def test_12_seen_twice_and_never_wrong_answers(fn, hints) -> None:
     message = wrong(nb12.seen_twice_and_never, fn)
     assert all(hint in message for hint in hints), message
 
@@ -232,7 +232,7 @@ def order(epoch: int, n: int = 40, seed: int = 7) -> list[int]:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
-def test_11_resumable_sampler_right_and_stubs() -> None:
+def test_12_resumable_sampler_right_and_stubs() -> None:
     right_and_stubs(nb12.resumable_sampler, MyResumableShuffle, ShuffleStub)
     assert status(nb12.resumable_sampler, resume.ResumableShuffle)[0] is Status.SOLVED  # the course's reference
 
@@ -249,12 +249,12 @@ def test_11_resumable_sampler_right_and_stubs() -> None:
     (SameOrderEveryEpoch, ["set_epoch(1) gave the same order as epoch 0"]),
     (LenInBatches, ["len(sampler) should be 40, got 10"]),
 ])
-def test_11_resumable_sampler_wrong_answers(cls, hints) -> None:
+def test_12_resumable_sampler_wrong_answers(cls, hints) -> None:
     message = wrong(nb12.resumable_sampler, cls)
     assert all(hint in message for hint in hints), message
 
 
-def test_11_resumable_sampler_wants_the_class() -> None:
+def test_12_resumable_sampler_wants_the_class() -> None:
     assert "pass the class itself" in wrong(nb12.resumable_sampler, MyResumableShuffle(40, 7))
 
 
@@ -373,7 +373,7 @@ def stop_leaked_workers() -> None:
     gc.collect()
 
 
-def test_11_resumable_stream_right_and_stubs() -> None:
+def test_12_resumable_stream_right_and_stubs() -> None:
     check = nb12.resumable_stream
     assert status(check, MyResumableStream)[0] is Status.SOLVED, status(check, MyResumableStream)[1]
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
@@ -392,7 +392,7 @@ def test_11_resumable_stream_right_and_stubs() -> None:
     (SkipsByGlobalIndex, ["stopped after 4 batches and resumed", "skip that many of this worker's share"]),
     (LoadsAndDiscards, ["called load() 30 times for 18 samples", "instead of loading samples and throwing them away"]),
 ])
-def test_11_resumable_stream_wrong_answers(cls, hints) -> None:
+def test_12_resumable_stream_wrong_answers(cls, hints) -> None:
     message = wrong(nb12.resumable_stream, cls)
     assert all(hint in message for hint in hints), message
 
@@ -466,7 +466,7 @@ def save_leaving_tmp(path, model, optimizer, loader, step):
     os.replace(tmp, path)
 
 
-def test_11_checkpoint_right_and_stubs() -> None:
+def test_12_checkpoint_right_and_stubs() -> None:
     def save_stub(path, model, optimizer, loader, step):
         raise NotImplementedError
 
@@ -492,12 +492,12 @@ def test_11_checkpoint_right_and_stubs() -> None:
     (save_leaving_tmp, load, ["the failed save left ['ckpt.pt.tmp'] behind"]),
     (lambda path, *rest: None, load, ["should write the file ckpt.pt; nothing is there"]),
 ])
-def test_11_checkpoint_wrong_answers(save_fn, load_fn, hints) -> None:
+def test_12_checkpoint_wrong_answers(save_fn, load_fn, hints) -> None:
     message = wrong(nb12.checkpoint, save_fn, load_fn)
     assert all(hint in message for hint in hints), message
 
 
-def test_11_checks_leave_the_learners_random_state_alone() -> None:
+def test_12_checks_leave_the_learners_random_state_alone() -> None:
     torch.manual_seed(11)
     expected = torch.rand(3)
     torch.manual_seed(11)

@@ -112,12 +112,13 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04", "05", "11", "12"]  # learner notebooks run with Run All Cells, once each: 01 and 04, and 05, 11
-# and 12, whose exercise answers (the module spawn workers import; the tuned workers; the count of samples trained
-# twice) a later cell uses
+RUN_ALL = ["01", "04", "05", "11", "12"]  # learner notebooks run with Run All Cells, once each: notebooks 01, 04,
+# and notebooks 05, 11 and 12, whose exercise answers (the module spawn workers import; the tuned workers; the count
+# of samples trained twice) a later cell uses
 SIDE_BY_SIDE = ["04", "11"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
-# (01 runs alone, first: it prepares the data and shows the progress bar)
-RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (04 needs ~70 s here, ~200 s under heavy load); then a cell at [*] is stuck
+# (notebook 01 runs alone, first: it prepares the data and shows the progress bar)
+RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (notebook 04 needs ~70 s here, ~200 s under heavy load);
+# then a cell at [*] is stuck
 # Any test of the stage may be the one that runs a notebook first (e.g. run alone with -k).
 STAGE_TIMEOUT = int(RUN_ALL_TIMEOUT) * len(SIDE_BY_SIDE) + 240
 

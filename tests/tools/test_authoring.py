@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -104,3 +105,206 @@ def test_cli_check_exits_1_on_a_stale_learner_notebook(tmp_path: Path, capsys: p
 def test_cli_needs_a_solutions_folder(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         authoring.main(["--notebooks", str(tmp_path), "check"])
+
+
+# --------------------------------------------------------------------------- renumber: a tiny course in tmp_path
+
+CHECKS = '''"""Checks for notebook 02 (loaders).
+
+02.1 counts batches; 02.2 is checked in workers (notebook 03 explains why). 1000 / 64 = 15.6 batches.
+"""
+from ._core import exercise
+
+
+@exercise("02.1", "batch 10 of seed 11 holds 10 % of the samples.")
+def count(fn):
+    with tempfile.TemporaryDirectory(prefix="course02-") as folder:
+        return fn(folder)
+
+
+@exercise("02.2", "see exercise 02.1 and exercises 02.1–02.2.")
+def workers(fn):
+    return fn(10)
+'''
+CHECK_TESTS = '''"""The checks of notebook 02."""
+from course_lib.checks import nb02
+
+
+def _loader02(n):
+    return list(range(n))  # 10 items, batch 10
+
+
+# ----------------------------------------------------------------- 02.1: count
+def test_02_count():
+    assert nb02.count.evaluate(_loader02).passed  # the 02.1 check
+'''
+README = '''# A tiny course
+
+| # | level | notebook |
+| --- | --- | --- |
+| 01 | 1 | [intro](notebooks/01_intro.ipynb) |
+| 02 | 2 | [loaders](notebooks/02_loaders.ipynb) |
+| 03 | 2 | [shards](notebooks/03_shards.ipynb) |
+
+Notebooks 02–03 use 10 % more memory; notebooks 01 and 03 (shards) run with batch 10 and seed 11.
+`loaders` (02), `shards` (03): see `python -m course_lib authoring build 02`.
+Hosts n[02-03] and gpu02 are not notebooks, nor are 12.5× or version 02.1.
+'''
+HELPERS = '''"""Notebooks 02–03: helpers shared by the loaders and the shards (notebook 03)."""
+
+
+def batches(n=10, seed=11):
+    """Notebook 02, section 1: ``n`` batches of 02 items (not a notebook number)."""
+    return scratch_folder("02"), n, seed
+'''
+DECK = '''# Level 1
+
+Feeding PyTorch with data: notebooks 01, 02 and 03
+
+![A figure](notebook:02#abc123)
+
+| question | notebooks |
+| --- | --- |
+| does it load? | 01, 02 |
+'''
+
+
+def _notebook(number: str, title: str, body: str, output: str = "") -> nbformat.NotebookNode:
+    code = new_code_cell(body, execution_count=1, outputs=[new_output("stream", name="stdout", text=output)] if output else [])
+    return new_notebook(cells=[new_markdown_cell(f"# {number} · {title}\n\n*Prerequisites:* notebook 01 (intro)."), code])
+
+
+def tiny_course(root: Path) -> Path:
+    """Three notebooks (both versions), the checks of 02 and their tests, a README, a deck, a library module."""
+    (root / "notebooks" / "solutions").mkdir(parents=True)
+    notebooks = {
+        "01_intro": _notebook("01", "Intro", "x = 10  # batch 10, seed 11"),
+        "02_loaders": _notebook("02", "Loaders", 'from course_lib.checks import nb02 as check\nwork = data.scratch_folder("02")\n'
+                                "check.count(count)  # batch 10, seed 11, 10 %",
+                                "✅ Exercise 02.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n"),
+        "03_shards": _notebook("03", "Shards", "print('see notebook 02, and notebooks 01-02')", "see notebook 02, and notebooks 01-02\n"),
+    }
+    for name, nb in notebooks.items():
+        nbformat.write(nb, root / "notebooks" / "solutions" / f"{name}.ipynb")
+        nbformat.write(authoring.make_learner(nb), root / "notebooks" / f"{name}.ipynb")
+    files = {"course_lib/checks/nb02.py": CHECKS, "tests/test_checks_nb02.py": CHECK_TESTS, "README.md": README,
+             "course_lib/helpers.py": HELPERS, "slides/decks/level1.md": DECK}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text, encoding="utf-8")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_renumber_insert_moves_and_rewrites_everything_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tiny_course(tmp_path)
+    before = snapshot(root)
+    assert authoring.main(["renumber", "--insert", "02", "--root", str(root)]) == 0
+    files = snapshot(root)
+    assert sorted(files) == [
+        "README.md", "course_lib/checks/nb03.py", "course_lib/helpers.py",
+        "notebooks/01_intro.ipynb", "notebooks/03_loaders.ipynb", "notebooks/04_shards.ipynb",
+        "notebooks/solutions/01_intro.ipynb", "notebooks/solutions/03_loaders.ipynb", "notebooks/solutions/04_shards.ipynb",
+        "slides/decks/level1.md", "tests/test_checks_nb03.py",
+    ]
+    text = {path: data.decode() for path, data in files.items()}
+    assert text["course_lib/checks/nb03.py"] == CHECKS.replace("notebook 02", "notebook 03").replace(
+        "notebook 03 explains", "notebook 04 explains").replace('"02.', '"03.').replace("02.1 counts", "03.1 counts").replace(
+        "02.2 is", "03.2 is").replace("course02-", "course03-").replace("exercise 02.1 and exercises 02.1–02.2",
+                                                                        "exercise 03.1 and exercises 03.1–03.2")
+    assert text["tests/test_checks_nb03.py"] == CHECK_TESTS.replace("02", "03")
+    assert text["README.md"] == README.replace("| 03 | 2 | [shards](notebooks/03_shards", "| 04 | 2 | [shards](notebooks/04_shards").replace(
+        "| 02 | 2 | [loaders](notebooks/02_loaders", "| 03 | 2 | [loaders](notebooks/03_loaders").replace(
+        "Notebooks 02–03", "Notebooks 03–04").replace("notebooks 01 and 03", "notebooks 01 and 04").replace(
+        "`loaders` (02), `shards` (03)", "`loaders` (03), `shards` (04)").replace("build 02", "build 03")
+    assert "n[02-03] and gpu02 are not notebooks, nor are 12.5× or version 02.1" in text["README.md"]
+    assert text["course_lib/helpers.py"] == HELPERS.replace("Notebooks 02–03", "Notebooks 03–04").replace(
+        "(notebook 03)", "(notebook 04)").replace("Notebook 02,", "Notebook 03,").replace('scratch_folder("02")', 'scratch_folder("03")')
+    assert text["slides/decks/level1.md"] == DECK.replace("01, 02 and 03", "01, 03 and 04").replace(
+        "notebook:02#", "notebook:03#").replace("| 01, 02 |", "| 01, 03 |")
+
+    loaders = nbformat.read(root / "notebooks" / "solutions" / "03_loaders.ipynb", as_version=4)
+    assert loaders.cells[0].source == "# 03 · Loaders\n\n*Prerequisites:* notebook 01 (intro)."
+    assert loaders.cells[1].source == ('from course_lib.checks import nb03 as check\nwork = data.scratch_folder("03")\n'
+                                       "check.count(count)  # batch 10, seed 11, 10 %")
+    assert loaders.cells[1].outputs[0].text == "✅ Exercise 03.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n"
+    shards = nbformat.read(root / "notebooks" / "04_shards.ipynb", as_version=4)
+    assert shards.cells[0].source.startswith("# 04 · Shards")
+    assert shards.cells[1].source == "print('see notebook 03, and notebooks 01-03')"
+    solution = nbformat.read(root / "notebooks" / "solutions" / "04_shards.ipynb", as_version=4)
+    assert solution.cells[1].outputs[0].text == "see notebook 03, and notebooks 01-03\n"
+    for path in [p for p in files if p.endswith(".ipynb")]:  # the JSON layout nbformat writes, kept
+        assert text[path] == nbformat.writes(nbformat.reads(text[path], as_version=4)) + "\n"
+    assert authoring.out_of_sync(root / "notebooks") == []
+    assert all(files[path] == before[path] for path in before if "/01_intro" in path)
+
+    out = capsys.readouterr().out
+    assert "renumbering 02 -> 03, 03 -> 04" in out and "files moved: 6" in out and "files edited: 9" in out
+    assert "  notebooks/solutions/02_loaders.ipynb -> notebooks/solutions/03_loaders.ipynb" in out
+    assert "  exercise NN.K: " in out and "  table cell: " in out and "  notebooks NN, NN and NN–NN: " in out
+
+
+def test_renumber_dry_run_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tiny_course(tmp_path)
+    before = snapshot(root)
+    assert authoring.main(["renumber", "--insert", "03", "--dry-run", "--root", str(root)]) == 0
+    assert snapshot(root) == before
+    out = capsys.readouterr().out
+    assert "(dry run: nothing was changed)" in out and "files moved: 2" in out
+    assert "-| 03 | 2 | [shards](notebooks/03_shards.ipynb) |" in out and "+| 04 | 2 | [shards](notebooks/04_shards.ipynb) |" in out
+    assert "notebooks/solutions/03_shards.ipynb -> notebooks/solutions/04_shards.ipynb" in out
+
+
+@pytest.mark.parametrize(
+    "insert, message",
+    [
+        ("00", "numbered from 01; --insert 01 makes room for a new first notebook"),
+        ("05", "the last notebook is 03, so a new one goes at 04 at the most"),
+        ("x", "give the number the new notebook will have, e.g. --insert 03"),
+        ("123", "give the number the new notebook will have"),
+    ],
+)
+def test_renumber_refuses_a_bad_insert_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], insert: str,
+                                                           message: str) -> None:
+    root = tiny_course(tmp_path)
+    before = snapshot(root)
+    assert authoring.main(["renumber", "--insert", insert, "--root", str(root)]) == 2
+    assert message in capsys.readouterr().err
+    assert snapshot(root) == before
+
+
+def test_renumber_after_the_last_notebook_moves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tiny_course(tmp_path)
+    before = snapshot(root)
+    assert authoring.main(["renumber", "--insert", "04", "--root", str(root)]) == 0
+    assert "nothing to renumber" in capsys.readouterr().out and snapshot(root) == before
+
+
+def test_renumber_never_overwrites_a_file_in_the_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tiny_course(tmp_path)
+    (root / "course_lib" / "checks" / "nb03.py").write_text("# checks of notebook 03\n")
+    (root / "course_lib" / "checks" / "nb04.py").write_text("# a leftover, of no notebook\n")
+    before = snapshot(root)
+    assert authoring.main(["renumber", "--insert", "02", "--root", str(root)]) == 2
+    assert "course_lib/checks/nb03.py would move to course_lib/checks/nb04.py, which exists already" in capsys.readouterr().err
+    assert snapshot(root) == before
+
+
+def test_renumber_needs_a_course(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert authoring.main(["renumber", "--insert", "02", "--root", str(tmp_path)]) == 2
+    assert "run from the repository root or pass --root" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_renumber_moves_tracked_files_with_git(tmp_path: Path) -> None:
+    root = tiny_course(tmp_path)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "a tiny course"]):
+        subprocess.run(git + args, check=True)
+    assert authoring.main(["renumber", "--insert", "03", "--root", str(root)]) == 0
+    status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+    assert "R  notebooks/03_shards.ipynb -> notebooks/04_shards.ipynb" in status.replace("RM ", "R  ")
+    assert not any(line.startswith("??") for line in status.splitlines()), status

@@ -25,6 +25,8 @@ from course_lib import data
 # A learner's Jupyter keeps torch's default; the notebooks' measurements are ratios either way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sample tests
+
 
 TIERS = ("quick", "full")
 

@@ -17,6 +17,8 @@ from course_lib import data, shards
 from course_lib.datasets import image_tensor
 from course_tools.bench import write_litdata, write_mds
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 N = 48
 

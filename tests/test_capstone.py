@@ -25,6 +25,7 @@ def shard_set(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path) -> shar
 # --------------------------------------------------------------------------- the pipeline, in this process
 
 
+@pytest.mark.quick
 def test_pipeline_yields_decoded_batches_without_end(shard_set) -> None:
     loader = capstone.make_loader(shard_set.urls, num_workers=0, batch_size=8, decode_ms=0)
     record, workers = capstone.run_epoch(loader, 12, lambda batch: None)  # 96 > 80 samples: it cycles
@@ -34,6 +35,7 @@ def test_pipeline_yields_decoded_batches_without_end(shard_set) -> None:
     assert labels.dtype.is_floating_point is False and len(keys) == 8 and all(isinstance(k, str) for k in keys)
 
 
+@pytest.mark.quick
 def test_each_worker_reads_its_own_shards_in_a_new_order_each_epoch(shard_set) -> None:
     loader = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
     seen: list[list[str]] = []
@@ -56,6 +58,7 @@ def test_each_worker_reads_its_own_shards_in_a_new_order_each_epoch(shard_set) -
     assert first == orders[0]  # reproducible for a seed
 
 
+@pytest.mark.quick
 def test_measure_and_sweep_record_the_settings(shard_set) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -69,6 +72,7 @@ def test_measure_and_sweep_record_the_settings(shard_set) -> None:
         capstone.sweep(shard_set.urls, "batch_size", [1])
 
 
+@pytest.mark.quick
 def test_simulated_decode_pays_its_cost_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
@@ -96,12 +100,14 @@ def test_simulated_decode_pays_its_cost_in_chunks(monkeypatch: pytest.MonkeyPatc
 # --------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.quick
 def test_too_few_shards_for_ranks_times_workers(shard_set) -> None:
     with pytest.raises(ShardError, match=r"8 shards for 2 ranks × 5 workers = 10 readers.*fewer workers"):
         capstone.check_job(shard_set.folder, world_size=2, num_workers=5)
     assert len(capstone.check_job(shard_set.folder, world_size=2, num_workers=4)) == 8
 
 
+@pytest.mark.quick
 def test_missing_shard_folder(tmp_path) -> None:
     with pytest.raises(ShardError, match="no shard folder or file 'nowhere'.*Write shards first"):
         capstone.check_job(tmp_path / "nowhere", world_size=1, num_workers=0)
@@ -110,6 +116,7 @@ def test_missing_shard_folder(tmp_path) -> None:
         capstone.check_job(tmp_path / "empty", world_size=1, num_workers=0)
 
 
+@pytest.mark.quick
 def test_a_reader_without_shards_says_so(shard_set) -> None:
     three = shards.brace_urls(shard_set.paths[:3])
     with shards.simulated_reader(rank=1, world_size=2):  # rank 1 gets 1 shard; its second worker none
@@ -119,6 +126,7 @@ def test_a_reader_without_shards_says_so(shard_set) -> None:
         del loader
 
 
+@pytest.mark.quick
 def test_one_pass_needs_a_manifest(shard_set, tmp_path) -> None:
     assert capstone._one_pass_batches(shard_set.paths, world_size=2, batch_size=8) == 80 // 16
     bare = tmp_path / "bare"
@@ -128,6 +136,7 @@ def test_one_pass_needs_a_manifest(shard_set, tmp_path) -> None:
         capstone._one_pass_batches([bare / "a-000000.tar"], world_size=1, batch_size=8)
 
 
+@pytest.mark.quick
 def test_cli_check(shard_set, capsys) -> None:
     check = ["check", "--shards", str(shard_set.folder)]
     assert capstone.main([*check, "--ranks", "2", "--workers", "2"]) == 0
@@ -142,6 +151,7 @@ def test_cli_check(shard_set, capsys) -> None:
 # 11, where nbval compares every line, and in the Slurm stage)
 
 
+@pytest.mark.full
 def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> None:
     run = launch("course_lib.capstone", "train", "--shards", str(shard_set.folder), "--workers", "5",
                  nproc=2, timeout=120, check=False, show=False)
@@ -152,12 +162,14 @@ def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> Non
 # --------------------------------------------------------------------------- the Slurm script
 
 
+@pytest.mark.quick
 def test_cpus_per_task() -> None:
     assert capstone.cpus_per_task(4, 7) == 32 and capstone.cpus_per_task(1, 0) == 1 and capstone.cpus_per_task(2, 2) == 6
     with pytest.raises(ValueError):
         capstone.cpus_per_task(0, 2)
 
 
+@pytest.mark.quick
 def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:
     import matplotlib
 
@@ -172,6 +184,7 @@ def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:
         capstone.plot_stall({})
 
 
+@pytest.mark.quick
 def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
     out = tmp_path / "cluster-shards"
     argv = ["shards", "--out", str(out), "--size", "tiny", "--data", str(tiny_root), "--maxcount", "20"]
@@ -183,6 +196,7 @@ def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
 # --------------------------------------------------------------------------- resuming at an epoch's end (--ckpt)
 
 
+@pytest.mark.quick
 def test_a_later_first_epoch_reads_what_that_epoch_would_have(shard_set) -> None:
     """A resumed job's loader starts at epoch e: its stream is the one an uninterrupted job read in epoch e."""
     whole = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
@@ -195,6 +209,7 @@ def test_a_later_first_epoch_reads_what_that_epoch_would_have(shard_set) -> None
     assert keys == epochs[1] and keys != epochs[0]
 
 
+@pytest.mark.full
 def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard_set, tmp_path) -> None:
     common = ("train", "--shards", str(shard_set.folder), "--workers", "1", "--epoch-batches", "3", "--batch-size", "4",
               "--decode-ms", "0")

@@ -13,6 +13,8 @@ from torch.utils.data import get_worker_info
 from course_lib.checks import Status, exercise, require
 from exercise_status import right_and_stubs, status
 
+pytestmark = pytest.mark.quick
+
 
 # ----------------------------------------------------------------- the machinery
 

@@ -16,6 +16,8 @@ from course_lib.checks import Status, nb01
 from course_lib.datasets import ImageFileDataset
 from exercise_status import status
 
+pytestmark = pytest.mark.quick
+
 
 class Squares(Dataset):
     def __init__(self, n):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -9,6 +11,8 @@ from torchvision.transforms import v2
 from course_lib.checks import Status, nb02
 from course_lib.transforms import Add, Mult
 from exercise_status import right_and_stubs, status
+
+pytestmark = pytest.mark.quick
 
 
 class Chain:

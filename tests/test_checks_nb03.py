@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
@@ -10,6 +12,8 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from course_lib.checks import Status, nb03
 from course_lib.datasets import InMemoryDataset
 from exercise_status import right_and_stubs, status
+
+pytestmark = pytest.mark.quick
 
 
 def test_03_count() -> None:

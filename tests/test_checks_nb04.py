@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import math
 import time
 
@@ -12,6 +14,8 @@ from torch.utils.data import DataLoader
 from course_lib.checks import Status, nb04
 from course_lib.instrument import BatchRecord, EpochRecord
 from exercise_status import right_and_stubs, status
+
+pytestmark = pytest.mark.quick
 
 
 # ----------------------------------------------------------------- 04.1: the data stall, measured by hand

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from course_lib.checks import Status, nb05
 from exercise_status import right_and_stubs, status
 
+
 # ----------------------------------------------------------------- 05.1: a generator per worker
 
 
@@ -37,6 +38,7 @@ def _crashes(worker_id: int) -> None:
     1 / 0
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_05_seed_workers() -> None:
     assert status(nb05.seed_workers, _reseed)[0] is Status.SOLVED
@@ -118,6 +120,9 @@ WRONG = {
         "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
     "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
     "no_seed_worker": (GOOD.split("\n\ndef seed_worker")[0], "should define a function seed_worker"),
+}
+# Caught only in spawn workers (a loader of 2 spawn workers costs some 4 s of CPU, each importing torch): the full tier.
+WRONG_IN_SPAWN_WORKERS = {
     "seed_worker_does_nothing": (GOOD.replace(SEED, "    pass"), "still draw the same shifts (your module's seed_worker"),
     "seed_worker_fresh_entropy": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"), "not from fresh entropy"),
     "seed_worker_by_id": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
@@ -140,6 +145,7 @@ def module_folder(tmp_path: Path):
         sys.path.remove(str(tmp_path))
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(300)
 def test_05_worker_module(module_folder: Path) -> None:
     check = nb05.worker_module
@@ -152,6 +158,15 @@ def test_05_worker_module(module_folder: Path) -> None:
         assert hint in message, (name, message)
 
 
+@pytest.mark.full
+@pytest.mark.timeout(300)
+def test_05_worker_module_wrong_only_in_spawn_workers(module_folder: Path) -> None:
+    for name, (source, hint) in WRONG_IN_SPAWN_WORKERS.items():
+        message = status(nb05.worker_module, write_module(module_folder, f"module_{name}", source))[1]
+        assert hint in message, (name, message)
+
+
+@pytest.mark.full
 @pytest.mark.timeout(120)
 def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> None:
     """A module edited after its first import is checked as edited; a generator made in __init__ and drawn the
@@ -217,6 +232,7 @@ class Stub:
         raise NotImplementedError
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_05_compact_records() -> None:
     right_and_stubs(nb05.compact_records, CompactRecords, Stub)
@@ -262,6 +278,7 @@ def _meter_stub(items):
     raise NotImplementedError
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps_rollup and fork: Linux only")
 @pytest.mark.timeout(120)
 def test_05_copied_mb() -> None:

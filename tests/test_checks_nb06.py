@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import math
 
 import numpy as np
@@ -11,6 +13,8 @@ from torch.utils.data import Sampler, SubsetRandomSampler, WeightedRandomSampler
 from course_lib.checks import Status, nb06
 from course_lib.samplers import imbalanced_subset
 from exercise_status import status
+
+pytestmark = pytest.mark.quick
 
 
 IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]

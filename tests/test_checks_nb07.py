@@ -15,6 +15,7 @@ from course_tools.launch import launch
 from exercise_status import right_and_stubs, status
 
 
+@pytest.mark.quick
 def test_07_samples_per_rank() -> None:
     assert status(nb07.samples_per_rank, lambda n, w, d: n // w if d else math.ceil(n / w))[0] is Status.SOLVED
     assert status(nb07.samples_per_rank, lambda n, w, d: n // w if d else -(-n // w))[0] is Status.SOLVED
@@ -33,6 +34,7 @@ def _epoch_sampler(dataset, world, rank, epoch, seed=0, shuffle=True, set_epoch=
     return sampler
 
 
+@pytest.mark.quick
 def test_07_epoch_sampler() -> None:
     assert status(nb07.epoch_sampler, _epoch_sampler)[0] is Status.SOLVED
     assert status(nb07.epoch_sampler, ...)[0] is Status.NOT_ATTEMPTED
@@ -51,6 +53,7 @@ def _dl(dataset, world, rank, epoch):
     return sampler
 
 
+@pytest.mark.quick
 def test_07_eval_indices() -> None:
     assert status(nb07.eval_indices, lambda n, w, r: range(r, n, w))[0] is Status.SOLVED
     assert status(nb07.eval_indices, lambda n, w, r: list(np.array_split(np.arange(n), w)[r]))[0] is Status.SOLVED
@@ -78,6 +81,7 @@ def slurm_ranks(env, expand=True, at_node=True, as_int=True):
     return (*(int(v) if as_int else v for v in ranks), local_world)
 
 
+@pytest.mark.quick
 def test_slurm_ranks() -> None:
     def stub(env):
         raise NotImplementedError
@@ -142,6 +146,7 @@ def hint(reports_) -> str:
     return "passed"
 
 
+@pytest.mark.quick
 def test_07_ddp_reports() -> None:
     assert hint(reports()) == "passed"
     assert "one seed on every rank" in hint(reports(seed_of=lambda rank: rank))
@@ -154,6 +159,7 @@ def test_07_ddp_reports() -> None:
     assert "one report from each of the 2 ranks" in hint(reports(rank_of=lambda rank: 0))
 
 
+@pytest.mark.full
 @pytest.mark.timeout(300)
 def test_07_ddp_script_under_torchrun(tmp_path: Path) -> None:
     """The solution, started for real with torchrun (2 ranks, gloo); the stub; a script whose ranks fail."""

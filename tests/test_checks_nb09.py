@@ -13,6 +13,8 @@ import webdataset as wds
 from course_lib.checks import Status, nb09
 from exercise_status import right_and_stubs, status
 
+pytestmark = pytest.mark.quick
+
 
 def rotating(urls, seed, epoch, key=None, split=True, shuffle="list"):
     """Exercise 09.5's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""

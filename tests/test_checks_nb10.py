@@ -18,6 +18,8 @@ from course_lib.checks import Status, nb10
 from exercise_status import right_and_stubs, status
 from course_tools.bench import write_mds
 
+pytestmark = pytest.mark.quick
+
 N = 40
 
 

@@ -13,6 +13,8 @@ from course_lib.instrument import BatchRecord, EpochRecord
 from course_lib import slurm_script as slurm
 from exercise_status import right_and_stubs, status
 
+pytestmark = pytest.mark.quick
+
 STALLS = {0: 0.6, 1: 0.35, 2: 0.03, 3: 0.02}  # the shape measured on 2 cores
 
 

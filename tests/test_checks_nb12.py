@@ -20,6 +20,8 @@ from course_lib.checks import Status, nb12
 from course_lib.checks._core import stop_workers
 from exercise_status import right_and_stubs, status
 
+pytestmark = pytest.mark.quick
+
 
 def wrong(check, *answer) -> str:
     """The hint of an answer that must be ❌."""

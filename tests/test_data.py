@@ -16,6 +16,8 @@ from PIL import Image
 
 from course_lib import _support, data
 
+pytestmark = pytest.mark.quick
+
 
 def test_layout_and_manifest(tiny_set: Path) -> None:
     manifest = json.loads((tiny_set / "manifest.json").read_text())

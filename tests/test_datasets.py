@@ -25,6 +25,8 @@ from course_lib.datasets import (
 )
 from course_lib.transforms import Add
 
+pytestmark = pytest.mark.quick
+
 to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
 
 

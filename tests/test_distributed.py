@@ -21,6 +21,8 @@ from course_lib.distributed import (
 )
 from course_lib.samplers import coverage
 
+pytestmark = pytest.mark.quick
+
 # --------------------------------------------------------------------------- every index once per epoch
 
 

@@ -15,6 +15,8 @@ from torchvision.transforms import v2
 from course_lib.datasets import ImageFileDataset
 from course_lib.explorer import LoaderExplorer
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.timeout(120)
 def test_button_measures_with_the_slider_settings(tiny_set: Path) -> None:

@@ -21,6 +21,8 @@ import pytest
 
 from course_tools.launch import free_ports
 
+pytestmark = pytest.mark.full
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "hpc").glob("*.sbatch"))

@@ -18,7 +18,7 @@ from torchvision.transforms import v2
 from course_lib.datasets import ImageFileDataset, InMemoryDataset
 from course_lib.instrument import _MAIN, EpochRecord, InstrumentedLoader, measure, plot_sweep, plot_timeline, sweep
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 
 AUGMENT = v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip(), v2.PILToTensor()])
 

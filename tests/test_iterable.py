@@ -37,7 +37,7 @@ from course_lib.iterable import (
     worker_shares,
 )
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This DataLoader will create")]
 
 
 def numbers(loader) -> list[int]:

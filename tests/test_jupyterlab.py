@@ -34,7 +34,7 @@ from course_tools.launch import free_ports
 from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group,
                            find_chromium, request)
 
-pytestmark = pytest.mark.stage  # a stage of the suite: `pytest -m 'not stage'` leaves it out
+pytestmark = [pytest.mark.full, pytest.mark.stage]  # a stage of the suite: `pytest -m "not stage"` leaves it out
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST = "notebooks/01_map_style_datasets.ipynb"  # what the README's Quick start opens

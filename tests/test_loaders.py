@@ -9,6 +9,8 @@ from torch.utils.data import DataLoader
 from course_lib.datasets import RandomSequences
 from course_lib.loaders import pad_collate
 
+pytestmark = pytest.mark.quick
+
 
 def test_pads_to_the_longest_and_keeps_lengths_and_labels() -> None:
     batch = [(torch.tensor([1, 2, 3]), 0), (torch.tensor([4]), 1), (torch.tensor([5, 6]), 1)]

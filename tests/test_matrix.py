@@ -24,6 +24,8 @@ import pytest
 
 from course_tools.launch import launch
 
+pytestmark = pytest.mark.full
+
 DRIVER = Path(__file__).with_name("matrix_rank.py")
 N, EPOCH = 36, 10  # as in the driver
 SETTINGS = ["-/0", "fork/1", "fork/2", "spawn/1", "spawn/2", "forkserver/1", "forkserver/2"]

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import ast
 import importlib.metadata
 import re
@@ -18,6 +20,8 @@ from pathlib import Path
 
 
 from course_tools import versions
+
+pytestmark = pytest.mark.quick
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = sorted((ROOT / "course_lib").rglob("*.py")) + sorted((ROOT / "course_tools").rglob("*.py"))

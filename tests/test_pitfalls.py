@@ -6,6 +6,8 @@ import pytest
 
 from course_lib.pitfalls import PitfallDidNotHappen, expect_error
 
+pytestmark = pytest.mark.quick
+
 
 def test_prints_the_error_as_a_learner_sees_it(capsys: pytest.CaptureFixture[str]) -> None:
     with expect_error(KeyError):

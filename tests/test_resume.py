@@ -17,6 +17,7 @@ from course_lib.distributed import read_reports
 from course_tools.launch import launch
 
 
+@pytest.mark.quick
 def test_a_checkpoint_is_complete_or_absent(tmp_path):
     assert resume.load_checkpoint(tmp_path, 0) is None
     resume.save_checkpoint(tmp_path, 0, 4, {"step": 4, "w": torch.ones(2)})
@@ -29,6 +30,7 @@ def test_a_checkpoint_is_complete_or_absent(tmp_path):
         resume.load_checkpoint(tmp_path, 1)
 
 
+@pytest.mark.quick
 def test_only_its_own_step_folders_are_removed(tmp_path):
     mine = tmp_path / "step0000001"
     mine.mkdir()
@@ -37,11 +39,13 @@ def test_only_its_own_step_folders_are_removed(tmp_path):
     assert (mine / "notes.txt").exists()
 
 
+@pytest.mark.quick
 def test_the_checkpoint_loads_without_running_code(tmp_path):
     resume.save_checkpoint(tmp_path, 0, 1, {"step": 1, "rng": torch.get_rng_state(), "nested": {"a": [1, 2]}})
     assert resume.load_checkpoint(tmp_path, 0)["nested"] == {"a": [1, 2]}
 
 
+@pytest.mark.quick
 def test_step_logs_keep_the_last_run_of_each_step(tmp_path):
     lines = [{"run": 0, "epoch": 0, "step": s, "indices": [s]} for s in (1, 2, 3)]
     lines += [{"run": 1, "epoch": 0, "step": s, "indices": [10 + s]} for s in (3, 4)]
@@ -52,6 +56,7 @@ def test_step_logs_keep_the_last_run_of_each_step(tmp_path):
         resume.read_steps(tmp_path / "nothing")
 
 
+@pytest.mark.quick
 def test_the_stop_flag_notes_the_signal_and_agrees_alone():
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -65,6 +70,7 @@ def test_the_stop_flag_notes_the_signal_and_agrees_alone():
             signal.signal(s, handler)
 
 
+@pytest.mark.quick
 def test_bad_options_are_refused_with_a_message(capsys):
     with pytest.raises(SystemExit):
         resume._parse_args(["--ckpt", "c", "--report", "r", "--ckpt-every", "-1"])
@@ -80,6 +86,7 @@ def _orders(folder):
     return {rank: [s["indices"] for s in steps] for rank, steps in resume.read_steps(folder).items()}
 
 
+@pytest.mark.full
 @pytest.mark.timeout(300)
 def test_a_job_stopped_three_times_resumes_exactly(tmp_path):
     """16 steps (2 epochs of 8), a checkpoint every 4. The same job is stopped three times and resumed each time."""
@@ -108,6 +115,7 @@ def test_a_job_stopped_three_times_resumes_exactly(tmp_path):
     assert len(digests) == 1
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 def test_a_plain_loader_replays_the_epoch(tmp_path):
     """The pitfall the notebook shows: the same stop with --loader plain trains half of epoch 0 twice."""

@@ -37,6 +37,8 @@ from course_lib.samplers import (  # noqa: E402
     shared_batchmates,
 )
 
+pytestmark = pytest.mark.quick
+
 
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)

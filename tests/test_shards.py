@@ -44,6 +44,7 @@ def tree(folder: Path) -> dict[str, int]:
 # ----------------------------------------------------------------- writing
 
 
+@pytest.mark.quick
 def test_image_shards_layout(image_shards: shards.ShardSet, tiny_set: Path) -> None:
     s = image_shards
     assert len(s.paths) == 8 and s.counts == [10] * 8 and s.samples == 80
@@ -55,6 +56,7 @@ def test_image_shards_layout(image_shards: shards.ShardSet, tiny_set: Path) -> N
     assert [(p.name, n) for p, n in zip(s.paths, s.counts)] == list(shards.verify_shards(s).items())
 
 
+@pytest.mark.quick
 def test_members_hold_the_original_bytes_label_and_metadata(image_shards: shards.ShardSet, tiny_set: Path) -> None:
     ds = ImageFileDataset(tiny_set, "train")
     with tarfile.open(image_shards.paths[0]) as tar:
@@ -71,6 +73,7 @@ def test_members_hold_the_original_bytes_label_and_metadata(image_shards: shards
         assert "." not in key
 
 
+@pytest.mark.quick
 def test_writing_is_deterministic_and_idempotent(tiny_root: Path, tmp_path: Path) -> None:
     a = shards.write_image_shards(tmp_path / "a", size="tiny", root=tiny_root, maxcount=25)
     b = shards.write_image_shards(tmp_path / "b", size="tiny", root=tiny_root, maxcount=25)
@@ -86,16 +89,19 @@ def test_writing_is_deterministic_and_idempotent(tiny_root: Path, tmp_path: Path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary folders left"
 
 
+@pytest.mark.quick
 def test_maxsize_closes_shards_by_bytes(tiny_root: Path, tmp_path: Path) -> None:
     s = shards.write_image_shards(tmp_path / "s", size="tiny", root=tiny_root, maxcount=1000, maxsize=20_000)
     assert len(s.paths) > 1 and sum(s.counts) == 80
 
 
+@pytest.mark.quick
 def test_unshuffled_shards_keep_the_folder_order(tiny_root: Path, tmp_path: Path) -> None:
     s = shards.write_image_shards(tmp_path / "s", size="tiny", root=tiny_root, maxcount=80, shuffle=False)
     assert s.all_keys() == sorted(s.all_keys())
 
 
+@pytest.mark.quick
 def test_an_interrupted_write_leaves_nothing(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = shards._image_samples
 
@@ -111,6 +117,7 @@ def test_an_interrupted_write_leaves_nothing(tiny_root: Path, tmp_path: Path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.quick
 def test_a_folder_not_written_here_is_never_overwritten(tiny_root: Path, tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -123,6 +130,7 @@ def test_a_folder_not_written_here_is_never_overwritten(tiny_root: Path, tmp_pat
     assert shards.write_image_shards(empty, size="tiny", root=tiny_root, maxcount=40).samples == 80
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"split": "test"}, "split"), ({"prefix": "a.b"}, "prefix"), ({"maxcount": 0}, "maxcount"), ({"maxsize": 0}, "maxsize")],
@@ -132,6 +140,7 @@ def test_bad_writer_arguments(tiny_root: Path, tmp_path: Path, kwargs: dict, mat
         shards.write_image_shards(tmp_path / "s", size="tiny", root=tiny_root, **kwargs)
 
 
+@pytest.mark.quick
 def test_tensor_shards(tmp_path: Path, tensor_shards: shards.ShardSet) -> None:
     a = shards.write_tensor_shards(tmp_path / "a", n=10, sample_bytes=64, maxcount=4, seed=3)
     b = shards.write_tensor_shards(tmp_path / "b", n=10, sample_bytes=64, maxcount=4, seed=3)
@@ -150,6 +159,7 @@ def test_tensor_shards(tmp_path: Path, tensor_shards: shards.ShardSet) -> None:
             shards.write_tensor_shards(tmp_path / "bad", **{"n": 2, **bad})
 
 
+@pytest.mark.quick
 def test_load_npy_refuses_pickles() -> None:
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
@@ -160,6 +170,7 @@ def test_load_npy_refuses_pickles() -> None:
 # ----------------------------------------------------------------- names, patterns, listings
 
 
+@pytest.mark.quick
 def test_brace_urls() -> None:
     assert shards.brace_urls([f"d/a-{i:06d}.tar" for i in (2, 0, 1)]) == "d/a-{000000..000002}.tar"
     assert shards.brace_urls(["a-000001.tar", "a-000004.tar"]) == "a-{000001,000004}.tar"
@@ -170,12 +181,14 @@ def test_brace_urls() -> None:
         shards.brace_urls([])
 
 
+@pytest.mark.quick
 @given(st.sets(st.integers(0, 300), min_size=1, max_size=40), st.sampled_from([".tar", ".tar.gz"]))
 def test_brace_urls_round_trip(numbers: set[int], ext: str) -> None:
     names = [f"data/shard-{n:06d}{ext}" for n in sorted(numbers)]
     assert shards._expand_urls(shards.brace_urls(names)) == names
 
 
+@pytest.mark.quick
 def test_find_shards(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     assert shards._find_shards(image_shards.folder) == image_shards.paths
     assert shards._find_shards(image_shards.urls) == image_shards.paths
@@ -192,6 +205,7 @@ def test_find_shards(image_shards: shards.ShardSet, tmp_path: Path) -> None:
         shards._find_shards(str(image_shards.folder / "shapes-train-{000006..000009}.tar"))
 
 
+@pytest.mark.quick
 def test_read_shardset(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     assert shards.read_shardset(image_shards.folder) == image_shards
     with pytest.raises(shards.ShardError, match="write it"):
@@ -208,6 +222,7 @@ def test_read_shardset(image_shards: shards.ShardSet, tmp_path: Path) -> None:
         shards.read_shardset(tmp_path / "lacking")
 
 
+@pytest.mark.quick
 def test_tar_contents_are_never_extracted_to_disk(image_shards: shards.ShardSet, tiny_set: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
@@ -228,6 +243,7 @@ def test_tar_contents_are_never_extracted_to_disk(image_shards: shards.ShardSet,
 # ----------------------------------------------------------------- damage
 
 
+@pytest.mark.quick
 def test_a_truncated_shard(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(image_shards.folder, broken)
@@ -255,6 +271,7 @@ def test_a_truncated_shard(image_shards: shards.ShardSet, tmp_path: Path) -> Non
         shards.verify_shards(shards.read_shardset(broken))
 
 
+@pytest.mark.quick
 def test_corrupt_copy_arguments(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     for kwargs in ({"keep": 0.0}, {"keep": 1.0}, {"cut": "middle"}):
         with pytest.raises(ValueError):
@@ -264,6 +281,7 @@ def test_corrupt_copy_arguments(image_shards: shards.ShardSet, tmp_path: Path) -
 # ----------------------------------------------------------------- ranks, workers, shards
 
 
+@pytest.mark.quick
 def test_shards_needed_and_the_error_that_says_so() -> None:
     assert shards.shards_needed(2, 2) == 4 and shards.shards_needed(3, 0) == 3 and shards.shards_needed(1, 1) == 1
     shards.check_enough_shards(4, 2, 2)
@@ -274,6 +292,7 @@ def test_shards_needed_and_the_error_that_says_so() -> None:
         shards.shards_needed(0, 1)
 
 
+@pytest.mark.quick
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 12), world=st.integers(1, 4), workers=st.integers(0, 4))
 def test_every_sample_exactly_once_across_ranks_and_workers(tensor_shards: shards.ShardSet, n: int, world: int,
@@ -296,6 +315,7 @@ def test_every_sample_exactly_once_across_ranks_and_workers(tensor_shards: shard
     assert sum(len(w) for r in shares for w in r) == n
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world, workers", [(2, 2), (3, 1)])
 def test_exactly_once_with_real_worker_processes(tensor_shards: shards.ShardSet, world: int, workers: int) -> None:
@@ -308,6 +328,7 @@ def test_exactly_once_with_real_worker_processes(tensor_shards: shards.ShardSet,
     assert sorted(seen) == sorted(tensor_shards.all_keys())
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_resampled_with_epoch_gives_every_rank_the_same_count(tensor_shards: shards.ShardSet) -> None:
     urls = shards.brace_urls(tensor_shards.paths[:5])  # 3 shards for rank 0, 2 for rank 1
@@ -324,6 +345,7 @@ def test_resampled_with_epoch_gives_every_rank_the_same_count(tensor_shards: sha
     assert resampled == [(7, 14), (7, 14)]
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_what_with_epoch_counts(tensor_shards: shards.ShardSet) -> None:
     """webdataset 1.0.2: the final output of the pipeline it is set on, per worker on a dataset."""
@@ -338,6 +360,7 @@ def test_what_with_epoch_counts(tensor_shards: shards.ShardSet) -> None:
     assert shards.count_batches(loader) == (5, 20)
 
 
+@pytest.mark.quick
 def test_the_default_nodesplitter_refuses_several_ranks(tensor_shards: shards.ShardSet) -> None:
     with shards.simulated_reader(0, 2), pytest.raises(ValueError, match="explicit nodesplitter"):
         next(iter(wds.WebDataset(tensor_shards.urls, shardshuffle=False)))
@@ -345,6 +368,7 @@ def test_the_default_nodesplitter_refuses_several_ranks(tensor_shards: shards.Sh
     assert "RANK" not in os.environ and "WORKER" not in os.environ
 
 
+@pytest.mark.quick
 def test_simulated_reader_restores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "5")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -356,6 +380,7 @@ def test_simulated_reader_restores_the_environment(monkeypatch: pytest.MonkeyPat
 # ----------------------------------------------------------------- many small files vs shards
 
 
+@pytest.mark.quick
 def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set: Path) -> None:
     files = [tiny_set / "train" / k.split("-")[0] / (k.split("-")[1] + ".jpg") for k in image_shards.all_keys()]
     result = shards.compare_small_files_and_shards(files, image_shards.paths, latency=0.003, repeat=1)
@@ -375,6 +400,7 @@ def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set:
 # ----------------------------------------------------------------- the per-rank script under torchrun
 
 
+@pytest.mark.full
 @pytest.mark.timeout(200)
 def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     """The resampled mode: every rank takes exactly --epoch-batches batches. (The plain mode, every sample once over
@@ -385,6 +411,7 @@ def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tm
     assert [(r["batches"], r["samples"]) for r in read_reports(tmp_path / "b")] == [(6, 24), (6, 24)]
 
 
+@pytest.mark.quick
 def test_shard_reader_arguments() -> None:
     from course_lib.shard_reader import _parse_args as _reader_args
 
@@ -395,6 +422,7 @@ def test_shard_reader_arguments() -> None:
     assert _reader_args(["--urls", "x.tar"]).workers == 2
 
 
+@pytest.mark.quick
 def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.ShardSet) -> None:
     """webdataset 1.0.2's WebDataset(resampled=True) ignores seed= and draws from the clock: the reader's resampled
     source is seeded, so the same seed replays the same draws and another seed draws others."""

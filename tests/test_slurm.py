@@ -36,7 +36,7 @@ from course_lib.distributed import expand_nodelist, read_reports
 from course_lib.samplers import coverage
 from slurm_cluster import Cluster, JobResult
 
-pytestmark = pytest.mark.stage  # a stage of the suite: `pytest -m 'not stage'` leaves it out
+pytestmark = [pytest.mark.full, pytest.mark.stage]  # a stage of the suite: `pytest -m "not stage"` leaves it out
 
 ROOT = Path(__file__).resolve().parents[1]
 HPC = ROOT / "hpc"

@@ -11,6 +11,8 @@ import pytest
 from course_lib import slurm_script as slurm
 from course_lib.checks.nb11 import sbatch_options, script_settings
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
 from course_lib.timing import format_seconds, seconds_per_call
+
+pytestmark = pytest.mark.quick
 
 
 def test_seconds_per_call_is_close_to_a_known_duration() -> None:

@@ -16,6 +16,8 @@ import pytest
 from course_lib import train
 from course_lib.distributed import read_reports
 
+pytestmark = pytest.mark.quick
+
 
 def args(root: Path, *extra: str) -> list[str]:
     return ["--data", str(root), "--size", "tiny", "--limit", "41", "--batch-size", "10", "--epochs", "2",

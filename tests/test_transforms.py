@@ -13,6 +13,8 @@ from torchvision.transforms import v2
 
 from course_lib.transforms import Add, Mult, OneHot
 
+pytestmark = pytest.mark.quick
+
 
 def test_on_numbers_tensors_and_arrays() -> None:
     assert Add(2)(1) == 3 and Mult(3)(2.5) == 7.5

@@ -14,6 +14,8 @@ from PIL import Image  # noqa: E402
 
 from course_lib import viz  # noqa: E402
 
+pytestmark = pytest.mark.quick
+
 
 def test_to_display_handles_every_image_kind() -> None:
     assert viz._to_display(Image.new("RGB", (5, 4))).shape == (4, 5, 3)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from course_lib import workers
 from course_lib.pitfalls import capture_stderr_fd
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, /proc and fd limits as on Linux")
 
 

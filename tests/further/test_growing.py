@@ -31,7 +31,7 @@ from course_lib.further.growing import _make_sample as make_sample
 from course_lib.further.growing import _parse_name as parse_name
 from course_lib.further.growing import _sample_name as sample_name
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 SAMPLE = sample_nbytes(16)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and /proc as on Linux")
 

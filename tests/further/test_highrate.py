@@ -33,6 +33,8 @@ from course_lib.further.highrate import (
     write_raw_tensors,
 )
 
+pytestmark = pytest.mark.quick
+
 SB = 64 * 1024  # small samples keep the tests fast
 
 

@@ -12,6 +12,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from course_tools import authoring
 
+pytestmark = pytest.mark.quick
+
 SOLUTION = """\
 def f(x):
     ### BEGIN SOLUTION

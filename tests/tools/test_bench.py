@@ -16,6 +16,8 @@ from course_lib import data
 from course_tools import bench
 from course_lib.transforms import decode_augment
 
+pytestmark = pytest.mark.quick
+
 FAST = ["--limit", "24", "--rounds", "1", "--workers", "0", "2", "--batch-size", "8"]
 
 

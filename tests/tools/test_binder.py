@@ -19,6 +19,8 @@ import pytest
 from course_lib import data
 from course_tools import preparation, versions
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

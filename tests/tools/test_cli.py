@@ -12,6 +12,8 @@ import pytest
 from course_lib import shards
 from course_tools import preparation
 
+pytestmark = pytest.mark.quick
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "course_lib", *args], capture_output=True, text=True, timeout=120)

@@ -16,6 +16,8 @@ from course_lib import data
 from course_tools import doctor, preparation, versions
 from course_tools.doctor import FAIL, OK, WARN, Facts, Result
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -11,6 +11,8 @@ import torch
 
 from course_tools import gpu
 
+pytestmark = pytest.mark.quick
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "course_lib", "gpu", *args], capture_output=True, text=True, timeout=300)

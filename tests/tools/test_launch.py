@@ -39,6 +39,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -50,6 +51,7 @@ def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys:
     assert out.index("── rank 0 ──") < out.index("rank 0 of 2") < out.index("── rank 1 ──") < out.index("rank 1 of 2")
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path, style: str) -> None:
@@ -58,6 +60,7 @@ def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path, style: str) -> 
     assert info.value.result.returncode != 0 and not info.value.result.timed_out
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None:
@@ -68,6 +71,7 @@ def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None
     assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
 
 
+@pytest.mark.quick
 def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nproc"):
         launch("course_lib.train", nproc=0)
@@ -77,6 +81,7 @@ def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
         launch("course_lib.train", style="mpirun")
 
 
+@pytest.mark.quick
 def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
     """torchrun's root cause is ordered to the second: a peer's consequence error can come first in it."""
     from course_tools.launch import LaunchResult
@@ -95,6 +100,7 @@ def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
     assert both.failed_rank() == 1
 
 
+@pytest.mark.quick
 def test_free_ports_are_distinct_and_bindable() -> None:
     import socket
 

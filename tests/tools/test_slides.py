@@ -25,6 +25,8 @@ from PIL import Image, ImageStat
 
 from course_tools import slides
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[2]
 DECKS = sorted((ROOT / "slides" / "decks").glob("level*.md"))
 LEVELS = [p.stem for p in DECKS]

@@ -73,6 +73,18 @@ def test_accepted_ranges_are_pyprojects() -> None:
     assert pyproject["requires-python"] == f">={ranges['python'][0]}"
 
 
+def test_accepted_ranges_are_read_with_packaging() -> None:
+    """A specifier in any order of its clauses; one the doctor cannot state as a range is refused, not ignored."""
+    from packaging.specifiers import SpecifierSet
+
+    assert versions._bounds("webdataset", SpecifierSet("<2,>=1.0")) == ("1.0", "2")
+    assert versions._bounds("torch", SpecifierSet(">= 2.4")) == ("2.4", None)
+    assert versions._bounds("python", SpecifierSet("")) == (None, None)
+    for spec in ("~=2.4", ">=2.4,!=2.5.0", ">=2.4,>=2.5"):
+        with pytest.raises(ValueError, match=r"as '>=A' or '>=A,<B', not"):
+            versions._bounds("torch", SpecifierSet(spec))
+
+
 def test_the_installed_versions_are_a_tested_combination() -> None:
     """This suite runs on a tested combination; after an upgrade, add the new one to versions.TESTED."""
     import platform
@@ -273,6 +285,18 @@ def test_real_run_without_torch_reports_instead_of_crashing() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr, done.stderr
     assert "not checked: importing torch failed" in done.stdout
+
+
+def test_real_run_without_packaging_reports_instead_of_crashing() -> None:
+    """Run from the course folder where nothing is installed yet: packaging (which reads the accepted ranges) is
+    missing too. A finding with the fix, the other checks still made."""
+    code = "import sys; sys.modules['packaging'] = None; from course_tools.cli import main; sys.exit(main(['doctor']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stdout
+    row = next(line for line in done.stdout.splitlines() if "packaging" in line)
+    assert "[FAIL]" in row and "the accepted version ranges were not checked" in row, done.stdout
+    assert "pip install -r requirements.txt" in done.stdout and "/dev/shm" in done.stdout
 
 
 def test_bad_workers_is_refused() -> None:

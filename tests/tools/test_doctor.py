@@ -51,10 +51,11 @@ def test_check_version_torch(installed: str | None, status: str, words: str) -> 
 
 
 def test_check_version_python_compares_at_the_tested_precision() -> None:
-    assert doctor.check_version("python", "3.11.7", ["3.11"], "3.10").status == OK
-    assert doctor.check_version("python", "3.12.1", ["3.11"], "3.10").status == WARN
-    old = doctor.check_version("python", "3.9.18", ["3.11"], "3.10")
-    assert old.status == FAIL and "python3.11 -m venv" in old.fix
+    assert doctor.check_version("python", "3.11.0", ["3.11"], "3.11").status == OK
+    assert doctor.check_version("python", "3.11.7", ["3.11"], "3.11").status == OK
+    assert doctor.check_version("python", "3.12.1", ["3.11"], "3.11").status == WARN
+    old = doctor.check_version("python", "3.10.14", ["3.11"], "3.11")
+    assert old.status == FAIL and "outside the accepted range >= 3.11" in old.finding and "python3.11 -m venv" in old.fix
 
 
 def test_check_version_upper_bound() -> None:
@@ -297,6 +298,31 @@ def test_real_run_without_packaging_reports_instead_of_crashing() -> None:
     row = next(line for line in done.stdout.splitlines() if "packaging" in line)
     assert "[FAIL]" in row and "the accepted version ranges were not checked" in row, done.stdout
     assert "pip install -r requirements.txt" in done.stdout and "/dev/shm" in done.stdout
+
+
+def test_an_older_python_is_told_before_any_command_runs(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """On a Python older than pyproject's requires-python (3.10 has no tomllib), every command, the doctor
+    included, stops at once with the fix instead of an ImportError from deep inside."""
+    from course_tools import cli
+
+    imported = []
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: imported.append(name))
+    monkeypatch.setattr(cli, "REQUIRES_PYTHON", (sys.version_info.major, sys.version_info.minor + 1))
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    need = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+    assert f"the course needs Python {need} or newer" in err and f"python{need} -m venv .venv" in err, err
+    assert imported == []
+
+
+def test_the_commands_entry_parses_on_older_pythons() -> None:
+    """What runs before that check (course_lib/__main__.py, course_tools/cli.py and both packages' __init__) is
+    written so that Python 3.8 can read it."""
+    import ast
+
+    for path in ("course_lib/__init__.py", "course_lib/__main__.py", "course_tools/__init__.py", "course_tools/cli.py"):
+        ast.parse((REPO / path).read_text(), filename=path, feature_version=(3, 8))
 
 
 def test_bad_workers_is_refused() -> None:

@@ -11,6 +11,7 @@
     python -m course_lib gpu                          # every GPU path, run and measured, where a GPU is
 
 Each command's module is imported only when it runs, so the doctor works where torch is missing.
+On a Python older than the course's, every command stops first, saying so.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import sys
+
+#: The oldest Python the course runs on: pyproject.toml's requires-python (tests/test_packaging.py keeps the
+#: two in step). Checked before any command's module is imported: they use what older ones lack (tomllib).
+REQUIRES_PYTHON = (3, 11)
 
 #: command -> (module of course_tools, one line of help). The module's ``main(argv)`` runs it.
 COMMANDS = {
@@ -120,6 +126,12 @@ def _data_command(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.version_info < REQUIRES_PYTHON:
+        need = ".".join(map(str, REQUIRES_PYTHON))
+        print(f"[FAIL] python {platform.python_version()} ({sys.executable}): the course needs Python {need} or newer.\n"
+              f"  fix: python{need} -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt "
+              "(from the course folder)", file=sys.stderr)
+        return 1
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in COMMANDS:
         parser = argparse.ArgumentParser(prog="python -m course_lib", description="The commands of the course 'Feeding PyTorch with data'.")

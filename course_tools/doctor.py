@@ -44,6 +44,8 @@ OPEN_FILES_MINIMUM = 256
 #: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
 DISK_FAIL_MB = 200
 DISK_WARN_MB = 1024
+#: The fix for anything missing from the environment.
+INSTALL = "pip install -r requirements.txt (from the course folder, in the course's environment)"
 
 
 @dataclass(frozen=True)
@@ -102,15 +104,14 @@ def check_version(name: str, installed: str | None, tested: list[str], minimum: 
 
     Compared at each tested version's precision: Python ``3.11.7`` is the tested ``3.11``.
     """
-    install = "pip install -r requirements.txt (from the course folder, in the course's environment)"
     if installed is None:
-        return Result(name, FAIL, "not installed", install)
+        return Result(name, FAIL, "not installed", INSTALL)
     have = parse_version(installed)
     too_old = minimum is not None and have < _at_most(parse_version(minimum), len(have))
     if too_old or (below is not None and have >= parse_version(below)):
         accepted = ", ".join(([f">= {minimum}"] if minimum else []) + ([f"< {below}"] if below else []))
         if name == "python":
-            fix = f"use Python {tested[-1]} (python{tested[-1]} -m venv .venv), then {install}"
+            fix = f"use Python {tested[-1]} (python{tested[-1]} -m venv .venv), then {INSTALL}"
         else:
             spec = ",".join(([f">={minimum}"] if minimum else []) + ([f"<{below}"] if below else []))
             fix = f"pip install '{name}{spec}' (the course accepts {accepted})"
@@ -314,8 +315,14 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
 
 def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
     """Every check on the facts, in the order the report prints them."""
-    ranges = versions.accepted()
     results = []
+    try:
+        ranges = versions.accepted()
+    except ModuleNotFoundError as exc:  # packaging reads them: missing where the course was never installed
+        if not (exc.name or "").startswith("packaging"):
+            raise
+        ranges = {}
+        results.append(Result("packaging", FAIL, "not installed: the accepted version ranges were not checked", INSTALL))
     for name in versions.CHECKED:
         installed = facts.python if name == "python" else facts.versions.get(name)
         results.append(check_version(name, installed, versions.tested(name), *ranges.get(name, (None, None))))

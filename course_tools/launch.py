@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import psutil
+
 from course_lib.distributed import SLURM_NODELIST_VARS, SLURM_VARS, TORCHRUN_VARS
 
 
@@ -246,46 +248,63 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
     return result
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``; elsewhere an empty list)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-        for child in children:
-            found += [child, *_descendants(child)]
-    return found
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop torchrun, every rank and every DataLoader worker below it.
+def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop torchrun, every rank and every DataLoader worker below it: SIGTERM, then SIGKILL to what is left.
 
     torchrun starts each rank in a session of its own, so signalling torchrun's process group
-    does not reach them; their pids are collected first and each rank's group is killed too.
+    does not reach them: the processes below it are collected first (psutil), and each rank's group
+    is signalled too, reaching workers forked after the collection.
     """
-    below = _descendants(proc.pid)
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:  # it has ended and been waited for already
+        below = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in [proc.pid, *below]:
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
         try:
-            proc.wait(timeout=5.0)
-            if sig == signal.SIGKILL or not any(_alive(p) for p in below):
-                return
+            os.killpg(proc.pid, sig)  # started with start_new_session=True: its pid is its group's id
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in below:
+            _signal(child, sig)
+        deadline = time.monotonic() + grace
+        try:
+            proc.wait(timeout=grace)  # proc itself through Popen, which keeps its exit status
         except subprocess.TimeoutExpired:
             continue
+        below = _still_running(below, deadline)
+        if not below:
+            return
 
 
-def _alive(pid: int) -> bool:
+def _signal(process: psutil.Process, sig: signal.Signals) -> None:
+    """``sig`` to ``process``, to its whole group where it leads one (a rank and its DataLoader workers).
+
+    psutil checks that the pid still names the process collected (not a new one that reused it)."""
     try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="ignore").lower()
+        if process.is_running() and os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+        pass
+
+
+def _still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running at ``deadline`` (``time.monotonic()``), or as soon as none is.
+
+    A zombie has ended, only its parent's wait is missing (where the container's init does not reap
+    orphans, it stays one): it counts as ended, where ``psutil.wait_procs`` alone would wait for it.
+    """
+    while True:
+        _, alive = psutil.wait_procs(processes, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        processes = [p for p in alive if not _ended(p)]
+        if not processes or time.monotonic() >= deadline:
+            return processes
+
+
+def _ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -13,6 +13,10 @@ import importlib.metadata
 import re
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 DISTRIBUTION = "pytorch-data-course"
 
@@ -45,19 +49,29 @@ def _requirements() -> tuple[list[str], str]:
 
 
 def accepted() -> dict[str, tuple[str | None, str | None]]:
-    """``{name: (lowest accepted, first refused)}`` for Python and each checked package."""
+    """``{name: (lowest accepted, first refused)}`` for Python and each checked package: the ``>=`` and ``<``
+    bounds of its specifier (None where there is none).
+
+    ``packaging`` is imported here, not with the module: the doctor runs where nothing is installed yet.
+    """
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
     lines, python = _requirements()
-    out: dict[str, tuple[str | None, str | None]] = {"python": _bounds(python)}
+    out: dict[str, tuple[str | None, str | None]] = {"python": _bounds("python", SpecifierSet(python))}
     for line in lines:
-        if ";" in line:  # an extra's requirement ("litdata>=0.2; extra == 'formats'")
-            continue
-        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(.*)", line)
-        if m and m.group(1).lower() in CHECKED:
-            out[m.group(1).lower()] = _bounds(m.group(2))
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if requirement.marker is None and name in CHECKED:  # an extra's requirement has one: extra == "formats"
+            out[name] = _bounds(name, requirement.specifier)
     return out
 
 
-def _bounds(spec: str) -> tuple[str | None, str | None]:
-    low = re.search(r">=\s*([\w.]+)", spec)
-    high = re.search(r"<\s*([\w.]+)", spec)
-    return (low.group(1) if low else None, high.group(1) if high else None)
+def _bounds(name: str, spec: SpecifierSet) -> tuple[str | None, str | None]:
+    """The one ``>=`` and the one ``<`` of ``spec``, as written; any other clause cannot be told as such a range."""
+    low = [s.version for s in spec if s.operator == ">="]
+    below = [s.version for s in spec if s.operator == "<"]
+    if len(low) > 1 or len(below) > 1 or len(spec) != len(low) + len(below):
+        raise ValueError(f"{name}: the course states its accepted versions as '>=A' or '>=A,<B', not {str(spec)!r}")
+    return (low[0] if low else None, below[0] if below else None)

@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from course_tools.launch import free_ports
 
 # Flags for a quiet, offline browser (as tests/tools/test_slides.py uses): there is no network
@@ -64,19 +66,6 @@ def request(url: str, token: str | None, method: str = "GET", timeout: float = 1
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc; elsewhere none are found)."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.parent.name))
-    return found
 
 
 def end_group(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -161,7 +150,10 @@ class LabServer:
     def remember_kernels(self) -> None:
         """Note the kernel processes now running (they start in sessions of their own)."""
         if self.proc.poll() is None:
-            self.kernels.update(_children(self.proc.pid))
+            try:
+                self.kernels.update(child.pid for child in psutil.Process(self.proc.pid).children())
+            except psutil.NoSuchProcess:  # the server ended meanwhile
+                pass
 
     def stop(self) -> None:
         """Shut down over the API (kernels first), then end whatever is left by process id."""

@@ -34,7 +34,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+
+import psutil
 
 from course_tools.launch import free_ports
 
@@ -101,20 +103,7 @@ def unavailable_reason() -> str | None:
 
 
 def available_memory_mb() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) // 1024
-    return 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return psutil.virtual_memory().available // 2**20  # Linux: /proc/meminfo's MemAvailable
 
 
 def _rewrite_hosts(keep_line) -> None:
@@ -132,27 +121,34 @@ def kill_orphans() -> list[int]:
     """Kill (by pid) the daemons and job steps of clusters whose test process died without stopping
     them (killed with SIGKILL, say): they carry OWNER_VAR with a pid that no longer runs."""
     killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for process in _processes_whose_environment(lambda env: OWNER_VAR in env and env[OWNER_VAR].isdigit()
+                                                and not psutil.pid_exists(int(env[OWNER_VAR]))):
+        try:
+            process.kill()  # psutil: still the process found (its pid not reused meanwhile)
+            killed.append(process.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return killed
+
+
+def _processes_whose_environment(matches: Callable[[dict[str, str]], bool]) -> list[psutil.Process]:
+    """The processes (other than this one) whose environment ``matches``; those it may not read are passed over."""
+    found = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
+            if matches(process.environ()):
+                found.append(process)
+        except psutil.Error:  # gone meanwhile, a zombie, or not ours to read
             continue
-        m = re.search(rb"(?:^|\0)" + OWNER_VAR.encode() + rb"=(\d+)\0", environ)
-        if m and not _pid_alive(int(m.group(1))):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except ProcessLookupError:
-                pass
-    return killed
+    return found
 
 
 def _stale_hosts_line(line: str) -> bool:
     """A line an earlier, now dead, test process added (it was killed before it could remove it)."""
     m = re.search(re.escape(HOSTS_MARK) + r" (\d+)", line)
-    return bool(m) and not _pid_alive(int(m.group(1)))
+    return bool(m) and not psutil.pid_exists(int(m.group(1)))
 
 
 @dataclass
@@ -450,11 +446,11 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
                     proc.kill()
                     proc.wait(timeout=10)
                     notes.append(f"{name} (pid {proc.pid}) ignored SIGTERM for 10 s: killed")
-        for pid in self.leftover_pids():
+        for process in self.leftover_processes():
             try:
-                os.kill(pid, signal.SIGKILL)
-                notes.append(f"pid {pid} of this cluster still running after its daemons stopped: killed")
-            except ProcessLookupError:
+                process.kill()
+                notes.append(f"pid {process.pid} of this cluster still running after its daemons stopped: killed")
+            except psutil.NoSuchProcess:
                 pass
         if self._hosts_line:
             line, self._hosts_line = self._hosts_line, None
@@ -463,20 +459,9 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
             shutil.rmtree(self.root, ignore_errors=True)  # the folder __post_init__ made, nothing else
         return notes
 
-    def leftover_pids(self) -> list[int]:
+    def leftover_processes(self) -> list[psutil.Process]:
         """Processes started by this cluster (slurmstepd, job steps): their environment holds its SLURM_CONF."""
-        needle = f"SLURM_CONF={self.conf}\0".encode()
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes() + b"\0"
-            except OSError:
-                continue
-            if needle in environ:
-                pids.append(int(entry.name))
-        return pids
+        return _processes_whose_environment(lambda env: env.get("SLURM_CONF") == str(self.conf))
 
     def __enter__(self) -> "Cluster":
         self.start()

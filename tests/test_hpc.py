@@ -3,8 +3,9 @@
 The scripts' successful runs are the Slurm stage's (tests/test_slurm.py: a real cluster on this
 machine, one and two nodes). Here a fake ``srun`` and ``scontrol show hostnames`` go first on PATH,
 the variables sbatch would set are set by hand, and ``bash hpc/X.sbatch`` shows how a job stops
-early without data, when training fails, and outside sbatch, and how train_resumable.sbatch's trap answers the
-time-limit notice (a fake training step, a scontrol that records its arguments).
+early without data, when training fails, outside sbatch, and without hpc/common.sh (the steps all the scripts
+share), and how train_resumable.sbatch's trap answers the time-limit notice (a fake training step, a scontrol
+that records its arguments).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.full
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "hpc").glob("*.sbatch"))
+COMMON = ROOT / "hpc" / "common.sh"  # sourced by every script: the steps they share
 JOB_ID = "4242"
 LIMIT = 40  # images of the tiny set's 80 used for training: 20 per rank
 TRAIN_ARGS = f"--limit {LIMIT} --epochs 1 --batch-size 8 --timeout 30 --device cpu"
@@ -157,6 +159,15 @@ def job_env(tmp_path: Path, fake_bin: Path, data_root: Path, script: str, ntasks
 # --------------------------------------------------------------------------- the scripts as text
 
 
+def _code(text: str) -> list[str]:
+    """The lines of a bash file that are not blank and not comments, stripped."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _common_functions() -> list[str]:
+    return re.findall(r"^(\w+)\(\) \{", COMMON.read_text(), re.M)
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_is_well_formed(script: Path) -> None:
     text = script.read_text()
@@ -172,23 +183,99 @@ def test_script_is_well_formed(script: Path) -> None:
     # sbatch stops reading #SBATCH lines at the first command: all must come before it
     first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
     assert all(i < first_command for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    # The steps every job shares come from hpc/common.sh, found in the folder the job was submitted from (sbatch
+    # runs a copy of the script from its spool folder), with an error naming the path when it is not there.
+    code = _code(text)
+    sourcing = ['COMMON="${SLURM_SUBMIT_DIR:-$PWD}/hpc/common.sh"',
+                f'[[ -f "$COMMON" ]] || {{ echo "ERROR: no $COMMON: submit from the course folder (sbatch hpc/{script.name})" '
+                '>&2; exit 1; }',
+                'source "$COMMON"']
+    at = code.index(sourcing[0])
+    assert code[at:at + 3] == sourcing, code[at:at + 3]
+    calls = [(i, line.split()[0]) for i, line in enumerate(code) if line.split()[0] in _common_functions()]
+    train = next(i for i, line in enumerate(code) if line.startswith("srun "))
+    assert [name for _, name in calls[:3]] == ["course_python", "stage_data", "check_shm"], calls
+    assert at < calls[0][0] and calls[2][0] < train, calls  # after sourcing, before training
+    assert "show_versions" in [name for _, name in calls]
+    # the rank reports are checked: by check_reports, or (train_resumable.sbatch: steps too) by the script itself
+    assert code[-2:] == ['check_reports "$RUN_DIR"', 'echo "== done $(date \'+%F %T\'); reports in $RUN_DIR"'] or (
+        "read_reports" in text and "--ckpt" in text), code[-2:]
+    job = text + COMMON.read_text()  # what the job runs
     for needed in ("set -euo pipefail", "course_lib.train", "COURSE_DATA_DIR", "COURSE_VENV", "SLURM_CPUS_PER_TASK",
-                   "/dev/shm", "SLURM_TMPDIR", "--report", "read_reports"):
-        assert needed in text, needed
+                   "/dev/shm", "SLURM_TMPDIR", "--report", "read_reports", "course_lib verify"):
+        assert needed in job, needed
+    for needed in ("set -euo pipefail", "SLURM_CPUS_PER_TASK", "--report", "$COURSE_DATA_DIR", "$RUNS_DIR"):
+        assert needed in text, needed  # in the script itself
+
+
+def test_common_file_says_what_it_does(tmp_path: Path) -> None:
+    """hpc/common.sh is sourced, never run: valid bash, and a header naming each of its functions and each
+    setting it gives a default."""
+    text = COMMON.read_text()
+    subprocess.run(["bash", "-n", str(COMMON)], check=True, timeout=30)
+    header = text.split("\n\n", 1)[0]
+    assert header.startswith("# hpc/common.sh: ") and all(line.startswith("#") for line in header.splitlines())
+    functions = _common_functions()
+    assert {"course_python", "stage_data", "check_shm", "clean_run_dir", "show_versions", "check_reports"} <= set(functions)
+    for name in functions:
+        assert re.search(rf"^#\s+{name}\b", header, re.M), f"the header does not describe {name}"
+    defaults = re.findall(r'^(?:export )?([A-Z_]+)="\$\{\1:?-', text, re.M)
+    assert set(defaults) == {"COURSE_DATA_DIR", "DATA_SIZE", "STAGE_DATA", "RUNS_DIR", "COURSE_VENV", "OMP_NUM_THREADS"}
+    for name in defaults:
+        assert re.search(rf"^#\s+{name}\b", header, re.M), f"the header does not list the setting {name}"
+
+
+def test_sourcing_the_common_file_sets_defaults_and_runs_nothing(tmp_path: Path) -> None:
+    """Sourcing it (under the scripts' set -euo pipefail) only fills in the settings not given at submission:
+    with no program on PATH, anything it ran would fail."""
+    show = ('set -euo pipefail; source "$1"; for v in COURSE_DATA_DIR DATA_SIZE STAGE_DATA RUNS_DIR COURSE_VENV '
+            'OMP_NUM_THREADS; do echo "$v=${!v}"; done; for v in COURSE_DATA_DIR OMP_NUM_THREADS; do d=$(declare -p $v); echo "${d:0:10}"; done')
+    nothing = tmp_path / "empty-bin"
+    nothing.mkdir()
+    base = {"HOME": str(tmp_path / "home"), "PATH": str(nothing)}
+    given = dict(COURSE_DATA_DIR="/data", DATA_SIZE="workshop", STAGE_DATA="1", RUNS_DIR="/runs", COURSE_VENV="",
+                 OMP_NUM_THREADS="4")
+    for env, expected in [
+        (base, dict(COURSE_DATA_DIR=f"{tmp_path}/home/.cache/pytorch-data-course", DATA_SIZE="small", STAGE_DATA="0",
+                    RUNS_DIR=f"{tmp_path}/runs", COURSE_VENV=f"{tmp_path}/home/venvs/pytorch-data-course",
+                    OMP_NUM_THREADS="1")),
+        ({**base, **given}, given),  # given at submission: kept (COURSE_VENV= empty included)
+    ]:
+        done = subprocess.run(["/bin/bash", "-c", show, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        exported = ["declare -x"] * 2  # the two settings python reads itself
+        assert done.stdout.splitlines() == [f"{k}={v}" for k, v in expected.items()] + exported, done.stdout
 
 
 # --------------------------------------------------------------------------- the scripts, run
 
 
 def test_script_stops_early_without_data(tmp_path, fake_slurm) -> None:
+    """Run as sbatch runs it: a copy in a spool folder, started in the submit folder (hpc/common.sh is found there)."""
     empty = tmp_path / "no-data"
     empty.mkdir()
     env = job_env(tmp_path, fake_slurm, empty, "train_1node", 1, 4)
     env["COURSE_VENV"] = ""
-    result = run_bounded(["bash", str(ROOT / "hpc" / "train_1node.sbatch")], env, timeout=60)
+    spool = tmp_path / "spool" / f"job{JOB_ID}"
+    spool.mkdir(parents=True)
+    (spool / "slurm_script").write_text((ROOT / "hpc" / "train_1node.sbatch").read_text())
+    result = run_bounded(["bash", str(spool / "slurm_script")], env, timeout=60)
     assert result.returncode != 0
     assert "course_lib prepare --size tiny" in result.stderr, result.stderr
     assert (tmp_path / "srun.log").read_text() == ""  # no job step was started
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_without_the_common_file_says_where_it_looked(tmp_path, fake_slurm, script: Path) -> None:
+    """Submitted from another folder than the course's: hpc/common.sh is not there, and the job stops at once."""
+    env = job_env(tmp_path, fake_slurm, tmp_path, script.stem, 1, 2)
+    env.update(SLURM_SUBMIT_DIR=str(tmp_path), COURSE_VENV="")
+    result = run_bounded(["bash", str(script)], env, timeout=30, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr == (f"ERROR: no {tmp_path}/hpc/common.sh: submit from the course folder "
+                             f"(sbatch hpc/{script.name})\n"), result.stderr
+    assert result.stdout == "" and (tmp_path / "srun.log").read_text() == ""
 
 
 def test_script_fails_when_training_fails(tmp_path, fake_slurm, tiny_root) -> None:

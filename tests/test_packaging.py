@@ -82,6 +82,10 @@ def test_accepted_ranges_come_from_pyproject() -> None:
         low, below = ranges[name]
         assert deps[name] == f"{name}>={low}" + (f",<{below}" if below else "")
     assert PYPROJECT["requires-python"] == f">={ranges['python'][0]}"
+    # the commands' own check, made before anything else is imported, says the same
+    from course_tools import cli
+
+    assert PYPROJECT["requires-python"] == ">=" + ".".join(map(str, cli.REQUIRES_PYTHON))
 
 
 # --------------------------------------------------------------------------- every import declared

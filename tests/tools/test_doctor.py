@@ -53,10 +53,11 @@ def test_check_version_torch(installed: str | None, status: str, words: str) -> 
 
 
 def test_check_version_python_compares_at_the_tested_precision() -> None:
-    assert doctor.check_version("python", "3.11.7", ["3.11"], "3.10").status == OK
-    assert doctor.check_version("python", "3.12.1", ["3.11"], "3.10").status == WARN
-    old = doctor.check_version("python", "3.9.18", ["3.11"], "3.10")
-    assert old.status == FAIL and "python3.11 -m venv" in old.fix
+    assert doctor.check_version("python", "3.11.0", ["3.11"], "3.11").status == OK
+    assert doctor.check_version("python", "3.11.7", ["3.11"], "3.11").status == OK
+    assert doctor.check_version("python", "3.12.1", ["3.11"], "3.11").status == WARN
+    old = doctor.check_version("python", "3.10.14", ["3.11"], "3.11")
+    assert old.status == FAIL and "outside the accepted range >= 3.11" in old.finding and "python3.11 -m venv" in old.fix
 
 
 def test_check_version_upper_bound() -> None:
@@ -73,6 +74,18 @@ def test_accepted_ranges_are_pyprojects() -> None:
         low, below = ranges[name]
         assert deps[name] == f"{name}>={low}" + (f",<{below}" if below else ""), (name, ranges[name])
     assert pyproject["requires-python"] == f">={ranges['python'][0]}"
+
+
+def test_accepted_ranges_are_read_with_packaging() -> None:
+    """A specifier in any order of its clauses; one the doctor cannot state as a range is refused, not ignored."""
+    from packaging.specifiers import SpecifierSet
+
+    assert versions._bounds("webdataset", SpecifierSet("<2,>=1.0")) == ("1.0", "2")
+    assert versions._bounds("torch", SpecifierSet(">= 2.4")) == ("2.4", None)
+    assert versions._bounds("python", SpecifierSet("")) == (None, None)
+    for spec in ("~=2.4", ">=2.4,!=2.5.0", ">=2.4,>=2.5"):
+        with pytest.raises(ValueError, match=r"as '>=A' or '>=A,<B', not"):
+            versions._bounds("torch", SpecifierSet(spec))
 
 
 def test_the_installed_versions_are_a_tested_combination() -> None:
@@ -275,6 +288,43 @@ def test_real_run_without_torch_reports_instead_of_crashing() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr, done.stderr
     assert "not checked: importing torch failed" in done.stdout
+
+
+def test_real_run_without_packaging_reports_instead_of_crashing() -> None:
+    """Run from the course folder where nothing is installed yet: packaging (which reads the accepted ranges) is
+    missing too. A finding with the fix, the other checks still made."""
+    code = "import sys; sys.modules['packaging'] = None; from course_tools.cli import main; sys.exit(main(['doctor']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stdout
+    row = next(line for line in done.stdout.splitlines() if "packaging" in line)
+    assert "[FAIL]" in row and "the accepted version ranges were not checked" in row, done.stdout
+    assert "pip install -r requirements.txt" in done.stdout and "/dev/shm" in done.stdout
+
+
+def test_an_older_python_is_told_before_any_command_runs(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """On a Python older than pyproject's requires-python (3.10 has no tomllib), every command, the doctor
+    included, stops at once with the fix instead of an ImportError from deep inside."""
+    from course_tools import cli
+
+    imported = []
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: imported.append(name))
+    monkeypatch.setattr(cli, "REQUIRES_PYTHON", (sys.version_info.major, sys.version_info.minor + 1))
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    need = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+    assert f"the course needs Python {need} or newer" in err and f"python{need} -m venv .venv" in err, err
+    assert imported == []
+
+
+def test_the_commands_entry_parses_on_older_pythons() -> None:
+    """What runs before that check (course_lib/__main__.py, course_tools/cli.py and both packages' __init__) is
+    written so that Python 3.8 can read it."""
+    import ast
+
+    for path in ("course_lib/__init__.py", "course_lib/__main__.py", "course_tools/__init__.py", "course_tools/cli.py"):
+        ast.parse((REPO / path).read_text(), filename=path, feature_version=(3, 8))
 
 
 def test_bad_workers_is_refused() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course_tools.launch import LaunchError, free_ports, launch
@@ -27,7 +28,12 @@ time.sleep(30)
 """
 
 SCRIPT_HANGS = """
-import time
+import os, subprocess, sys, time
+# a process below the rank in a session of its own: the rank's group does not hold it, and srun-style tasks
+# have no torchrun above them
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(os.environ["HELPER_PIDS"], "a") as f:
+    f.write(f"{helper.pid}\\n")
 print("started", flush=True)
 time.sleep(600)
 """
@@ -64,11 +70,20 @@ def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path, style: str) -> 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None:
+    pids = tmp_path / "helper-pids"
     with pytest.raises(LaunchError, match="timed out") as info:
-        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False, style=style)
+        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False, style=style,
+               env={"HELPER_PIDS": str(pids)})
     result = info.value.result
     assert result.timed_out and not result.ok and result.seconds < 25
     assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
+    helpers = [int(pid) for pid in pids.read_text().split()]
+    assert len(helpers) == 2
+    for pid in helpers:  # every process below the job ended with it (a zombie has: only its reaping is left)
+        try:
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+        except psutil.NoSuchProcess:
+            pass
 
 
 @pytest.mark.quick

@@ -1,11 +1,17 @@
 """Drive the course's JupyterLab as a learner does, for tests/test_jupyterlab.py.
 
-:class:`LabServer` starts the README's ``jupyter lab <notebook>`` command on a copy of the course's
-notebooks (127.0.0.1, a random port and token, private Jupyter folders) and stops it, its kernels
-included, by process id. :class:`Notebook` is one notebook open in its own page of a headless
-chromium (Playwright, Debian's browser: nothing is downloaded) and does what a person does there:
-menus, clicks and keys, never the application's JavaScript objects. It reads the page's DOM to
-tell what the person would see: prompts (``[*]`` while a cell runs), error outputs, images, widgets.
+:func:`readme_jupyter_command` reads the ``jupyter lab ...`` part of the README's command 1, and
+:class:`LabServer` starts it on a copy of the course's notebooks (127.0.0.1, a random port and
+token, private Jupyter folders) and stops it, its kernels included, by process id.
+:class:`Notebook` is one notebook open in its own page of a headless chromium (Playwright,
+Debian's browser: nothing is downloaded) and does what a person does there: menus, clicks and
+keys, never the application's JavaScript objects. It reads the page's DOM to tell what the person
+would see: prompts (``[*]`` while a cell runs), error outputs, images, widgets.
+
+Waiting: what the page shows is waited for with Playwright's own auto-waiting assertions
+(``expect(locator).to_...``), or ``page.wait_for_function`` where only the page's JavaScript can
+say it; only a process and the server's HTTP API, which no browser sees, are polled
+(:func:`poll_until`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +34,11 @@ from typing import Any, Callable
 import psutil
 
 from course_tools.launch import free_ports
+
+try:  # the README's command is tested without a browser: only the stage needs Playwright
+    from playwright.sync_api import expect
+except ImportError:  # the stage skips (or, under CI, fails) before any page is opened
+    expect = None  # type: ignore[assignment]
 
 # Flags for a quiet, offline browser (as tests/tools/test_slides.py uses): there is no network
 # here, and chromium's own background connections would only be refused.
@@ -49,6 +61,32 @@ class StuckCell(LabError):
     """A cell still shows ``[*]`` when it should have finished."""
 
 
+def readme_command_1(repo: Path) -> str:
+    """The README's command 1: the line after ``# 1. ...`` in its Quick start."""
+    found = re.search(r"^# 1\. .*\n(.+)$", (repo / "README.md").read_text(encoding="utf-8"), re.M)
+    if found is None:
+        raise LookupError("README.md has no command 1 (the line after `# 1. ...` in its Quick start)")
+    return found.group(1).strip()
+
+
+def readme_jupyter_command(repo: Path) -> list[str]:
+    """The ``jupyter lab ...`` part of the README's command 1, as arguments (``["jupyter", "lab", ...]``):
+    what a learner runs, from the repository root, to open the course."""
+    command = readme_command_1(repo)
+    found = [shlex.split(part) for part in command.split("&&") if part.split()[:2] == ["jupyter", "lab"]]
+    if len(found) != 1:
+        raise LookupError(f"README.md's command 1 has {len(found)} `jupyter lab ...` parts (the tests need one): {command}")
+    return found[0]
+
+
+def opened_notebook(command: list[str]) -> str:
+    """The notebook a ``jupyter lab`` command opens (its path from the repository root)."""
+    found = [arg for arg in command if arg.endswith(".ipynb")]
+    if len(found) != 1:
+        raise LookupError(f"{shlex.join(command)} opens {len(found)} notebooks (the tests need one)")
+    return found[0]
+
+
 def find_chromium() -> str | None:
     for name in (os.environ.get("CHROMIUM", ""), "chromium", "chromium-browser", "/usr/bin/chromium"):
         if name and shutil.which(name):
@@ -68,29 +106,64 @@ def request(url: str, token: str | None, method: str = "GET", timeout: float = 1
         return exc.code, exc.read()
 
 
+def poll_until(done: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Call ``done`` until it returns true (then True) or ``timeout`` seconds have passed (then False).
+
+    For what no browser sees: a process, the server's HTTP API. ``done`` may raise to give up early."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
 def end_group(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM, then SIGKILL, the process group ``pgid`` (a process started in its own session)."""
+    def gone() -> bool:
+        if proc is not None and proc.poll() is not None:
+            return True
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                return
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+        if poll_until(gone, grace, interval=0.1):
+            return
+
+
+def wait_for_server(base: str, token: str, proc: subprocess.Popen[bytes], timeout: float,
+                    log_tail: Callable[[], str]) -> dict:
+    """The server's ``/api/status`` once it answers; :class:`LabError` (with the log's tail) if the
+    process exits first, or nothing answers within ``timeout`` seconds."""
+    answer: dict = {}
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise LabError(f"jupyter lab exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            status, body = request(f"{base}/api/status", token, timeout=5)
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return False  # not listening yet
+        if status == 200:
+            answer.update(json.loads(body))
+        return status == 200
+
+    if not poll_until(answers, timeout, interval=0.3):
+        raise LabError(f"jupyter lab did not answer within {timeout:.0f} s:\n{log_tail()}")
+    return answer
 
 
 class LabServer:
-    """``jupyter lab <first notebook>`` on a copy of ``notebooks/``, with private Jupyter folders."""
+    """The README's ``jupyter lab ... <first notebook>`` on a copy of ``notebooks/``, with private Jupyter folders."""
 
-    def __init__(self, repo: Path, home: Path, first: str, env: dict[str, str] | None = None,
-                 start_timeout: float = 90.0) -> None:
+    def __init__(self, repo: Path, home: Path, env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
         self.home = home
         self.notebooks = home / "notebooks"  # the copy: the repository's notebooks are never touched
         shutil.copytree(repo / "notebooks", self.notebooks,
@@ -98,14 +171,14 @@ class LabServer:
         self.port, self.token = free_ports()[0], secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "jupyterlab.log"
-        jupyter = Path(sys.executable).parent / "jupyter"
+        readme = readme_jupyter_command(repo)  # e.g. jupyter lab --allow-root notebooks/01_....ipynb
+        self.first = Path(opened_notebook(readme)).name
         command = [
-            str(jupyter), "lab", f"notebooks/{first}",  # the README's command; the server's root is notebooks/
+            str(Path(sys.executable).parent / readme[0]), *readme[1:],  # this environment's jupyter; run from home,
+            # the copy's parent, as the README's from the repository root: the server's root is notebooks/
             "--no-browser", "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
         ]
-        if os.geteuid() == 0:  # containers run as root; JupyterLab refuses that without the flag
-            command.append("--allow-root")
         private = {name: home / folder for name, folder in (
             ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
             ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
@@ -127,18 +200,7 @@ class LabServer:
             raise
 
     def _wait_started(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise LabError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                status, _ = request(f"{self.base}/api/status", self.token, timeout=5)
-                if status == 200:
-                    return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.3)
-        raise LabError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+        wait_for_server(self.base, self.token, self.proc, timeout, self.log_tail)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -174,8 +236,16 @@ class LabServer:
             end_group(pid)
 
 
-# What the page shows of its notebook, read from the DOM. Prompts: "[3]:", "[*]:" (running or
-# queued), "[ ]:" (not run); null for markdown and raw cells.
+# The notebook in front (hidden panels are other tabs), its cells, and the state of its kernel.
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+CELLS = f"{PANEL} .jp-Notebook .jp-Cell"
+INDICATOR = ".jp-Notebook-ExecutionIndicator"  # in the notebook's toolbar: data-status "idle", "busy", ...
+# Done: the kernel idle, and no code cell's prompt shows [*] (running or queued).
+SETTLED = f'{PANEL}:has({INDICATOR}[data-status="idle"]):not(:has(.jp-CodeCell .jp-InputPrompt:has-text("*")))'
+DIALOG = ".jp-Dialog"  # e.g. "Kernel Restarting: The kernel for ... appears to have died"
+
+# What the page shows of its notebook, read from the DOM (for messages, and prompt numbers). Prompts:
+# "[3]:", "[*]:" (running or queued), "[ ]:" (not run); null for markdown and raw cells.
 STATE_JS = """() => {
   const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
   if (!panel) return null;
@@ -188,21 +258,8 @@ STATE_JS = """() => {
     dialog: dialog ? dialog.textContent : null,
   };
 }"""
-# The same state, as a condition: true once nothing runs or waits (or a dialog asks something).
-# (After WATCH_JS, before a run was asked for: a run that never started is not "done".)
-IDLE_JS = """() => {
-  const s = (%s)();
-  if (!s) return false;
-  if (s.dialog) return true;
-  return window.__labTestSawRunning && s.status === 'idle' && !s.prompts.some(p => p && p.includes('*'));
-}""" % STATE_JS
-# Ready for a learner: every cell shown, and the kernel started and idle (the status bar says so).
-READY_JS = """(n) => {
-  const s = (%s)();
-  const bar = document.querySelector('#jp-main-statusbar');
-  return !!s && s.prompts.length === n && s.status === 'idle' && /\\| Idle/.test(bar ? bar.textContent : '');
-}""" % STATE_JS
-# Notes whether any prompt shows [*] from now on (a short cell may be over before we poll).
+# Notes whether any prompt shows [*] from now on: a short cell may be over before any wait looks,
+# so "a run started" is a thing that happened, which only the page's JavaScript can remember.
 WATCH_JS = """() => {
   const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
   window.__labTestSawRunning = false;
@@ -263,7 +320,7 @@ class Notebook:
         return f"cell {index} (id {self.cells[index].get('id')}, `{first[:70]}`)"
 
     def cell(self, index: int) -> Any:
-        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
+        return self.page.locator(CELLS).nth(index)
 
     # -- what the page shows -------------------------------------------------------------------
 
@@ -331,11 +388,15 @@ class Notebook:
 
     def open(self, timeout: float = 90.0) -> None:
         """Open the notebook and wait until every cell is shown and its kernel is idle."""
+        deadline = time.monotonic() + timeout
         self.page.goto(self.lab.url(self.name, f"test-{self.label}"), timeout=timeout * 1000)
         try:
-            self.page.wait_for_function(READY_JS, arg=len(self.cells), timeout=timeout * 1000, polling=200)
+            expect(self.page.locator(CELLS)).to_have_count(len(self.cells), timeout=_ms_left(deadline))
+            # the kernel started: the status bar says "Python 3 (ipykernel) | Idle", the toolbar's indicator idle
+            expect(self.page.locator("#jp-main-statusbar")).to_contain_text(re.compile(r"\| Idle"), timeout=_ms_left(deadline))
+            expect(self.page.locator(f"{PANEL} {INDICATOR}")).to_have_attribute("data-status", "idle", timeout=_ms_left(deadline))
         except Exception as exc:
-            raise self.fail(f"not ready within {timeout:.0f} s (cells shown, kernel idle): {self.state()} ({exc})") from None
+            raise self.fail(f"not ready within {timeout:.0f} s (cells shown, kernel idle): {self.state()}\n{_first_lines(exc)}") from None
         self.lab.remember_kernels()
 
     def menu(self, menu: str, command: str) -> None:
@@ -373,10 +434,11 @@ class Notebook:
             raise self.fail(f"nothing started running: {self.state()}") from None
 
     def finish_run(self, timeout: float) -> None:
-        """Wait until no cell runs or waits any more (after :meth:`_start`), with this page in front."""
+        """Wait until no cell runs or waits any more (after :meth:`_start`), with this page in front.
+        A dialog ends the wait at once: it is reported, not waited out."""
         self.activate()  # a page behind others draws nothing: its prompts would never change
         try:
-            self.page.wait_for_function(IDLE_JS, timeout=timeout * 1000, polling=250)
+            expect(self.page.locator(SETTLED).or_(self.page.locator(DIALOG)).first).to_be_attached(timeout=timeout * 1000)
         except Exception:
             state = self.state()
             running = [i for i, p in enumerate(state["prompts"]) if p and "*" in p]
@@ -426,9 +488,14 @@ class Notebook:
         self.page.keyboard.press("Control+a")
         self.page.keyboard.press("Delete")
         self.page.keyboard.insert_text(text)  # as a paste: no auto-indent or bracket closing on top
-        shown = editor.evaluate("e => [...e.querySelectorAll('.cm-line')].map(l => l.textContent).join('\\n')")
-        if shown.rstrip() != text.rstrip():
-            raise self.fail(f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index)
+        # Line by line, exactly: patterns, not strings, which expect() compares with whitespace collapsed
+        # (a changed indentation is what to catch).
+        lines = [re.compile(f"^{re.escape(line)}$") for line in text.split("\n")]
+        try:
+            expect(editor.locator(".cm-line")).to_have_text(lines, timeout=10_000)
+        except Exception:
+            shown = editor.evaluate("e => [...e.querySelectorAll('.cm-line')].map(l => l.textContent).join('\\n')")
+            raise self.fail(f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index) from None
         self.edited[index] = text
 
     def activate(self) -> None:
@@ -441,6 +508,16 @@ class Notebook:
             self.page.close()
         except Exception:
             pass
+
+
+def _ms_left(deadline: float) -> float:
+    """Milliseconds until ``deadline`` (time.monotonic()), for a Playwright timeout (never 0: that is "no timeout")."""
+    return max(deadline - time.monotonic(), 0.001) * 1000
+
+
+def _first_lines(exc: BaseException, lines: int = 6) -> str:
+    """The start of an exception's message (Playwright's end with a long call log)."""
+    return "\n".join(str(exc).strip().splitlines()[:lines])
 
 
 def _tail(text: str, lines: int = 12) -> str:

@@ -1,8 +1,11 @@
 """The README's JupyterLab command, started for real: its REST API, then the course as a learner meets it.
 
-1. ``jupyter lab notebooks/01_map_style_datasets.ipynb`` from the repository root, on 127.0.0.1
-   with a random token: the server answers, refuses requests without the token, lists every course
-   notebook, serves the JupyterLab page and shuts down on request (standard library only).
+1. The ``jupyter lab ...`` part of the README's command 1, read from README.md (``jupyter lab
+   --allow-root notebooks/01_map_style_datasets.ipynb``), from the repository root, on 127.0.0.1
+   with a random token, run twice: as root (most containers) and as an ordinary user (a laptop, a
+   hub; as root, a throwaway user the test adds and removes, on their own copy of ``notebooks/``).
+   The server answers, refuses requests without the token, lists every course notebook, serves the
+   JupyterLab page and shuts down on request (standard library only).
 2. The JupyterLab stage: the same command on a temporary copy of ``notebooks/`` (one server and one
    headless chromium for the module, driven by Playwright), each notebook of ``RUN_ALL`` opened in
    its page and run with Run > Run All Cells. No cell may show an error or stay at ``[*]``;
@@ -11,18 +14,22 @@
    gets ❌, the right one ✅, and the next section re-runs without a kernel restart.
 
 Screenshots go to ``$JUPYTERLAB_SCREENSHOTS`` (else a temporary folder); every failure names the
-folder. Without Playwright or chromium the stage is skipped, except under CI, where it fails.
+folder. Without Playwright or chromium the stage is skipped, except under CI, where it fails; so is
+the ordinary user where this machine cannot make one (tests/ordinary_user.py says why).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
+import shlex
+import shutil
 import subprocess
 import sys
 import time
-import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,13 +38,13 @@ import pytest
 
 from course_tools.launch import free_ports
 
-from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group,
-                           find_chromium, request)
+from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group, expect,
+                           find_chromium, opened_notebook, readme_jupyter_command, request, wait_for_server)
+from ordinary_user import CannotRunAsUser, User, current_user, throwaway_user
 
 pytestmark = [pytest.mark.full, pytest.mark.stage]  # a stage of the suite: `pytest -m "not stage"` leaves it out
 
 REPO = Path(__file__).resolve().parents[1]
-FIRST = "notebooks/01_map_style_datasets.ipynb"  # what the README's Quick start opens
 START_TIMEOUT = 60.0
 
 
@@ -47,37 +54,66 @@ def get_json(url: str, token: str) -> Any:
     return json.loads(body)
 
 
+def skip_unless_ci(reason: str) -> None:
+    """Skip the test; under CI (``CI`` set) fail it instead: there, every check must run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}, and CI must run this check")
+    pytest.skip(reason)
+
+
+@pytest.fixture(params=["root", "user"])
+def learner(request: pytest.FixtureRequest) -> Iterator[User]:
+    """Who runs the README's command: root (as in most containers) and an ordinary user.
+
+    As root, the ordinary user is a throwaway one (tests/ordinary_user.py), who can run this
+    environment's Python; not root, it is this process's user, and there is no root to be."""
+    if request.param == "root":
+        if os.geteuid() != 0:
+            pytest.skip("not root: the README's command is run as root only where the tests run as root")
+        yield current_user()
+    elif os.geteuid() != 0:
+        yield current_user()
+    else:
+        with contextlib.ExitStack() as stack:
+            try:
+                user = stack.enter_context(throwaway_user(needs=[Path(sys.executable).parent, Path(sys.prefix)]))
+            except CannotRunAsUser as exc:
+                skip_unless_ci(f"cannot run the README's command as an ordinary user here: {exc}")
+            yield user
+
+
 @pytest.mark.timeout(180)
-def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
-    jupyter = Path(sys.executable).parent / "jupyter"
-    assert jupyter.exists(), "jupyter is not installed in this environment: pip install -r requirements.txt"
+def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Path) -> None:
+    command = readme_jupyter_command(REPO)  # e.g. ["jupyter", "lab", "--allow-root", "notebooks/01_....ipynb"]
+    first = opened_notebook(command)
+    bin_dir = Path(sys.executable).parent  # the venv's bin/, first on PATH as after `. .venv/bin/activate`
+    assert (bin_dir / command[0]).exists(), f"{command[0]} is not installed in this environment: pip install -r requirements.txt"
     port, token = free_ports()[0], secrets.token_hex(16)
-    command = [
-        str(jupyter), "lab", FIRST,
-        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
-    ]
-    if os.geteuid() == 0:  # containers run as root; JupyterLab refuses that without the flag
-        command.append("--allow-root")
-    # Runtime files (connection info, kernel files) in the test's folder, not the user's.
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    env = {"PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), "VIRTUAL_ENV": sys.prefix}
+    if learner.uid == os.geteuid():
+        root = REPO  # from the repository root, as the README says
+        env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")  # connection files in the test's folder, not the user's
+    else:  # another user runs from their own copy (a clone is its owner's), with their own Jupyter folders
+        root = learner.home / "course"
+        shutil.copytree(REPO / "notebooks", root / "notebooks",
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"))
+        learner.give(root)
+    started = [*learner.prefix, *command, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
     log_path = tmp_path / "jupyterlab.log"
     base = f"http://127.0.0.1:{port}"
+    who = f"{shlex.join(command)} as {learner.name} ({learner.how})"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(started, cwd=root, env=learner.env(**env), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        status = None
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                status = get_json(f"{base}/api/status", token)
-                break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.5)
-        assert status is not None, f"no answer within {START_TIMEOUT:.0f} s:\n{log_path.read_text()[-3000:]}"
+        try:
+            status = wait_for_server(base, token, proc, START_TIMEOUT, lambda: log_path.read_text(errors="replace")[-3000:])
+        except LabError as exc:
+            pytest.fail(f"{who}: {exc}")
         assert "started" in status
+        server_uid = Path(f"/proc/{proc.pid}").stat().st_uid  # who the server runs as, from the kernel
+        assert server_uid == learner.uid, f"{who}: the server runs as uid {server_uid}, not {learner.uid}"
 
         # The token is kept: without it the API refuses.
         refused, _ = request(f"{base}/api/contents/notebooks", None)
@@ -94,15 +130,15 @@ def test_readme_jupyterlab_command_serves_the_course(tmp_path: Path) -> None:
         solutions = get_json(f"{base}/api/contents/solutions?content=1", token)
         assert set(expected) <= {item["name"] for item in solutions["content"]}
 
-        first = get_json(f"{base}/api/contents/{Path(FIRST).name}", token)
-        assert first["type"] == "notebook" and first["content"]["cells"]
+        opened = get_json(f"{base}/api/contents/{Path(first).name}", token)
+        assert opened["type"] == "notebook" and opened["content"]["cells"]
 
         page_status, page = request(f"{base}/lab", token)
         assert page_status == 200 and b"jupyter-config-data" in page  # the JupyterLab application page
 
         shut, _ = request(f"{base}/api/shutdown", token, method="POST")
         assert shut in (200, 204)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == 0, f"{who}: exit status {proc.returncode}:\n{log_path.read_text()[-3000:]}"
     finally:
         if proc.poll() is None:
             end_group(proc.pid, proc)
@@ -318,7 +354,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     env = {"COURSE_DATA_DIR": str(data),
            # the kernels import this checkout's course_lib and course_tools, whatever is installed
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    lab = LabServer(REPO, home, Path(FIRST).name, env=env)
+    lab = LabServer(REPO, home, env=env)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)
@@ -378,7 +414,7 @@ def test_progress_bar_is_a_widget(stage: Stage) -> None:
     if not bars or "100%" not in bars[-1]["text"]:
         raise notebook.fail(f"{notebook.describe(i)}: no finished progress bar widget, outputs {shown}", i)
     bar = notebook.cell(i).locator(".widget-hprogress .progress-bar")
-    assert bar.count() == 1, f"{notebook.describe(i)}: the widget has no progress bar element"
+    expect(bar, f"{notebook.describe(i)}: the widget has no progress bar element").to_have_count(1)
     notebook.screenshot("progress-bar", i)
 
 
@@ -394,34 +430,34 @@ def test_explorer_widget_responds(stage: Stage) -> None:
     notebook.show(i)
     notebook.screenshot("explorer-after-run-all", i)
     sliders = cell.locator(".widget-hslider")
-    assert sliders.count() == 4, f"{notebook.describe(i)}: {sliders.count()} sliders"
+    expect(sliders, f"{notebook.describe(i)}: not 4 sliders").to_have_count(4)
     workers, prefetch = sliders.nth(0), sliders.nth(2)
-    assert "num_workers" in workers.text_content() and "prefetch_factor" in prefetch.text_content()
-    assert prefetch.locator("[disabled]").count() >= 1, "prefetch_factor is off with 0 workers"
+    expect(workers).to_contain_text("num_workers")
+    expect(prefetch).to_contain_text("prefetch_factor")
+    expect(prefetch.locator("[disabled]").first, "prefetch_factor is off with 0 workers").to_be_attached()
 
     # A slider moved with the keyboard: its value changes, and the kernel answers (prefetch_factor
     # comes on, which only the Python side decides).
     workers.locator(".noUi-handle").focus()
     notebook.page.keyboard.press("ArrowRight")
     try:
-        notebook.page.wait_for_function(
-            "(el) => el.querySelector('.widget-readout').textContent.trim() === '1'", arg=workers.element_handle(), timeout=10_000)
-        notebook.page.wait_for_function(
-            "(el) => !el.querySelector('[disabled]')", arg=prefetch.element_handle(), timeout=10_000)
-    except Exception:
+        expect(workers.locator(".widget-readout")).to_have_text("1", timeout=10_000)
+        expect(prefetch.locator("[disabled]")).to_have_count(0, timeout=10_000)
+    except AssertionError:
         raise notebook.fail("moving num_workers to 1 did not reach the kernel (prefetch_factor still off)", i) from None
 
     # The button measures an epoch with those settings and draws its timeline and summary.
     button = cell.locator("button", has_text="Measure one epoch")
-    assert button.is_visible()
+    expect(button).to_be_visible()
     before = notebook.output_text(i)
     button.click()
     output = cell.locator(".widget-output")
     try:
-        notebook.page.wait_for_function(
-            "(el) => [...el.querySelectorAll('img')].some(i => i.complete && i.naturalWidth > 0) && /busy: .*w0/.test(el.textContent)",
-            arg=output.element_handle(), timeout=60_000)
-    except Exception:
+        expect(output).to_contain_text(re.compile(r"busy: .*w0"), timeout=60_000)  # the summary, with worker 0
+        # its timeline, an image that decoded (complete, and not a broken one of width 0)
+        expect(output.locator("img").last).to_have_js_property("complete", True, timeout=10_000)
+        expect(output.locator("img").last).not_to_have_js_property("naturalWidth", 0, timeout=10_000)
+    except AssertionError:
         raise notebook.fail(f"the explorer's button drew no timeline with 1 worker: {notebook.output_text(i)[-500:]!r}", i) from None
     assert notebook.output_text(i) != before
     notebook.screenshot("explorer-measured", i)

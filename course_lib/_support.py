@@ -25,21 +25,41 @@ def _host() -> str:
 
 
 @contextlib.contextmanager
-def new_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``path``; rename it to ``path`` when the block ends without error."""
+def new_file(path: str | os.PathLike[str], mode: str = "wb", durable: bool = False) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path``; rename it to ``path`` when the block ends without error.
+
+    ``durable``: the file's bytes reach the disk (fsync) before the rename, and the rename itself after it (an
+    fsync of the folder), so that a crash of the machine, not only of the process, leaves the old file or the new."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, mode) as f:
             yield f
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on one file system: readers see all of it or nothing
+        if durable:
+            fsync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def write_atomic(path: str | os.PathLike[str], payload: bytes | str) -> Path:
+def fsync_folder(folder: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries (new names, renames) to the disk; a no-op where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], payload: bytes | str, durable: bool = False) -> Path:
     """Write ``payload`` to ``path`` through a temporary file (see :func:`new_file`)."""
-    with new_file(path, "wb" if isinstance(payload, bytes) else "w") as f:
+    with new_file(path, "wb" if isinstance(payload, bytes) else "w", durable=durable) as f:
         f.write(payload)
     return Path(path)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._support import check_int, write_atomic
 
-__all__ = ["DistEnv", "DistEnvError", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
+__all__ = ["DistEnv", "DistEnvError", "check_one_gpu_per_rank", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
            "read_reports", "sampler_shares", "start", "write_report"]
 
 #: torchrun sets all of these for every process it starts.
@@ -174,8 +174,8 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
 
     env = dist_env()
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda and torch.cuda.device_count() == 0:
-        raise DistEnvError("device cuda was asked for, but this process sees no GPU; use --device cpu or auto")
+    if use_cuda:
+        check_one_gpu_per_rank(env, torch.cuda.device_count())
     # usually one GPU per local rank; with --gpus-per-task=1 each task sees only its own, as cuda:0
     dev = torch.device(f"cuda:{env.local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
     if use_cuda:
@@ -193,6 +193,21 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return env, dev
+
+
+def check_one_gpu_per_rank(env: DistEnv, gpus: int, environ: Mapping[str, str] | None = None) -> None:
+    """Notebook 07, section 6: refuse, with what to do, a job that would put two ranks on one GPU (NCCL fails then).
+
+    ``gpus`` is how many GPUs this process sees. Under Slurm with ``--gpus-per-task`` (or ``--gpu-bind``) every task
+    sees its own GPU as ``cuda:0``, so one visible GPU for several ranks on a node is right there."""
+    environ = os.environ if environ is None else environ
+    if gpus == 0:
+        raise DistEnvError("device cuda was asked for, but this process sees no GPU; use --device cpu or auto")
+    own_gpu = env.source == "slurm" and gpus == 1 and any(v in environ for v in ("SLURM_GPUS_PER_TASK", "SLURM_GPU_BIND"))
+    if env.local_world_size > gpus and not own_gpu:
+        raise DistEnvError(f"{env.local_world_size} ranks on this node but {gpus} GPU(s): NCCL needs a GPU of its own for "
+                           f"every rank. Start at most {gpus} rank(s) per node (--nproc-per-node={gpus}), or train "
+                           "on the CPU with --device cpu (gloo)")
 
 
 def finish() -> None:

@@ -1,11 +1,14 @@
 """Notebook 12: a training run that survives being stopped, ``torchrun --nproc-per-node=N -m course_lib.resume``.
 
-Every rank trains notebook 07's SmallCNN under DDP on its ``DistributedSampler`` share, a fixed number of
-steps per epoch, and appends one line per step to ``rankN.steps.jsonl`` in ``--report`` (run, epoch, step
-and the batch's sample indices). It checkpoints every ``--ckpt-every`` steps and when SIGTERM or SIGUSR1
-arrives (the step ends, every rank saves, the job exits). ``--loader stateful`` puts torchdata's
-``StatefulDataLoader`` state in the checkpoint beside the model and optimizer; ``--loader plain`` saves what
-most scripts save (model, optimizer, epoch, step), so a restarted run starts its epoch's data over.
+Every rank trains notebook 07's SmallCNN under DDP on its ``DistributedSampler`` share, with a random
+augmentation whose draws come from (seed, epoch, sample index), a fixed number of steps per epoch, and appends
+one line per step to ``rankN.steps.jsonl`` in ``--report`` (run, epoch, step, the batch's sample indices and a
+digest of the augmented batch). It checkpoints every ``--ckpt-every`` steps and when SIGTERM or SIGUSR1
+arrives (the step ends, every rank saves, the job exits): rank 0 saves the model and optimizer once, every
+rank its own loader state. ``--loader stateful`` puts torchdata's ``StatefulDataLoader`` state in the
+checkpoint; ``--loader plain`` saves what most scripts save (model, optimizer, epoch, step), so a restarted run
+starts its epoch's data over. A job restarted with another number of ranks resumes at an epoch boundary, or
+is refused with a message (:func:`resume_point`).
 ``--stop-at S`` practises an ending after step S: rank 0 and its workers get SIGKILL (a lost node) or torchrun
 SIGTERM (a scheduler's notice).
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -26,21 +30,21 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
-
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
 
 from . import distributed
 from ._programs import add_data_arguments, one_line, run_on_one_rank
-from ._support import new_file, write_atomic
-from .datasets import DataNotFoundError, WithIndex, image_tensor, shapes
+from ._support import fsync_folder, new_file, write_atomic
+from .datasets import DataNotFoundError, image_tensor, shapes
 from .train import ddp_model, weights_digest
 
-__all__ = ["ResumableShuffle", "ResumableStream", "StopFlag", "ignore_stop_signals", "load_checkpoint", "read_steps", "save_checkpoint",
-           "stateful_loader"]
+__all__ = ["EpochKeys", "ResumableShuffle", "ResumableStream", "ResumeError", "SeededAugmentation", "StopFlag",
+           "ignore_stop_signals", "load_checkpoint", "read_steps", "resume_point", "save_checkpoint", "stateful_loader"]
 
 
 def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
@@ -107,13 +111,61 @@ class ResumableStream(IterableDataset):
         self.done = state["done"]
 
 
+class EpochKeys(Sampler):
+    """Notebook 12, section 6: a sampler's indices as ``(epoch, index)`` keys, the epoch read when a pass starts.
+
+    Wrap a sampler that has ``set_epoch`` (``DistributedSampler``, :class:`ResumableShuffle`); the dataset then
+    knows which epoch each sample is drawn for, and can derive its random draws from it."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.sampler.epoch
+        for index in self.sampler:
+            yield epoch, index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededAugmentation(Dataset):
+    """Notebook 12, section 6: ``dataset[index]`` randomly flipped, shifted and brightened, by ``(epoch, index)`` key.
+
+    Every random draw comes from a generator seeded with ``(seed, epoch, index)``, not from the worker's random
+    state: a sample gets the same augmentation in the same epoch on any run, in any worker, after any restart,
+    and another one in the next epoch. Items are ``(index, image, label)``."""
+
+    def __init__(self, dataset: Dataset, seed: int = 0) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, torch.Tensor, Any]:
+        epoch, index = key
+        image, label = self.dataset[index]
+        rng = np.random.default_rng([self.seed, epoch, index])  # this sample's draws in this epoch, on every run
+        if rng.random() < 0.5:
+            image = image.flip(-1)
+        dy, dx = rng.integers(-4, 5, size=2)
+        image = torch.roll(image, shifts=(int(dy), int(dx)), dims=(-2, -1))
+        return index, (image * rng.uniform(0.8, 1.2)).clamp(0, 1), label
+
+
 class StopFlag:
     """Notebook 12, section 5: remember that SIGTERM or SIGUSR1 arrived; the training loop looks at the end of a step.
 
-    ``agreed()`` is a collective: every rank stops after the same step when any rank got the signal."""
+    ``agreed()`` is a collective: every rank stops after the same step when any rank got the signal. Its tensor
+    lives on ``device``, the rank's device: NCCL refuses a CPU tensor ("No backend type associated with device
+    type cpu"), gloo on CPU needs one."""
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-        self.received: int | None = None
+    def __init__(self, device: torch.device | str = "cpu",
+                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+        self.device, self.received = torch.device(device), None
         for sig in signals:
             signal.signal(sig, self._handle)
 
@@ -121,40 +173,84 @@ class StopFlag:
         self.received = signum  # only note it: the step in progress finishes first
 
     def agreed(self) -> bool:
-        flag = torch.tensor([int(self.received is not None)])
+        flag = torch.tensor([int(self.received is not None)], device=self.device)
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
 
-def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any]) -> Path:
-    """Notebook 12, section 5: this rank's part of the checkpoint after ``step``, written atomically. Once every rank
-    has written its part, rank 0 points ``latest`` at it and removes the older steps: a job killed in between
-    resumes from the previous complete checkpoint, never from a mix of two."""
-    part = Path(folder) / f"step{step:07d}" / f"rank{rank}.pt"
-    part.parent.mkdir(parents=True, exist_ok=True)
-    with new_file(part) as f:  # a temporary file, renamed to ``part`` once whole
+class ResumeError(RuntimeError):
+    """Notebook 12, section 7: a checkpoint this job cannot resume from; the message says what to do."""
+
+
+def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any],
+                    shared: dict[str, Any] | None = None) -> Path:
+    """Notebook 12, section 5: the checkpoint after ``step``: this rank's own ``state`` (its loader's position, its
+    random state) as ``stepN/rankR.pt``, and, from rank 0, what all ranks share (the model and optimizer, which DDP
+    keeps identical) once, as ``stepN/shared.pt``. Every file is written to a temporary name, flushed to the disk
+    (fsync) and renamed. Once every rank has written its part, rank 0 points ``latest`` at the step and removes
+    the older steps: a job killed in between resumes from the previous complete checkpoint, never from a mix."""
+    step_folder = Path(folder) / f"step{step:07d}"
+    step_folder.mkdir(parents=True, exist_ok=True)
+    part = step_folder / f"rank{rank}.pt"
+    with new_file(part, durable=True) as f:
         torch.save(state, f)
+    if shared is not None:
+        with new_file(step_folder / "shared.pt", durable=True) as f:
+            torch.save(shared, f)
+    fsync_folder(step_folder)  # the renames themselves reach the disk
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier()  # every rank's part is on disk
     if rank == 0:
-        write_atomic(Path(folder) / "latest", f"{step}\n")
+        write_atomic(Path(folder) / "latest", f"{step}\n", durable=True)
         for old in Path(folder).glob("step*"):
-            if old.is_dir() and old.name < part.parent.name and all(p.suffix == ".pt" for p in old.iterdir()):
-                shutil.rmtree(old)  # only the step folders of this function, holding only rank parts
+            if old.is_dir() and old.name < step_folder.name and all(p.suffix == ".pt" for p in old.iterdir()):
+                shutil.rmtree(old)  # only the step folders of this function, holding only its .pt files
     return part
 
 
 def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
-    """Notebook 12, section 5: this rank's part of the latest complete checkpoint in ``folder``, or ``None``."""
+    """Notebook 12, section 5: the latest complete checkpoint in ``folder`` as this rank sees it, or ``None``.
+
+    Returns the shared part (the model and optimizer, where rank 0 saved them) with this rank's own part on top;
+    ``"rank_part"`` says whether this rank had one (a job started with more ranks than the one that saved has
+    ranks without: :func:`resume_point` decides whether that is fine)."""
     latest = Path(folder) / "latest"
     if not latest.exists():
         return None
-    part = Path(folder) / f"step{int(latest.read_text()):07d}" / f"rank{rank}.pt"
-    if not part.exists():
-        raise FileNotFoundError(f"{latest} names step {latest.read_text().strip()}, but {part} is missing: this rank "
-                                "did not write it (was the job started with more ranks than the one that saved?)")
-    return torch.load(part, weights_only=True)  # tensors, numbers and dicts only: no code runs while loading
+    step_folder = Path(folder) / f"step{int(latest.read_text()):07d}"
+    shared_path, part_path = step_folder / "shared.pt", step_folder / f"rank{rank}.pt"
+    checkpoint: dict[str, Any] = {}
+    if shared_path.exists():
+        checkpoint.update(torch.load(shared_path, weights_only=True))  # tensors, numbers and dicts: no code runs
+    if part_path.exists():
+        checkpoint.update(torch.load(part_path, weights_only=True))
+    elif not checkpoint:
+        raise ResumeError(f"{latest} names step {latest.read_text().strip()}, but {step_folder} holds neither "
+                          f"shared.pt nor rank{rank}.pt: the checkpoint is damaged; remove {latest} to start afresh")
+    checkpoint["rank_part"] = part_path.exists()
+    return checkpoint
+
+
+def resume_point(saved: dict[str, int], world_size: int, steps_per_epoch: int) -> tuple[int, int]:
+    """Notebook 12, section 7: where a job of ``world_size`` ranks, ``steps_per_epoch`` steps each, resumes from a
+    checkpoint saved after ``saved["step"]`` steps by ``saved["world_size"]`` ranks of ``saved["steps_per_epoch"]``.
+
+    Returns ``(epoch, step)`` in the new job's counting. With as many ranks, anywhere. With another number of ranks
+    only at an epoch boundary of the job that saved: mid-epoch, the new ranks' shares would cover other samples
+    than the old ones did, and the rest of the epoch is not what an uninterrupted run would read."""
+    step, old_world, old_per_epoch = saved["step"], saved["world_size"], saved["steps_per_epoch"]
+    epoch, into = divmod(step, old_per_epoch)
+    if world_size == old_world:
+        if steps_per_epoch != old_per_epoch:
+            raise ResumeError(f"the checkpoint's job had {old_per_epoch} steps per epoch, this one {steps_per_epoch} "
+                              "with as many ranks: resume with the same data, batch size and --limit")
+        return epoch, step
+    if into:
+        raise ResumeError(f"the checkpoint was saved by {old_world} ranks at step {step}, {into} steps into epoch "
+                          f"{epoch} ({old_per_epoch} steps per epoch): resume it with {old_world} ranks, or wait for "
+                          f"a checkpoint at an epoch's end (step {(epoch + 1) * old_per_epoch}) to change their number")
+    return epoch, epoch * steps_per_epoch
 
 
 def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
@@ -183,19 +279,20 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 # --------------------------------------------------------------------------- the program: one rank's training
 def _build(args: Any, env: distributed.DistEnv) -> tuple[Any, DistributedSampler]:
-    dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=32), size=args.size, root=args.data))
+    images = shapes("train", transform=functools.partial(image_tensor, size=32), size=args.size, root=args.data)
     if args.limit:
-        dataset = Subset(dataset, range(min(args.limit, len(dataset))))
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
-    kwargs = dict(batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+        images = Subset(images, range(min(args.limit, len(images))))
+    sampler = DistributedSampler(images, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
+    kwargs = dict(batch_size=args.batch_size, sampler=EpochKeys(sampler), num_workers=args.workers,
                   worker_init_fn=ignore_stop_signals)
+    dataset = SeededAugmentation(images, seed=args.seed)  # random draws from (seed, epoch, index): resumable
     if args.loader == "stateful":
         return stateful_loader(dataset, **kwargs), sampler
     return torch.utils.data.DataLoader(dataset, **kwargs), sampler
 
 
 def _run(args: Any, env: distributed.DistEnv, device: torch.device) -> str:
-    stop = StopFlag()
+    stop = StopFlag(device)
     loader, sampler = _build(args, env)
     model, ddp, opt = ddp_model(device, args.seed, args.lr)
     per_epoch, total = len(loader), len(loader) * args.epochs
@@ -204,17 +301,16 @@ def _run(args: Any, env: distributed.DistEnv, device: torch.device) -> str:
     run = _runs_logged(log_path)  # this run's number: 0 for the first
     ckpt = load_checkpoint(args.ckpt, env.rank)
     if ckpt is not None:
-        if ckpt["world_size"] != env.world_size and ckpt["step"] % per_epoch:
-            raise distributed.DistEnvError(
-                f"the checkpoint was written by {ckpt['world_size']} ranks in the middle of an epoch; resume it with "
-                f"{ckpt['world_size']} ranks (a new world size can start at an epoch boundary only)")
+        epoch, step = resume_point(ckpt, env.world_size, per_epoch)  # refuses what cannot resume exactly
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"])
-        step = ckpt["step"]
-        epoch = step // per_epoch
-        if args.loader == "stateful" and step % per_epoch:
-            loader.load_state_dict(ckpt["loader"])  # the next batch is the one after the checkpoint
+        if step % per_epoch:  # mid-epoch, with as many ranks: this rank's own part carries on
+            if not ckpt["rank_part"]:
+                raise ResumeError(f"rank {env.rank} has no part in the checkpoint in {args.ckpt}: it is incomplete")
+            torch.set_rng_state(ckpt["rng"])
+            if args.loader == "stateful":
+                loader.load_state_dict(ckpt["loader"])  # the next batch is the one after the checkpoint
+        print(f"resumed at step {step} (epoch {epoch}) from a checkpoint of {ckpt['world_size']} ranks", flush=True)
     Path(args.report).mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         while step < total:
@@ -227,17 +323,21 @@ def _run(args: Any, env: distributed.DistEnv, device: torch.device) -> str:
                 opt.step()
                 time.sleep(args.step_seconds)
                 step += 1
-                log.write(json.dumps({"run": run, "epoch": epoch, "step": step, "indices": index.tolist()}) + "\n")
+                log.write(json.dumps({"run": run, "epoch": epoch, "step": step, "indices": index.tolist(),
+                                      "images": hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16]}) + "\n")
                 log.flush()
                 if step == args.stop_at and env.rank == 0:
                     _practice_stop(args.how, stop)
                 stopping = stop.agreed()
                 if stopping or (args.ckpt_every and step % args.ckpt_every == 0) or step == total:
-                    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
-                             "step": step, "world_size": env.world_size}
+                    mine = {"rng": torch.get_rng_state()}
                     if args.loader == "stateful":
-                        state["loader"] = loader.state_dict()
-                    save_checkpoint(args.ckpt, env.rank, step, state)
+                        mine["loader"] = loader.state_dict()
+                    shared = None
+                    if env.rank == 0:  # DDP keeps the models identical: one copy is enough
+                        shared = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                  "world_size": env.world_size, "steps_per_epoch": per_epoch}
+                    save_checkpoint(args.ckpt, env.rank, step, mine, shared=shared)
                 if stopping:
                     return f"stopped by signal {stop.received} after step {step}: checkpoint saved, resume to go on"
             epoch += 1
@@ -303,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         run_on_one_rank(run, args.device, args.timeout)
-    except (DataNotFoundError, distributed.DistEnvError) as exc:
+    except (DataNotFoundError, distributed.DistEnvError, ResumeError) as exc:
         return one_line(exc)
     return 0
 

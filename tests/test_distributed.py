@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from course_lib.distributed import (
     DistEnvError,
+    check_one_gpu_per_rank,
     dist_env,
     expand_nodelist,
     padding_report,
@@ -197,3 +198,27 @@ def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width
 def test_read_reports_says_what_to_run(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report"):
         read_reports(tmp_path)
+
+
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("variables, gpus, refused", [
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, 1, True),  # a 1-GPU hub, 2 ranks
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, 2, False),
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **MASTER}, 2, False),  # 2 nodes of 2
+    ({"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "g1",
+      "SLURM_STEP_TASKS_PER_NODE": "4"}, 1, True),  # 4 tasks see one GPU, all the same
+    ({"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "g1",
+      "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_GPUS_PER_TASK": "1"}, 1, False),  # each task its own, as cuda:0
+    ({}, 1, False),  # a notebook: a world of one
+])
+def test_two_ranks_on_one_gpu_are_refused_with_what_to_do(variables, gpus, refused) -> None:
+    env = dist_env(variables)
+    if refused:
+        with pytest.raises(DistEnvError, match=r"NCCL needs a GPU of its own for every rank.*--device cpu"):
+            check_one_gpu_per_rank(env, gpus, variables)
+    else:
+        check_one_gpu_per_rank(env, gpus, variables)
+    with pytest.raises(DistEnvError, match="sees no GPU"):
+        check_one_gpu_per_rank(env, 0, variables)

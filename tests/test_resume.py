@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,14 +21,42 @@ from course_tools.launch import launch
 @pytest.mark.quick
 def test_a_checkpoint_is_complete_or_absent(tmp_path):
     assert resume.load_checkpoint(tmp_path, 0) is None
-    resume.save_checkpoint(tmp_path, 0, 4, {"step": 4, "w": torch.ones(2)})
-    resume.save_checkpoint(tmp_path, 0, 8, {"step": 8, "w": torch.zeros(2)})
+    resume.save_checkpoint(tmp_path, 0, 4, {"mine": 4}, shared={"step": 4, "w": torch.ones(2)})
+    resume.save_checkpoint(tmp_path, 0, 8, {"mine": 8}, shared={"step": 8, "w": torch.zeros(2)})
     assert (tmp_path / "latest").read_text().strip() == "8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step0000008"]  # the older step is gone
-    assert resume.load_checkpoint(tmp_path, 0)["step"] == 8
-    # a rank that did not write its part of the latest step is told so, not given another step's part
-    with pytest.raises(FileNotFoundError, match="rank1.pt is missing"):
-        resume.load_checkpoint(tmp_path, 1)
+    assert sorted(p.name for p in (tmp_path / "step0000008").iterdir()) == ["rank0.pt", "shared.pt"]
+    got = resume.load_checkpoint(tmp_path, 0)
+    assert got["step"] == 8 and got["mine"] == 8 and got["rank_part"] and torch.equal(got["w"], torch.zeros(2))
+    # a rank that saved no part of its own (a job started with more ranks) gets the shared part, and is told so
+    other = resume.load_checkpoint(tmp_path, 1)
+    assert other["step"] == 8 and "mine" not in other and not other["rank_part"]
+
+
+@pytest.mark.quick
+def test_a_step_with_neither_part_is_named_damaged(tmp_path):
+    (tmp_path / "step0000003").mkdir()
+    (tmp_path / "latest").write_text("3\n")
+    with pytest.raises(resume.ResumeError, match="damaged; remove .*latest"):
+        resume.load_checkpoint(tmp_path, 0)
+
+
+@pytest.mark.quick
+def test_every_file_reaches_the_disk_before_latest_names_it(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))), real_replace(a, b)))
+    resume.save_checkpoint(tmp_path, 0, 2, {"mine": 2}, shared={"step": 2})
+    names = [(kind, Path(path).name) for kind, path in events]
+    latest = names.index(("rename", "latest"))
+    for name in ("rank0.pt", "shared.pt"):
+        rename = names.index(("rename", name))
+        assert any(kind == "fsync" and n.startswith(f".{name}.tmp") for kind, n in names[:rename])  # bytes first
+        assert rename < latest
+    assert ("fsync", "step0000002") in names[:latest]  # the renames in the step folder, before latest moves
+    assert names[-1] == ("fsync", tmp_path.name)  # and latest's own rename
 
 
 @pytest.mark.quick
@@ -57,6 +86,24 @@ def test_step_logs_keep_the_last_run_of_each_step(tmp_path):
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("saved, world_size, per_epoch, expected", [
+    # the issue's cases, with the defaults (64 samples, batches of 4): 3 ranks have 6 steps per epoch, 4 have 4, 2 have 8
+    ({"step": 8, "world_size": 3, "steps_per_epoch": 6}, 2, 8, "saved by 3 ranks at step 8, 2 steps into epoch 1"),
+    ({"step": 4, "world_size": 4, "steps_per_epoch": 4}, 2, 8, (1, 8)),  # an epoch boundary: epoch 1 starts
+    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 3, 6, "resume it with 2 ranks"),  # more ranks, mid-epoch
+    ({"step": 8, "world_size": 2, "steps_per_epoch": 8}, 3, 6, (1, 6)),  # more ranks, at the boundary
+    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 8, (1, 11)),  # as many ranks: anywhere
+    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 4, "the same data, batch size and --limit"),
+])
+def test_a_resized_job_resumes_at_an_epoch_boundary_or_is_told_what_to_do(saved, world_size, per_epoch, expected):
+    if isinstance(expected, tuple):
+        assert resume.resume_point(saved, world_size, per_epoch) == expected
+    else:
+        with pytest.raises(resume.ResumeError, match=expected):
+            resume.resume_point(saved, world_size, per_epoch)
+
+
+@pytest.mark.quick
 def test_the_stop_flag_notes_the_signal_and_agrees_alone():
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -66,6 +113,27 @@ def test_the_stop_flag_notes_the_signal_and_agrees_alone():
         assert flag.received == signal.SIGUSR1 and flag.agreed()
         assert not dist.is_initialized()
     finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@pytest.mark.quick
+def test_the_stop_flag_all_reduces_on_the_rank_device_where_cpu_tensors_are_refused():
+    """A group whose only backend serves CUDA devices rejects CPU tensors, as NCCL does: "cuda:gloo" shows it on a
+    machine without a GPU. The flag built for the CPU fails there; a gloo group takes it."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        dist.init_process_group("cuda:gloo", store=dist.HashStore(), rank=0, world_size=1)
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            resume.StopFlag(torch.device("cpu")).agreed()
+        dist.destroy_process_group()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        flag = resume.StopFlag(torch.device("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.agreed() and flag.device == torch.device("cpu")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for s, handler in saved.items():
             signal.signal(s, handler)
 
@@ -83,7 +151,8 @@ def _job(tmp_path, name, *options, nproc=2):
 
 
 def _orders(folder):
-    return {rank: [s["indices"] for s in steps] for rank, steps in resume.read_steps(folder).items()}
+    """Per rank, every step's samples and a digest of their augmented images."""
+    return {rank: [(s["indices"], s["images"]) for s in steps] for rank, steps in resume.read_steps(folder).items()}
 
 
 @pytest.mark.full
@@ -124,3 +193,19 @@ def test_a_plain_loader_replays_the_epoch(tmp_path):
     epoch0 = [i for steps in resume.read_steps(tmp_path / "plain" / "steps").values()
               for s in steps if s["epoch"] == 0 for i in s["indices"]]
     assert len(epoch0) == 64 and len(set(epoch0)) == 32
+
+
+@pytest.mark.full
+@pytest.mark.timeout(240)
+def test_a_resized_job_goes_on_at_the_next_epoch(tmp_path):
+    """3 ranks train epoch 0 (6 steps each) and end; 2 ranks take over at epoch 1 (8 steps each) from that checkpoint."""
+    first = _job(tmp_path, "resized", "--epochs", "1", nproc=3)
+    assert first.ok, first.ranks
+    assert (tmp_path / "resized" / "ckpt" / "latest").read_text().strip() == "6"
+    second = _job(tmp_path, "resized", "--epochs", "2")
+    assert second.ok, second.ranks
+    assert all(any("resumed at step 8 (epoch 1) from a checkpoint of 3 ranks" in line for line in second.ranks[r])
+               for r in (0, 1)), second.ranks
+    steps = resume.read_steps(tmp_path / "resized" / "steps")
+    epoch1 = [i for rank in (0, 1) for s in steps[rank] if s["epoch"] == 1 for i in s["indices"]]
+    assert sorted(epoch1) == list(range(64))  # the new job's epoch 1: every sample once over its 2 ranks

@@ -29,7 +29,7 @@ from .data import CLASSES, draw_shape
 from .datasets import check_index
 from .iterable import worker_slot
 
-__all__ = ["EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
+__all__ = ["CudaInWorker", "EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
            "decode_jpeg", "decode_ppm", "jpeg_payloads", "limits", "open_files_demo", "parallel_speedups",
            "ppm_payloads", "private_memory_growth", "shm_needed_mb"]
 
@@ -47,6 +47,18 @@ class RandomnessProbe(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         return {"worker": worker_slot(main=-1)[0], "random": round(random.random(), 4),
                 "numpy": round(float(np.random.random()), 4), "torch": round(float(torch.rand(())), 4)}
+
+
+class CudaInWorker(Dataset):
+    """Notebook 05, section 3: two samples made on the GPU inside the worker, as a transform that moves images to the
+    GPU would. A worker forked from a process that has already used CUDA cannot: "Cannot re-initialize CUDA in
+    forked subprocess"."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((1,), float(index), device="cuda").cpu()
 
 
 class NoisyDataset(Dataset):

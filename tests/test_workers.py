@@ -127,3 +127,20 @@ def test_parallel_speedups_of_the_jpeg_decoder_in_forked_processes() -> None:
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         decoded = list(pool.map(workers.decode_jpeg, payloads[:2]))  # a forked process decodes what this one does
     assert all(np.array_equal(a, workers.decode_jpeg(p)) for a, p in zip(decoded, payloads))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU: the error a learner without one would get")
+def test_cuda_in_a_worker_needs_a_gpu() -> None:
+    with pytest.raises((RuntimeError, AssertionError)):
+        workers.CudaInWorker()[0]
+    assert len(workers.CudaInWorker()) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.timeout(120)
+def test_cuda_before_a_fork_breaks_the_workers_and_spawn_does_not() -> None:
+    torch.zeros(1, device="cuda")
+    with pytest.raises(RuntimeError, match="re-initialize CUDA in forked subprocess"):
+        list(DataLoader(workers.CudaInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork"))
+    spawned = DataLoader(workers.CudaInWorker(), batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    assert [float(x) for x in spawned] == [0.0, 1.0]

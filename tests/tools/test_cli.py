@@ -124,3 +124,20 @@ def test_prepare_notes_a_shared_folder_others_cannot_read(tmp_path: Path) -> Non
     private = run("prepare", "--size", "tiny", "--root", str(shared), "--quiet")
     assert private.returncode == 0
     assert f"note: other users cannot read {shared}; for a shared folder run: chmod -R a+rX {shared}" in private.stdout
+
+
+def test_the_course_lib_command_is_a_real_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    """`course-lib` (pyproject's console script) is course_lib.__main__:main, a function: importing the module
+    runs nothing, and calling it runs a command."""
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    target = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = target["course-lib"].partition(":")
+    entry = getattr(importlib.import_module(module), name)  # a command would have run (and exited) here before
+    assert callable(entry)
+    with pytest.raises(SystemExit) as exit_info:
+        entry(["--help"])
+    assert exit_info.value.code == 0 and "prepare" in capsys.readouterr().out
+    assert entry(["verify", "--size", "tiny", "--root", "/nonexistent-course-data"]) == 1

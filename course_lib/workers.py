@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import gc
 import io
 import multiprocessing as mp
 import os
@@ -211,6 +212,9 @@ def private_memory_growth(items: Any) -> float:
     ``items`` (a list, an array, a map-style dataset) by index (Linux)."""
     if not os.path.exists("/proc/self/smaps_rollup") or "fork" not in mp.get_all_start_methods():
         raise RuntimeError("measuring copy-on-read needs Linux (fork and /proc/self/smaps_rollup)")
+    # Collect the garbage of earlier cells here, before the fork: collected in the worker instead, an old DataLoader
+    # iterator's __del__ fails there ("can only test a child process"), and the collection itself copies pages.
+    gc.collect()
     loader = DataLoader(_CopyOnReadProbe(items), batch_size=None, num_workers=1, multiprocessing_context="fork")
     return float(next(iter(loader)))
 

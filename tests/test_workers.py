@@ -144,3 +144,18 @@ def test_cuda_before_a_fork_breaks_the_workers_and_spawn_does_not() -> None:
         list(DataLoader(workers.CudaInWorker(), batch_size=None, num_workers=1, multiprocessing_context="fork"))
     spawned = DataLoader(workers.CudaInWorker(), batch_size=None, num_workers=1, multiprocessing_context="spawn")
     assert [float(x) for x in spawned] == [0.0, 1.0]
+
+
+@linux_only
+@pytest.mark.timeout(120)
+def test_the_copy_on_read_meter_collects_the_parents_garbage_before_it_forks(capfd) -> None:
+    """A DataLoader iterator left in a reference cycle (as a failed cell's traceback leaves one) must be collected in
+    this process: collected in the forked worker instead, its __del__ fails there and prints a traceback."""
+    it = iter(DataLoader(range(4), num_workers=1))
+    next(it)
+    cycle: list = [it]
+    cycle.append(cycle)
+    del it, cycle
+    growth = workers.private_memory_growth([float(i) for i in range(1_000_000)])
+    assert growth > 1  # the list's pages were copied
+    assert "can only test a child process" not in capfd.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from pathlib import Path
@@ -188,6 +189,7 @@ def copied_mb(fn: Any) -> None:
     if not sys.platform.startswith("linux"):
         return  # /proc/self/smaps_rollup and fork: Linux only
     listed = [float(i) for i in range(300_000)]
+    gc.collect()  # earlier cells' garbage goes here, not in the worker your meter forks (see private_memory_growth)
     on_list, on_array = fn(listed), fn(np.asarray(listed))
     for name, value in (("list", on_list), ("array", on_array)):
         require(isinstance(value, (int, float, np.number)) and not isinstance(value, bool),

@@ -1,7 +1,8 @@
 """Notebook 11, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
 
-One pipeline (:func:`build_dataset`): every reader (a worker of a rank) cycles through shards of its own,
-and every rank takes the same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
+One pipeline (:func:`build_dataset`): every epoch the shard list is dealt out anew between the readers (the workers
+of all ranks), every reader cycles through its own share and mixes its samples in a buffer, and every rank takes the
+same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
 notebook; ``torchrun -m course_lib.capstone train --shards DIR`` trains on every rank and writes
 ``rankN.json``; ``decode_ms``/``step_ms`` are simulated costs (sleeps), 0 on a cluster.
 
@@ -19,8 +20,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import IterableDataset
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import distributed
@@ -31,8 +34,9 @@ from .resume import load_checkpoint, save_checkpoint
 from .shards import ShardError, _find_shards, check_enough_shards, read_shardset, write_image_shards
 from .train import ddp_model, epoch_mean_loss, weights_digest
 
-__all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "STALL_TARGET", "STEP_MS", "SimulatedDecode", "build_dataset",
-           "check_job", "cpus_per_task", "make_loader", "measure", "plot_stall", "run_epoch", "sweep"]
+__all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "RotatingShardList", "SHUFFLE_BUFFER", "STALL_TARGET", "STEP_MS",
+           "ShuffleBuffer", "SimulatedDecode", "build_dataset", "check_job", "cpus_per_task", "make_loader", "measure",
+           "plot_stall", "run_epoch", "sweep"]
 
 #: The notebook's workload: what one sample costs to decode, and one training step, in ms.
 DECODE_MS = 9.0
@@ -40,19 +44,45 @@ STEP_MS = 100.0
 BATCH_SIZE = 16
 #: The exercise's target: the loop may wait for data at most this share of the time (after the first batch).
 STALL_TARGET = 0.15
+#: Samples each reader mixes in its shuffle buffer: two of the notebook's shards of 50.
+SHUFFLE_BUFFER = 100
 
 
 # --------------------------------------------------------------------------- the pipeline
+# A loader with persistent workers iterates each worker's copy of the pipeline anew at every ``iter(loader)``: once
+# per epoch. The three seeded stages below count those iterations as epochs (``first_epoch``: where a resumed job
+# starts), so each epoch's stream depends on (seed, epoch, rank, worker) only, not on what earlier epochs consumed.
+class RotatingShardList(IterableDataset):
+    """Notebook 11, section 1: pipeline source: all the shards, in a new order each epoch, drawn from (seed, epoch).
+
+    The order is the same on every rank and worker (no rank in the seed), so ``split_by_node`` and ``split_by_worker``
+    after it still give every reader shards of its own, but other shards every epoch (notebook 09, exercise 09.5).
+    """
+
+    def __init__(self, urls: str | Sequence[str], seed: int = 0, first_epoch: int = 0) -> None:
+        import webdataset as wds
+
+        self.urls = wds.shardlists.expand_urls(urls) if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ShardError("no shard to read: the list of shard URLs is empty")
+        self.seed, self.epoch = seed, first_epoch
+
+    def __iter__(self) -> Iterator[dict]:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.urls))
+        self.epoch += 1
+        for i in order:
+            yield {"url": self.urls[i]}
+
+
 class EndlessShardCycle:
     """Notebook 11, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
-    After ``split_by_node`` and ``split_by_worker`` it sees this reader's own shards only; each call (one per
-    epoch on a persistent worker) draws orders from ``seed``, rank, worker and call count: reproducible, and
-    different on every reader. ``first_call``: the epoch a resumed job starts at, so that it reads what it would have.
+    After ``split_by_node`` and ``split_by_worker`` it sees this epoch's share of this reader only; its orders are
+    drawn from ``seed``, rank, worker and epoch: reproducible, and different on every reader.
     """
 
-    def __init__(self, seed: int = 0, first_call: int = 0) -> None:
-        self.seed, self.calls = seed, first_call
+    def __init__(self, seed: int = 0, first_epoch: int = 0) -> None:
+        self.seed, self.epoch = seed, first_epoch
 
     def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         import webdataset as wds
@@ -62,13 +92,43 @@ class EndlessShardCycle:
         if not urls:
             raise ShardError(f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
                              "write more shards or use fewer workers")
-        rng = random.Random(f"{self.seed}-{rank}-{worker}-{self.calls}")  # str seeds are stable across runs
-        self.calls += 1
+        rng = random.Random(f"{self.seed}-{rank}-{worker}-{self.epoch}")  # str seeds are stable across runs
+        self.epoch += 1
         while True:
             order = list(urls)
             rng.shuffle(order)
             for url in order:
                 yield {"url": url}
+
+
+class ShuffleBuffer:
+    """Notebook 11, section 1: pipeline stage: samples mixed in a buffer of ``size``, so that a batch mixes shards.
+
+    Once the buffer is full, each new sample takes the place of a random one, which goes on. The draws are seeded by
+    ``seed``, rank, worker and epoch, like :class:`EndlessShardCycle`'s: reproducible, and different on every reader.
+    """
+
+    def __init__(self, size: int, seed: int = 0, first_epoch: int = 0) -> None:
+        if size < 1:
+            raise ValueError(f"the shuffle buffer needs room for at least 1 sample, got size={size}")
+        self.size, self.seed, self.epoch = size, seed, first_epoch
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+        import webdataset as wds
+
+        rank, _, worker, _ = wds.utils.pytorch_worker_info()
+        rng = random.Random(f"buffer-{self.seed}-{rank}-{worker}-{self.epoch}")
+        self.epoch += 1
+        buffer: list = []
+        for sample in src:
+            if len(buffer) < self.size:
+                buffer.append(sample)
+                continue
+            i = rng.randrange(self.size)
+            buffer[i], sample = sample, buffer[i]
+            yield sample
+        rng.shuffle(buffer)  # a stream that ends (not this endless one): what is left, in random order
+        yield from buffer
 
 
 class SimulatedDecode:
@@ -98,16 +158,19 @@ def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
     return image_tensor(jpg), int(cls), key
 
 
-def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0):
-    """Notebook 11, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader."""
+def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0,
+                  buffer: int = SHUFFLE_BUFFER):
+    """Notebook 11, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader,
+    its shards dealt anew every epoch (``first_epoch``: the epoch a resumed job starts at)."""
     import webdataset as wds
 
     return wds.DataPipeline(
-        wds.SimpleShardList(urls),
+        RotatingShardList(urls, seed, first_epoch),  # all shards, in an order drawn from (seed, epoch): alike everywhere
         wds.split_by_node,  # this rank's shards (rank from torch.distributed, or RANK/WORLD_SIZE)
         wds.split_by_worker,  # this worker's share of them
         EndlessShardCycle(seed, first_epoch),
         wds.tarfile_to_samples(),
+        ShuffleBuffer(buffer, seed, first_epoch),  # before decoding: the buffer holds compressed bytes
         wds.to_tuple("jpg", "cls", "__key__"),
         wds.map(_decode),
         wds.map(SimulatedDecode(decode_ms)),
@@ -117,8 +180,9 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
 def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
                 decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False,
                 first_epoch: int = 0) -> InstrumentedLoader:
-    """Notebook 11, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent (the shard
-    orders of :class:`EndlessShardCycle` then change from epoch to epoch)."""
+    """Notebook 11, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent, and each
+    ``iter(loader)`` starts the next epoch of the pipeline's seeded stages in them. ``seed`` must be the same on every
+    rank: it deals out the shards."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
         raise ValueError(f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
                          f"got {num_workers}, {prefetch_factor} and {batch_size}")
@@ -247,7 +311,7 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
                     "workers": args.workers, "prefetch_factor": args.prefetch_factor,
                     "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": [], "resumed_at": []}
     ckpt = load_checkpoint(args.ckpt, env.rank) if args.ckpt else None
-    if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (EndlessShardCycle)
+    if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (build_dataset's first_epoch)
         if ckpt["report"]["world_size"] != env.world_size:
             raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['report']['world_size']} "
                                            f"ranks, this job has {env.world_size}: resume it with as many, or start "
@@ -259,7 +323,7 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
         print(f"resumed from {args.ckpt}: {len(report['epochs'])} epoch(s) done", flush=True)
     first = len(report["epochs"])
     loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
-                         args.decode_ms, args.seed + env.rank, pin_memory=device.type == "cuda", first_epoch=first)
+                         args.decode_ms, args.seed, pin_memory=device.type == "cuda", first_epoch=first)
     for epoch in range(first, args.epochs):
         keys: list[list[str]] = []
         losses: list[float] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -35,27 +36,103 @@ def test_pipeline_yields_decoded_batches_without_end(shard_set) -> None:
     assert labels.dtype.is_floating_point is False and len(keys) == 8 and all(isinstance(k, str) for k in keys)
 
 
+def simulated_job(urls, epochs: int, seed: int = 3, first_epoch: int = 0, batches: int = 8) -> dict:
+    """What a 2-rank job with 2 workers per rank reads, rank by rank in this process (``shards.simulated_reader``):
+    ``{epoch: {rank: [(worker, keys of one batch of 5), ...]}}`` for the epochs from ``first_epoch`` on."""
+    job: dict = {}
+    for rank in range(2):
+        with shards.simulated_reader(rank, world_size=2):  # the forked workers inherit the rank
+            loader = capstone.make_loader(urls, num_workers=2, batch_size=5, decode_ms=0, seed=seed,
+                                          first_epoch=first_epoch)
+            for epoch in range(first_epoch, epochs):
+                keys: list[list[str]] = []
+                _, workers = capstone.run_epoch(loader, batches, lambda batch: keys.append(list(batch[2])))
+                job.setdefault(epoch, {})[rank] = list(zip(workers, keys))
+            del loader
+    return job
+
+
+def shares(job: dict, shard_of: dict[str, int]) -> dict[int, dict[tuple[int, int], set[int]]]:
+    """``{epoch: {(rank, worker): the shards that reader read}}``."""
+    read: dict = {}
+    for epoch, ranks in job.items():
+        for rank, batches in ranks.items():
+            for worker, keys in batches:
+                read.setdefault(epoch, {}).setdefault((rank, worker), set()).update(shard_of[k] for k in keys)
+    return read
+
+
+@pytest.fixture(scope="module")
+def three_epochs(shard_set) -> dict:
+    return simulated_job(shard_set.urls, epochs=3)
+
+
 @pytest.mark.quick
-def test_each_worker_reads_its_own_shards_in_a_new_order_each_epoch(shard_set) -> None:
-    loader = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
-    seen: list[list[str]] = []
-    orders = []
-    for _ in range(2):
-        keys: list[str] = []
-        _, workers = capstone.run_epoch(loader, 8, lambda batch: keys.extend(batch[2]))
-        assert workers == [0, 1] * 4  # the DataLoader takes batches from its workers in turn
-        seen.append(keys)
-        orders.append(keys)
+def test_three_epochs_deal_the_shards_anew_and_keep_the_readers_disjoint(shard_set, three_epochs) -> None:
+    """8 shards, 2 ranks × 2 workers: each epoch every reader reads 2 shards of its own, other ones every epoch."""
     shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
-    for keys in seen:
-        by_worker = [[k for j, k in enumerate(keys) if (j // 5) % 2 == w] for w in (0, 1)]
-        assert {shard_of[k] for k in by_worker[0]}.isdisjoint({shard_of[k] for k in by_worker[1]})
-        assert len(set(keys)) == len(keys) == 40  # half the data set, nothing read twice
-    assert orders[0] != orders[1]  # persistent workers: a new shard order in epoch 2
-    again = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
-    first: list[str] = []
-    capstone.run_epoch(again, 8, lambda batch: first.extend(batch[2]))
-    assert first == orders[0]  # reproducible for a seed
+    read = shares(three_epochs, shard_of)
+    for epoch, ranks in three_epochs.items():
+        for batches in ranks.values():
+            assert [w for w, _ in batches] == [0, 1] * 4  # 8 steps on every rank, the workers in turn
+        readers = list(read[epoch].values())
+        assert len(readers) == 4 and all(len(s) == 2 for s in readers)
+        assert set().union(*readers) == set(range(8))  # disjoint within the epoch: every shard read by one reader
+    assert read[0] != read[1] != read[2] != read[0]  # a new deal every epoch...
+    for reader in read[0]:
+        assert len(set().union(*(read[e][reader] for e in range(3)))) > 2, reader  # ...so no reader keeps its shards
+    orders = [[keys for rank in (0, 1) for _, keys in three_epochs[e][rank]] for e in range(3)]
+    assert orders[0] != orders[1] != orders[2] != orders[0]
+
+
+@pytest.mark.quick
+def test_the_shuffle_buffer_mixes_shards_in_every_batch(shard_set, three_epochs) -> None:
+    shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
+    per_batch = [len({shard_of[k] for k in keys}) for ranks in three_epochs.values() for batches in ranks.values()
+                 for _, keys in batches]
+    assert len(per_batch) == 48 and sum(n > 1 for n in per_batch) >= 40  # without a buffer: 1 shard (10 samples of 5s)
+
+
+@pytest.mark.quick
+def test_the_pipeline_is_reproducible_and_resumes_at_an_epoch_exactly(shard_set, three_epochs) -> None:
+    assert simulated_job(shard_set.urls, epochs=3) == three_epochs  # the same seed: the same three epochs
+    assert simulated_job(shard_set.urls, epochs=1, seed=4)[0] != three_epochs[0]
+    # a job resumed at epoch e reads what the uninterrupted one read in epoch e, and after it
+    assert simulated_job(shard_set.urls, epochs=3, first_epoch=2)[2] == three_epochs[2]
+    resumed = simulated_job(shard_set.urls, epochs=3, first_epoch=1)
+    assert resumed == {1: three_epochs[1], 2: three_epochs[2]}
+
+
+@pytest.mark.quick
+def test_no_sample_twice_while_a_reader_reads_less_than_its_shards(shard_set) -> None:
+    """The buffer holds samples of one round while the next begins: a sample comes twice in an epoch only when a
+    reader's epoch (plus the buffer) is longer than its shards. Reader (0, 0) of 2 × 2 has 2 shards, 20 samples."""
+    with shards.simulated_reader(0, 2, 0, 2):
+        stream = iter(capstone.build_dataset(shard_set.urls, decode_ms=0, buffer=5))
+        keys = [key for _, _, key in itertools.islice(stream, 15)]
+        assert len(set(keys)) == 15
+        more = [key for _, _, key in itertools.islice(stream, 25)]  # 40 samples: every one of the 20 twice
+        assert sorted(set(keys + more)) == sorted(set(more)) and len(set(more)) == 20
+
+
+@pytest.mark.quick
+def test_rotating_shard_list_and_shuffle_buffer_on_their_own() -> None:
+    urls = [f"s{i}.tar" for i in range(6)]
+    shard_list = capstone.RotatingShardList(urls, seed=1)
+    epochs = [[d["url"] for d in shard_list] for _ in range(3)]
+    assert all(sorted(e) == urls for e in epochs) and epochs[0] != epochs[1] != epochs[2]
+    with shards.simulated_reader(1, world_size=2):  # no rank in the order: the same on every rank
+        assert [d["url"] for d in capstone.RotatingShardList(urls, seed=1, first_epoch=2)] == epochs[2]
+    assert capstone.RotatingShardList("s{0..5}.tar", seed=1).urls == urls
+    with pytest.raises(ShardError, match="empty"):
+        capstone.RotatingShardList([])
+
+    buffer = capstone.ShuffleBuffer(4, seed=1)
+    first, second = list(buffer(iter(range(10)))), list(buffer(iter(range(10))))
+    assert sorted(first) == sorted(second) == list(range(10)) and first != second != list(range(10))
+    assert list(capstone.ShuffleBuffer(4, seed=1, first_epoch=1)(iter(range(10)))) == second
+    with pytest.raises(ValueError, match="at least 1 sample"):
+        capstone.ShuffleBuffer(0)
 
 
 @pytest.mark.quick
@@ -196,19 +273,6 @@ def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
 # --------------------------------------------------------------------------- resuming at an epoch's end (--ckpt)
 
 
-@pytest.mark.quick
-def test_a_later_first_epoch_reads_what_that_epoch_would_have(shard_set) -> None:
-    """A resumed job's loader starts at epoch e: its stream is the one an uninterrupted job read in epoch e."""
-    whole = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3)
-    epochs: list[list[str]] = [[], []]
-    for keys in epochs:
-        capstone.run_epoch(whole, 4, lambda batch, keys=keys: keys.extend(batch[2]))
-    resumed = capstone.make_loader(shard_set.urls, num_workers=2, batch_size=5, decode_ms=0, seed=3, first_epoch=1)
-    keys: list[str] = []
-    capstone.run_epoch(resumed, 4, lambda batch: keys.extend(batch[2]))
-    assert keys == epochs[1] and keys != epochs[0]
-
-
 @pytest.mark.full
 def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard_set, tmp_path) -> None:
     common = ("train", "--shards", str(shard_set.folder), "--workers", "1", "--epoch-batches", "3", "--batch-size", "4",
@@ -229,5 +293,10 @@ def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard
     for a, b in zip(want, got):
         assert [e["keys_by_worker"] for e in a["epochs"]] == [e["keys_by_worker"] for e in b["epochs"]]
         assert a["weights_sha256"] == b["weights_sha256"]
+    shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
+    read = [[{shard_of[k] for keys in r["epochs"][e]["keys_by_worker"].values() for k in keys} for r in want]
+            for e in range(2)]
+    assert all(ranks[0].isdisjoint(ranks[1]) for ranks in read)  # one deal of the shards on both ranks in each epoch
+    assert read[0] != read[1]  # and another deal in the next epoch
     other = train("other", 2, "--ckpt", ckpt, nproc=1)
     assert not other.ok and "written by 2 ranks, this job has 1" in other.first_error()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import warnings
 from pathlib import Path
 
@@ -42,37 +44,74 @@ def sweep(stalls: dict[int, float] = STALLS, **kw) -> dict[int, EpochRecord]:
 # --------------------------------------------------------------------------- 11.1
 
 
-def pipeline(node=True, worker=True, cycle=True, decode=True, fields=("jpg", "cls", "__key__"), simulate=True, fixed_seed=False):
-    """Exercise 11.1's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+def pipeline(node=True, worker=True, cycle="course", decode=True, fields=("jpg", "cls", "__key__"), simulate=True,
+             fixed_seed=False, rotate="course", buffer=None):
+    """Exercise 11.1's answer (the notebook's solution with ``buffer="course"``), and its other forms through the
+    keywords: ``rotate`` "course", None (wds.SimpleShardList) or "by rank"; ``cycle`` "course", None, "same order" or
+    "with replacement"; ``buffer`` None, "course", "small" (ShuffleBuffer(5, seed)) or "unseeded" (wds.shuffle)."""
+    import random
+
     import webdataset as wds
 
     from course_lib import capstone
 
+    class RankRotation(capstone.RotatingShardList):  # wrong: the rank in the seed, so the ranks' deals differ
+        def __iter__(self):
+            rank = int(os.environ.get("RANK", 0))
+            self.seed += 1000 * rank
+            yield from super().__iter__()
+            self.seed -= 1000 * rank
+
+    def with_replacement(src):  # wrong: draws shards at random, a shard twice before another once
+        urls = [d["url"] for d in src]
+        rng = random.Random(0)
+        while True:
+            yield {"url": rng.choice(urls)}
+
     def fn(urls, seed, decode_ms):
-        stages = [wds.SimpleShardList(urls)]
-        stages += [wds.split_by_node] if node else []
-        stages += [wds.split_by_worker] if worker else []
-        stages += [capstone.EndlessShardCycle(0 if fixed_seed else seed)] if cycle else []
-        stages += [wds.tarfile_to_samples()] + ([wds.decode("torchrgb")] if decode else []) + [wds.to_tuple(*fields)]
+        seed = 0 if fixed_seed else seed
+        source = {"course": capstone.RotatingShardList(urls, seed), None: wds.SimpleShardList(urls),
+                  "by rank": RankRotation(urls, seed)}[rotate]
+        stages = [source] + ([wds.split_by_node] if node else []) + ([wds.split_by_worker] if worker else [])
+        stages += {"course": [capstone.EndlessShardCycle(seed)], None: [],
+                   "same order": [lambda src: itertools.cycle(list(src))], "with replacement": [with_replacement]}[cycle]
+        stages += [wds.tarfile_to_samples()]
+        stages += {None: [], "course": [capstone.ShuffleBuffer(capstone.SHUFFLE_BUFFER, seed)],
+                   "small": [capstone.ShuffleBuffer(5, seed)], "unseeded": [wds.shuffle(100)]}[buffer]
+        stages += ([wds.decode("torchrgb")] if decode else []) + [wds.to_tuple(*fields)]
         stages += [wds.map(capstone.SimulatedDecode(decode_ms))] if simulate else []
         return wds.DataPipeline(*stages)
     return fn
 
 
-def test_11_build_dataset() -> None:
-    check = nb11.build_dataset
-
+def test_11_build_dataset_right_answers() -> None:
     def stub(urls, seed, decode_ms):
         raise NotImplementedError
 
-    right_and_stubs(check, pipeline(), stub)
-    assert "wds.split_by_node" in status(check, pipeline(node=False))[1]
-    assert "wds.split_by_worker" in status(check, pipeline(worker=False))[1]
-    assert "EndlessShardCycle(seed) after the splitters" in status(check, pipeline(cycle=False))[1]
-    assert "float tensor" in status(check, pipeline(decode=False))[1]
-    assert "float tensor" in status(check, pipeline(fields=("cls", "jpg", "__key__")))[1]
-    assert "seeds 0 and 1" in status(check, pipeline(fixed_seed=True))[1]
-    assert "SimulatedDecode" in status(check, pipeline(simulate=False))[1]
+    right_and_stubs(nb11.build_dataset, pipeline(buffer="course"), stub)
+    for right in (pipeline(), pipeline(buffer="small"), capstone.build_dataset):  # without a buffer; the course's own
+        assert status(nb11.build_dataset, right)[0] is Status.SOLVED, status(nb11.build_dataset, right)[1]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (dict(node=False), "wds.split_by_node"),
+    (dict(worker=False), "wds.split_by_worker"),
+    (dict(cycle=None), "EndlessShardCycle(seed) after the splitters"),
+    (dict(cycle="same order"), "same order every pass"),
+    (dict(cycle="with replacement"), "do not draw shards with replacement"),
+    (dict(rotate=None), "in place of wds.SimpleShardList(urls)"),
+    (dict(rotate=None, buffer="course"), "in place of wds.SimpleShardList(urls)"),
+    (dict(rotate="by rank"), "shuffled alike on every rank and worker"),
+    (dict(decode=False), "float tensor"),
+    (dict(fields=("cls", "jpg", "__key__")), "float tensor"),
+    (dict(fixed_seed=True), "seeds 0 and 1"),
+    (dict(fixed_seed=True, buffer="course"), "seeds 0 and 1"),
+    (dict(buffer="unseeded"), "capstone.ShuffleBuffer(size, seed)"),
+    (dict(simulate=False), "SimulatedDecode"),
+])
+def test_11_build_dataset_wrong_answers(wrong, hint) -> None:
+    got, message = status(nb11.build_dataset, pipeline(**wrong))
+    assert got is Status.WRONG and hint in message, message
 
 
 # --------------------------------------------------------------------------- 11.2

@@ -61,56 +61,76 @@ def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL
 
 
 def _reader(fn: Callable[..., Any], urls: list[str], rank: int, worker: int, take: int, seed: int = 0,
-            decode_ms: float = 0.0) -> list[tuple[Any, ...]]:
-    """The first ``take`` samples reader (rank ``rank`` of 2, worker ``worker`` of 2) gets from ``fn(urls, seed, decode_ms)``."""
+            decode_ms: float = 0.0, epochs: int = 1) -> list[list[tuple[Any, ...]]]:
+    """The first ``take`` samples of each epoch that reader (rank ``rank`` of 2, worker ``worker`` of 2) gets from one
+    ``fn(urls, seed, decode_ms)``, iterated once per epoch as a persistent worker iterates its pipeline."""
     with simulated_reader(rank, 2, worker, 2):
         pipeline = fn(urls, seed, decode_ms)
         require(pipeline is not None, "my_build_dataset returned None: return the wds.DataPipeline.")
-        return list(itertools.islice(iter(pipeline), take))
+        return [list(itertools.islice(iter(pipeline), take)) for _ in range(epochs)]
 
 
-@exercise("11.1", "each of 4 readers cycles through its own shards endlessly, a new order each pass, decoded to "
-                  "(image, label, key), with the simulated decode cost.")
+def _shard(item: tuple[Any, ...]) -> int:
+    return int(item[1]) // 100  # the check's shards label their samples shard * 100 + i
+
+
+@exercise("11.1", "every epoch the shards are dealt anew; each of 4 readers cycles through its own endlessly, a new "
+                  "order each pass, decoded to (image, label, key), with the simulated decode cost.")
 def build_dataset(fn: Callable[..., Any]) -> None:
     """``fn(urls, seed, decode_ms)``: the capstone's pipeline (notebook 11, section 1), assembled by the learner."""
     attempted(fn)
     with tempfile.TemporaryDirectory(prefix="course11-") as folder:
         urls = _labelled_shards(folder, shards=16, per_shard=2)  # 2 ranks x 2 workers: 4 shards, 8 samples per reader
-        first = _reader(fn, urls, 0, 0, 1)
+        first = _reader(fn, urls, 0, 0, 1)[0]
         require(len(first) == 1, "the pipeline yielded nothing for rank 0's worker 0.")
         image, *rest = first[0]
         require(len(rest) == 2 and hasattr(image, "shape") and tuple(image.shape)[0] == 3 and image.is_floating_point(),
                 f"each sample should be (image, label, key), the image a float tensor [3, H, W]: wds.decode(\"torchrgb\") "
                 f"before wds.to_tuple(\"jpg\", \"cls\", \"__key__\"); got {tuple(type(v).__name__ for v in first[0])}.")
-        streams = {(r, w): _reader(fn, urls, r, w, 24) for r in range(2) for w in range(2)}
-        read = {reader: {int(item[1]) // 100 for item in items} for reader, items in streams.items()}
-        require(read[(0, 0)] != read[(1, 0)], "ranks 0 and 1 read the same shards: split them between the ranks with "
-                "wds.split_by_node, right after wds.SimpleShardList(urls).")
-        require(read[(0, 0)] != read[(0, 1)], "the two workers of a rank read the same shards: split the rank's shards "
-                "between its workers with wds.split_by_worker, after wds.split_by_node.")
-        for (r, w), items in streams.items():
-            require(len(items) == 24, f"rank {r}'s worker {w} stopped after {len(items)} samples, its shards' 8: an endless "
-                    "stream needs capstone.EndlessShardCycle(seed) after the splitters.")
-            labels = [int(item[1]) for item in items]
-            shards = sorted({label // 100 for label in labels})
-            require(len(shards) == 4, f"rank {r}'s worker {w} read shards {shards}; each of the 4 readers should read 4 "
-                    "of the 16: wds.split_by_node, then wds.split_by_worker, right after wds.SimpleShardList(urls).")
-            passes = [labels[k:k + 8] for k in range(0, 24, 8)]
-            require(all(len(set(p)) == 8 for p in passes), f"rank {r}'s worker {w} got a sample twice within one pass over "
-                    "its shards: cycle through them (EndlessShardCycle), do not draw shards with replacement.")
-            require(len({tuple(p) for p in passes}) > 1, f"rank {r}'s worker {w} read its shards in the same order every "
-                    "pass: EndlessShardCycle(seed) draws a new order each pass.")
-        readers = [sorted({int(item[1]) // 100 for item in items}) for items in streams.values()]
-        require(len({tuple(s) for s in readers}) == 4, f"two readers read the same shards ({readers}): split by node "
-                "and by worker.")
-        require([item[2] for item in _reader(fn, urls, 1, 1, 12)] == [item[2] for item in streams[(1, 1)][:12]], "the same seed gave another order: seed "
-                "EndlessShardCycle with the seed you are given.")
-        require([item[2] for item in _reader(fn, urls, 1, 1, 24, seed=1)] != [item[2] for item in streams[(1, 1)]],
-                "seeds 0 and 1 gave the same order: pass the seed you are given to EndlessShardCycle(seed).")
+        streams = {(r, w): _reader(fn, urls, r, w, 48, epochs=2) for r in range(2) for w in range(2)}
+        for epoch in range(2):
+            read = {reader: {_shard(item) for item in items[epoch]} for reader, items in streams.items()}
+            require(read[(0, 0)] != read[(1, 0)], "ranks 0 and 1 read the same shards: split them between the ranks "
+                    "with wds.split_by_node, right after capstone.RotatingShardList(urls, seed).")
+            require(read[(0, 0)] != read[(0, 1)], "the two workers of a rank read the same shards: split the rank's "
+                    "shards between its workers with wds.split_by_worker, after wds.split_by_node.")
+            for (r, w), items in streams.items():
+                _one_reader(items[epoch], f"rank {r}'s worker {w}", epoch)
+            readers = [sorted(s) for s in read.values()]
+            require(len(set().union(*read.values())) == 16, f"in epoch {epoch} two readers read the same shards "
+                    f"({readers}): the shard list must be shuffled alike on every rank and worker, from seed and epoch "
+                    "only (capstone.RotatingShardList(urls, seed)), and then split by node and by worker.")
+        require(any({_shard(i) for i in items[0]} != {_shard(i) for i in items[1]} for items in streams.values()),
+                "every reader read the same shards in epochs 0 and 1: deal the shards anew every epoch, "
+                "capstone.RotatingShardList(urls, seed) in place of wds.SimpleShardList(urls).")
+        again = _reader(fn, urls, 1, 1, 12, epochs=2)
+        require([[item[2] for item in e] for e in again] == [[item[2] for item in e[:12]] for e in streams[(1, 1)]],
+                "the same seed gave another order: give the seed you are given to every seeded stage "
+                "(RotatingShardList, EndlessShardCycle, and a shuffle buffer's: capstone.ShuffleBuffer(size, seed)).")
+        require([item[2] for item in _reader(fn, urls, 1, 1, 48, seed=1)[0]] != [item[2] for item in streams[(1, 1)][0]],
+                "seeds 0 and 1 gave the same order: give the seed you are given to RotatingShardList(urls, seed) and "
+                "EndlessShardCycle(seed).")
         start = time.perf_counter()
         _reader(fn, urls, 0, 0, 4, decode_ms=40.0)
         require(time.perf_counter() - start > 0.1, "4 samples with decode_ms=40 took no time: end the pipeline with "
                 "wds.map(capstone.SimulatedDecode(decode_ms)).")
+
+
+def _one_reader(items: list[tuple[Any, ...]], reader: str, epoch: int) -> None:
+    """One reader's first 48 samples of an epoch: 6 passes over its 4 shards of 2 samples, or their mix by a buffer."""
+    require(len(items) == 48, f"{reader} stopped after {len(items)} samples in epoch {epoch}, its shards' 8: an endless "
+            "stream needs capstone.EndlessShardCycle(seed) after the splitters.")
+    shards = sorted({_shard(item) for item in items})
+    require(len(shards) == 4, f"{reader} read shards {shards} in epoch {epoch}; each of the 4 readers should read 4 "
+            "of the 16: wds.split_by_node, then wds.split_by_worker, right after capstone.RotatingShardList(urls, seed).")
+    labels = [int(item[1]) for item in items]
+    if any(labels[k] // 100 != labels[k + 1] // 100 for k in range(0, 48, 2)):
+        return  # a shuffle buffer mixes samples of several shards (and of one pass with the next): passes blur
+    passes = [labels[k:k + 8] for k in range(0, 48, 8)]
+    require(all(len(set(p)) == 8 for p in passes), f"{reader} got a sample twice within one pass over its shards "
+            f"in epoch {epoch}: cycle through them (EndlessShardCycle), do not draw shards with replacement.")
+    require(len({tuple(p) for p in passes}) > 1, f"{reader} read its shards in the same order every pass: "
+            "EndlessShardCycle(seed) draws a new order each pass.")
 
 
 @exercise("11.2", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
@@ -132,23 +152,28 @@ def tuned_workers(answer: Any, results: Any) -> None:
                             f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
 
 
+#: The shards s0..s7 each reader of the check's job (worker w of rank r: reader 2r + w) reads in epochs 0 and 1:
+#: dealt anew every epoch, as the capstone's pipeline does.
+DEALS = [[[0, 1], [2, 3], [4, 5], [6, 7]], [[5, 2], [7, 0], [3, 6], [1, 4]]]
+
+
 def _job_reports(fault: str = "") -> tuple[list[dict], dict[str, str]]:
     """Reports of a 2-rank, 2-worker, 2-epoch job over shards s0..s7 of 4 samples each, right or with one ``fault``.
 
-    Each epoch starts every reader on its shards again, so a reader re-reads its shards (and samples) in
-    epoch 1: right, and an audit across epochs would call it a fault."""
+    Each epoch deals the shards anew (:data:`DEALS`), and each reader reads 2 samples of each of its 2 shards, so
+    in epoch 1 shards and samples are read again, by other readers: right, and an audit across epochs would call
+    it a fault."""
     shard_of = {f"s{s}-{i}": f"s{s}" for s in range(8) for i in range(4)}
     reports = []
     for rank in range(2):
         epochs = []
         for epoch in range(2):
-            readers = {str(w): [f"s{2 * (2 * rank + w) + j}-{i}" for j in range(2) for i in range(2)]
-                       for w in range(2)}
+            readers = {str(w): [f"s{s}-{i}" for s in DEALS[epoch][2 * rank + w] for i in range(2)] for w in range(2)}
             batches = 4
             if fault == "steps" and rank == 1 and epoch == 1:
                 batches = 3
             if fault == "shared shard" and rank == 1 and epoch == 1:
-                readers["1"] = readers["1"][:-1] + ["s0-3"]  # rank 0's worker 0 reads shard s0
+                readers["1"] = readers["1"][:-1] + ["s5-3"]  # rank 0's worker 0 reads shard s5 in epoch 1
             if fault == "repeat" and rank == 0 and epoch == 1:
                 readers["0"] = readers["0"][:-1] + [readers["0"][0]]
             if fault == "idle reader" and rank == 1 and epoch == 0:
@@ -162,7 +187,7 @@ def _job_reports(fault: str = "") -> tuple[list[dict], dict[str, str]]:
 
 JOB_FAULTS = {
     "steps": "rank 1 took 3 batches in epoch 1, rank 0 took 4: a collective would hang",
-    "shared shard": "shard s0 read by readers of two ranks in epoch 1",
+    "shared shard": "shard s5 read by readers of two ranks in epoch 1",
     "repeat": "a sample read twice in epoch 1",
     "idle reader": "worker 1 of rank 1 read nothing in epoch 0",
     "weights": "the ranks' weights differ",
@@ -181,8 +206,8 @@ def audit_job(fn: Callable[..., Any]) -> None:
     require(isinstance(got, (list, tuple)), f"audit_job should return a list of problems, got {type(got).__name__}.")
     if got:
         raise Hint(f"a right job (equal steps, busy readers, disjoint shards, no repeats within an epoch, same weights, low stall) "
-                   f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 every reader reads its shards "
-                   "again: compare shards and samples within one epoch, not across epochs.")
+                   f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 the shards are dealt anew and "
+                   "every sample is read again: compare shards and samples within one epoch, not across epochs.")
     for fault, what in JOB_FAULTS.items():
         reports, shard_of = _job_reports(fault)
         found = list(fn(reports, shard_of, 0.15))

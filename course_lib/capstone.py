@@ -312,8 +312,8 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
                     "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": [], "resumed_at": []}
     ckpt = load_checkpoint(args.ckpt, env.rank) if args.ckpt else None
     if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (build_dataset's first_epoch)
-        if ckpt["report"]["world_size"] != env.world_size:
-            raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['report']['world_size']} "
+        if ckpt["world_size"] != env.world_size or not ckpt["rank_part"]:
+            raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['world_size']} "
                                            f"ranks, this job has {env.world_size}: resume it with as many, or start "
                                            "afresh with another --ckpt folder")
         model.load_state_dict(ckpt["model"])
@@ -353,9 +353,11 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
         print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
               f"{len(by_worker)} reader(s); waiting for data {stats.steady_stall_fraction:.0%} of the time "
               "after the first batch", flush=True)
-        if args.ckpt:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "report": report}
-            save_checkpoint(args.ckpt, env.rank, epoch + 1, state)  # "step" = epochs done
+        if args.ckpt:  # the model and optimizer once (rank 0: DDP keeps them identical), each rank its report
+            shared = None
+            if env.rank == 0:
+                shared = {"model": model.state_dict(), "optimizer": opt.state_dict(), "world_size": env.world_size}
+            save_checkpoint(args.ckpt, env.rank, epoch + 1, {"report": report}, shared=shared)  # "step" = epochs done
     report["weights_sha256"] = weights_digest(model)
     if args.report:
         distributed.write_report(args.report, env.rank, report)

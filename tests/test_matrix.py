@@ -99,3 +99,97 @@ def test_the_matrix_catches_srun_with_spawn_workers_and_no_exported_rank(urls: s
     assert "wds: 36 samples read more than once, 0 never" in wrong  # every rank read every shard
     assert "resampled: two ranks drew the same stream" in wrong  # both seeded as rank 0
     assert not any(f.startswith(("map", "stream")) for f in wrong)  # rank given in the main process: right anyway
+
+
+# --------------------------------------------------------------------------- every epoch a new one
+EPOCHS_DRIVER = Path(__file__).with_name("matrix_epochs_rank.py")
+EPOCHS, DRAWS, NAMES = 3, 150, 100  # as in the driver
+
+
+def expected_distinct(draws: int, shards: int = NAMES) -> float:
+    """Distinct shards among `draws` drawn uniformly with replacement from `shards`: N(1 - (1 - 1/N)^k)."""
+    return shards * (1 - (1 - 1 / shards) ** draws)
+
+
+@pytest.fixture(scope="module")
+def image_shards(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path) -> str:
+    """The tiny set's 80 training images as 16 shards of 5: 4 readers (2 ranks x 2 workers) get 4 shards each."""
+    from course_lib.shards import write_image_shards
+
+    return write_image_shards(tmp_path_factory.mktemp("matrix-images") / "shards", size="tiny", root=tiny_root,
+                              maxcount=5).urls
+
+
+def epoch_faults(gathered: list[dict], method: str) -> list[str]:
+    """What is wrong with the recipes of one start method, over all ranks and epochs: [] when all holds."""
+    found = []
+    cells = [g["cells"][method] for g in gathered]
+    for recipe in ("sampler", "stream", "shards", "resampled", "capstone"):
+        per_rank = [[e["keys"] if recipe == "capstone" else e for e in c[recipe]] for c in cells]
+        if any(len(epochs) != EPOCHS for epochs in per_rank):
+            found.append(f"{recipe}: not {EPOCHS} epochs")
+            continue
+        for rank, epochs in enumerate(per_rank):
+            if len({tuple(e) for e in epochs}) != EPOCHS:
+                found.append(f"{recipe}: rank {rank} read two epochs in the same order")
+        steps = {len(epochs[e]) for epochs in per_rank for e in range(EPOCHS)}
+        if len(steps) != 1:
+            found.append(f"{recipe}: the ranks' epochs hold {sorted(steps)} samples: unequal steps")
+        if recipe in ("sampler", "stream", "shards"):  # the exact recipes: every sample once per epoch
+            for e in range(EPOCHS):
+                read = sorted(i for epochs in per_rank for i in epochs[e])
+                if read != list(range(N)):
+                    found.append(f"{recipe}: epoch {e} read {len(read)} samples, {len(set(read))} distinct, of {N}")
+    for e in range(EPOCHS):  # the capstone's readers keep to shards of their own within an epoch
+        shards_of = [{k.split("-")[0] if "-" in k else k[:-3] for k in keys} for c in cells
+                     for keys in c["capstone"][e]["by_worker"].values()]
+        if sum(map(len, shards_of)) != len(set().union(*shards_of)):
+            found.append(f"capstone: two readers shared a shard in epoch {e}")
+    for e in range(EPOCHS):  # resampled: distinct shards after k draws, against N(1 - (1 - 1/N)^k), within 10 %
+        draws = [c["draws"][e] for c in cells]
+        for rank, mine in enumerate(draws):
+            if abs(len(set(mine)) - expected_distinct(DRAWS)) > 0.1 * expected_distinct(DRAWS):
+                found.append(f"resampled: rank {rank}, epoch {e}: {len(set(mine))} distinct shards in {DRAWS} draws, "
+                             f"expected {expected_distinct(DRAWS):.1f}")
+        together = sum(draws, [])
+        if abs(len(set(together)) - expected_distinct(len(together))) > 0.1 * expected_distinct(len(together)):
+            found.append(f"resampled: epoch {e}: {len(set(together))} distinct over all ranks' {len(together)} draws")
+        if len({tuple(d) for d in draws}) != len(draws):
+            found.append(f"resampled: two ranks drew the same shards in epoch {e}")
+    return found
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("style", ["torchrun", "srun"])
+def test_every_epoch_is_a_new_one_for_every_recipe(style: str, urls: str, image_shards: str, tmp_path: Path) -> None:
+    """2 ranks x 2 workers, fork and spawn, 3 epochs of each recipe: each epoch in a new order, every rank the same
+    number of steps, the exact recipes every sample once per epoch, resampled draws as many distinct shards as
+    drawing with replacement should."""
+    out = tmp_path / "epochs.json"
+    launch(str(EPOCHS_DRIVER), urls, image_shards, str(out), nproc=2, timeout=400, show=False, style=style)
+    gathered = json.loads(out.read_text())
+    assert [g["rank"] for g in gathered] == [0, 1]
+    problems = {m: epoch_faults(gathered, m) for m in ("fork", "spawn")}
+    assert not any(problems.values()), problems
+    for g in gathered:  # reproducible: the start method changes nothing a rank reads
+        fork, spawn = g["cells"]["fork"], g["cells"]["spawn"]
+        assert {k: v for k, v in fork.items() if k != "capstone"} == {k: v for k, v in spawn.items() if k != "capstone"}
+
+
+def test_the_epoch_checks_catch_a_recipe_that_repeats_its_epoch() -> None:
+    """The negative control of the checks above: a recipe that reads the same epoch again is caught."""
+    good = [list(range(r, N, 2)) for r in range(2)]
+    rank_cell = {"sampler": None, "stream": None, "shards": None, "resampled": None, "capstone": None, "draws": None}
+    gathered = []
+    for r in range(2):
+        cell = dict(rank_cell)
+        for recipe in ("sampler", "stream", "shards", "resampled"):
+            cell[recipe] = [good[r][::-1] if e == 1 else good[r] for e in range(EPOCHS)]  # epochs 0 and 2: the same
+        cell["capstone"] = [{"keys": [f"k{r}{e}{i}" for i in range(4)], "by_worker": {"0": []}} for e in range(EPOCHS)]
+        rng = __import__("random").Random(r)
+        cell["draws"] = [[f"s{rng.randrange(NAMES)}" for _ in range(DRAWS)] for _ in range(EPOCHS)]
+        gathered.append({"rank": r, "cells": {"fork": cell}})
+    faults = epoch_faults(gathered, "fork")
+    assert "sampler: rank 0 read two epochs in the same order" in faults
+    assert "shards: rank 1 read two epochs in the same order" in faults
+    assert not any("distinct shards" in f for f in faults)  # honest draws pass the 10 % check

@@ -508,3 +508,13 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     first = keys(0)
     assert len(first) == 20 and keys(0) == first
     assert keys(1) != first
+
+
+@pytest.mark.quick
+def test_shard_reader_without_nodesplitter_refuses_several_ranks(image_shards: shards.ShardSet) -> None:
+    """--no-nodesplitter leaves webdataset's default, which stops every rank of a multi-rank job (notebook 09)."""
+    from course_lib import shard_reader
+
+    args = shard_reader._parse_args(["--urls", image_shards.urls, "--workers", "0", "--no-nodesplitter"])
+    with shards.simulated_reader(0, 2), pytest.raises(ValueError, match="explicit nodesplitter"):
+        next(iter(shard_reader.build_loader(args)))

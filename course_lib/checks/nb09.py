@@ -232,8 +232,9 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
     with simulated_reader(rank, world):
         loader = fn(list(urls), batch_size, steps, epoch)
         require(loader is not None, "rank_loader returned None: return the loader.")
-        require(not _refuses_several_ranks(loader), "webdataset refused to read: with several ranks it needs "
-                "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
+        if epoch == 0:  # the first run of each rank: a missing nodesplitter shows there, or never
+            require(not _refuses_several_ranks(loader), "webdataset refused to read: with several ranks it needs "
+                    "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
         error = ""
         try:
             batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here

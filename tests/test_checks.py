@@ -303,17 +303,22 @@ class _FailsAtZero(torch.utils.data.Dataset):
         return index
 
 
-def rank_loader(node=True, worker=True, epoch_on="loader"):
-    """Exercise 09.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
-    def fn(urls, batch_size, steps):
-        options = dict(shardshuffle=100, seed=0, workersplitter=wds.split_by_worker if worker else None)
+def rank_loader(node=True, worker=True, epoch_on="loader", seed="epoch", rebatch=True):
+    """Exercise 09.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords:
+    ``seed`` is "epoch" (every shuffle), "shards" (the shard shuffle only), a number (the epoch ignored) or None."""
+    def fn(urls, batch_size, steps, epoch):
+        shard_seed = epoch if seed in ("epoch", "shards") else seed
+        buffer_seed = epoch if seed == "epoch" else (0 if seed == "shards" else seed)
+        options = dict(shardshuffle=100, seed=shard_seed, workersplitter=wds.split_by_worker if worker else None)
         if node:
             options["nodesplitter"] = wds.split_by_node
-        dataset = wds.WebDataset(urls, **options).shuffle(100, seed=0).decode("torchrgb").to_tuple("jpg", "cls")
+        dataset = wds.WebDataset(urls, **options).shuffle(100, seed=buffer_seed).decode("torchrgb").to_tuple("jpg", "cls")
         dataset = dataset.batched(batch_size)
         if epoch_on == "dataset":
             dataset = dataset.with_epoch(steps)
-        loader = wds.WebLoader(dataset, num_workers=2, batch_size=None).unbatched().shuffle(200, seed=0).batched(batch_size)
+        loader = wds.WebLoader(dataset, num_workers=2, batch_size=None)
+        if rebatch:
+            loader = loader.unbatched().shuffle(200, seed=buffer_seed).batched(batch_size)
         return loader.with_epoch(steps) if epoch_on == "loader" else loader
     return fn
 
@@ -321,14 +326,23 @@ def rank_loader(node=True, worker=True, epoch_on="loader"):
 def test_09_rank_loader() -> None:
     check = nb09.rank_loader
 
-    def stub(urls, batch_size, steps):
+    def stub(urls, batch_size, steps, epoch):
         raise NotImplementedError
 
     right_and_stubs(check, rank_loader(), stub)
-    assert "nodesplitter=wds.split_by_node" in status(check, rank_loader(node=False))[1]
-    assert "workersplitter=wds.split_by_worker" in status(check, rank_loader(worker=False))[1]
-    assert "counts each worker's batches" in status(check, rank_loader(epoch_on="dataset"))[1]
-    assert "waiting in a collective" in status(check, rank_loader(epoch_on=None))[1]
+    wrong = {
+        "nodesplitter=wds.split_by_node": rank_loader(node=False),
+        "workersplitter=wds.split_by_worker": rank_loader(worker=False),
+        "counts each worker's batches": rank_loader(epoch_on="dataset"),
+        "waiting in a collective": rank_loader(epoch_on=None),
+        "rebatch to batch_size": rank_loader(rebatch=False),
+        "your loader ignores `epoch`": rank_loader(seed=0),
+        "a worker that holds a single shard": rank_loader(seed="shards"),
+        "instead of leaving seed= out": rank_loader(seed=None),
+    }
+    for words, fn in wrong.items():
+        outcome, message = status(check, fn)
+        assert outcome is Status.WRONG and words in message, (words, message)
 
 
 def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:

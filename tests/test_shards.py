@@ -402,13 +402,23 @@ def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set:
 
 @pytest.mark.full
 @pytest.mark.timeout(200)
-def test_shard_reader_resampled_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
-    """The resampled mode: every rank takes exactly --epoch-batches batches. (The plain mode, every sample once over
-    2 ranks × 2 workers, and the missing-nodesplitter error run under torchrun in notebook 09.)"""
-    args = ["--urls", image_shards.urls, "--workers", "2", "--batch-size", "4"]
+def test_shard_reader_under_torchrun(image_shards: shards.ShardSet, tmp_path: Path) -> None:
+    """Two epochs over 2 ranks × 2 workers: every sample once per epoch, new shares in the second; resampled, every
+    rank takes exactly --epoch-batches batches per epoch. (The missing-nodesplitter error runs in notebook 09.)"""
+    args = ["--urls", image_shards.urls, "--workers", "2", "--batch-size", "4", "--epochs", "2"]
+    launch("course_lib.shard_reader", *args, "--report", str(tmp_path / "a"), nproc=2, timeout=90, show=False)
+    reports = read_reports(tmp_path / "a")
+    assert [r["rank"] for r in reports] == [0, 1] and all(len(r["epochs"]) == 2 for r in reports)
+    for epoch in range(2):
+        keys = [k for r in reports for ks in r["epochs"][epoch]["keys_by_worker"].values() for k in ks]
+        assert sorted(keys) == sorted(image_shards.all_keys()), f"epoch {epoch}: every sample exactly once"
+        assert [r["epochs"][epoch]["batches"] for r in reports] == [10, 10]
+    shares = [[sorted(n for ns in r["epochs"][e]["shards_by_worker"].values() for n in ns) for e in range(2)] for r in reports]
+    assert shares[0][0] != shares[0][1], "rank 0 reads other shards in its second epoch"
     launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
            nproc=2, timeout=90, show=False)
-    assert [(r["batches"], r["samples"]) for r in read_reports(tmp_path / "b")] == [(6, 24), (6, 24)]
+    assert [[(e["batches"], e["samples"]) for e in r["epochs"]] for r in read_reports(tmp_path / "b")] == [
+        [(6, 24), (6, 24)]] * 2
 
 
 @pytest.mark.quick
@@ -419,7 +429,65 @@ def test_shard_reader_arguments() -> None:
         _reader_args(["--urls", "x.tar", "--resampled"])
     with pytest.raises(SystemExit):
         _reader_args(["--urls", "x.tar", "--workers", "-1"])
-    assert _reader_args(["--urls", "x.tar"]).workers == 2
+    for bad in (["--epochs", "0"], ["--buffer", "0"], ["--batch-size", "0"]):
+        with pytest.raises(SystemExit):
+            _reader_args(["--urls", "x.tar", *bad])
+    defaults = _reader_args(["--urls", "x.tar"])
+    assert (defaults.workers, defaults.epochs, defaults.buffer) == (2, 1, 100)
+
+
+def _reader_epoch(urls: str, rank: int, epoch: int, *options: str) -> list[tuple[list[str], list[str]]]:
+    """Rank ``rank`` of 2's batches of ``shard_reader.build_loader`` in ``epoch``: (keys, shard names) per batch."""
+    from course_lib import shard_reader
+
+    args = shard_reader._parse_args(["--urls", urls, "--workers", "2", "--batch-size", "4", "--buffer", "10", *options])
+    with shards.simulated_reader(rank, 2):
+        return [(list(keys), [os.path.basename(u) for u in names])
+                for keys, _labels, names, _workers in shard_reader.build_loader(args, epoch)]
+
+
+@pytest.mark.quick
+@pytest.mark.timeout(120)
+def test_shard_reader_every_epoch_is_new(image_shards: shards.ShardSet) -> None:
+    """The list is permuted by (seed, epoch) before the split: every sample once per epoch over the ranks, a new share
+    for each rank every epoch, the same epoch again on a rerun; the shuffle buffers mix shards within a batch."""
+    shares = []
+    for epoch in range(3):
+        runs = [_reader_epoch(image_shards.urls, rank, epoch) for rank in range(2)]
+        keys = [k for run in runs for batch_keys, _ in run for k in batch_keys]
+        assert sorted(keys) == sorted(image_shards.all_keys()), f"epoch {epoch}: every sample exactly once"
+        shares.append([sorted({n for _, names in run for n in names}) for run in runs])
+        shards_per_batch = [len(set(names)) for run in runs for _, names in run]
+        assert np.mean(shards_per_batch) > 1.5, "a batch mixes the samples of several shards"
+    assert len({tuple(share[0]) for share in shares}) == 3, "rank 0 gets a new share every epoch"
+    assert _reader_epoch(image_shards.urls, 0, 1) == _reader_epoch(image_shards.urls, 0, 1), "a rerun repeats an epoch"
+    assert _reader_epoch(image_shards.urls, 0, 1, "--seed", "1") != _reader_epoch(image_shards.urls, 0, 1)
+
+
+@pytest.mark.quick
+@pytest.mark.timeout(120)
+def test_shard_reader_resampled_epochs_differ(image_shards: shards.ShardSet) -> None:
+    """Resampled, the draws are seeded by (seed, epoch) too: epoch 1 is not epoch 0 again, and a rerun repeats it."""
+    resampled = ("--resampled", "--epoch-batches", "5")
+    first = _reader_epoch(image_shards.urls, 0, 0, *resampled)
+    assert len(first) == 5 and _reader_epoch(image_shards.urls, 0, 0, *resampled) == first
+    assert _reader_epoch(image_shards.urls, 0, 1, *resampled) != first
+
+
+@pytest.mark.quick
+@pytest.mark.timeout(60)
+def test_shard_reader_collectives_use_the_ranks_device(image_shards: shards.ShardSet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every all_reduce gets a tensor on the device run_on_one_rank hands over (under NCCL a CPU tensor fails)."""
+    import torch
+
+    from course_lib import shard_reader
+
+    devices = []
+    monkeypatch.setattr(shard_reader.dist, "all_reduce", lambda tensor: devices.append(tensor.device))
+    monkeypatch.setattr(shard_reader, "run_on_one_rank", lambda run, device, timeout: run(
+        shard_reader.distributed.DistEnv(0, 0, 1, "127.0.0.1", 29500, "single"), torch.device("meta")))
+    assert shard_reader.main(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "40", "--epochs", "2"]) == 0
+    assert devices == [torch.device("meta")] * 5, "2 batches in each of 2 epochs, then the totals"
 
 
 @pytest.mark.quick
@@ -440,3 +508,13 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     first = keys(0)
     assert len(first) == 20 and keys(0) == first
     assert keys(1) != first
+
+
+@pytest.mark.quick
+def test_shard_reader_without_nodesplitter_refuses_several_ranks(image_shards: shards.ShardSet) -> None:
+    """--no-nodesplitter leaves webdataset's default, which stops every rank of a multi-rank job (notebook 09)."""
+    from course_lib import shard_reader
+
+    args = shard_reader._parse_args(["--urls", image_shards.urls, "--workers", "0", "--no-nodesplitter"])
+    with shards.simulated_reader(0, 2), pytest.raises(ValueError, match="explicit nodesplitter"):
+        next(iter(shard_reader.build_loader(args)))

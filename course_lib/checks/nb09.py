@@ -206,13 +206,35 @@ def _labelled_shards(folder: Any, shards: int, per_shard: int) -> list[str]:
     return urls
 
 
-def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int) -> list[int]:
-    """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps)``, batch by batch."""
+def _refuses_several_ranks(loader: Any) -> bool:
+    """Whether the dataset inside ``loader`` refuses to read as one of several ranks (no ``nodesplitter=``).
+
+    Tried in this process, on the dataset alone: the loader's own workers would raise it too, but a DataLoader whose
+    workers failed waits seconds for them to stop."""
+    first = getattr(loader, "pipeline", [None])[0]
+    dataset = getattr(first, "dataset", None)
+    if dataset is None:
+        return False
+    try:
+        next(iter(dataset))
+    except ValueError as exc:
+        return "nodesplitter" in str(exc)
+    except Exception:  # anything else shows up, with the learner's own words, when the loader runs
+        return False
+    return False
+
+
+def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int,
+              epoch: int) -> list[list[int]]:
+    """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps, epoch)``."""
     from ..shards import simulated_reader
 
     with simulated_reader(rank, world):
-        loader = fn(urls, batch_size, steps)
+        loader = fn(list(urls), batch_size, steps, epoch)
         require(loader is not None, "rank_loader returned None: return the loader.")
+        if epoch == 0:  # the first run of each rank: a missing nodesplitter shows there, or never
+            require(not _refuses_several_ranks(loader), "webdataset refused to read: with several ranks it needs "
+                    "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
         error = ""
         try:
             batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here
@@ -220,7 +242,7 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
             error = str(exc)
         del loader
     gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
-    require("splitter" not in error, "webdataset refused to read: with several ranks it needs "
+    require("nodesplitter" not in error, "webdataset refused to read: with several ranks it needs "
             "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
     require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")
     labels = []
@@ -230,37 +252,68 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
     return labels
 
 
-@exercise("09.4", "every rank reads only its own shards, each worker its part of them, and all ranks take the same "
-                  "number of steps: with_epoch on the loader repeats a short rank's data and cuts a long one's.")
+def _require_steps(counts: list[int], steps: int, epoch: int) -> None:
+    """Every rank took ``steps`` batches in ``epoch``, or a hint about ``with_epoch``."""
+    if counts == [steps] * len(counts):
+        return
+    hint = (f"in epoch {epoch} the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
+            "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
+    if all(c > steps for c in counts):
+        hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
+    elif counts[0] != counts[1]:
+        hint += "; unequal steps leave the longer rank waiting in a collective forever (notebook 07)"
+    raise Hint(hint + ".")
+
+
+def _require_own_shards(batches: list[list[int]], rank: int, world: int, shards: int, per_shard: int,
+                        batch_size: int) -> None:
+    """Rank ``rank`` read only its own shards, each once before any twice, in batches of ``batch_size``."""
+    read = {label // 100 for batch in batches for label in batch}
+    mine = set(range(rank, shards, world))
+    require(read <= mine, f"rank {rank} read shards {sorted(read - mine)} of the other rank: split the shards "
+            "between ranks with nodesplitter=wds.split_by_node.")
+    sizes = {len(batch) for batch in batches[:-1]}
+    require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size "
+            "(.unbatched().shuffle(...).batched(batch_size) on the loader).")
+    labels = [label for batch in batches for label in batch]
+    first_pass = labels[:per_shard * len(mine)]
+    require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
+            "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+
+
+@exercise("09.4", "every rank reads only its own shards, each worker its part of them, all ranks take the same number "
+                  "of steps (with_epoch on the loader), and every epoch is a new one that a rerun repeats: the epoch "
+                  "is in the seed.")
 def rank_loader(fn: Callable[..., Any]) -> None:
-    """``fn(urls, batch_size, steps)``: this rank's loader, split by node and worker, exactly ``steps`` batches long."""
+    """``fn(urls, batch_size, steps, epoch)``: this rank's loader for ``epoch``, split by node and worker, exactly
+    ``steps`` batches long, every shuffle seeded with the epoch."""
     import tempfile
 
     attempted(fn)
-    world, batch_size, steps = 2, 4, 7
+    world, batch_size, steps, shards, per_shard = 2, 4, 7, 5, 10
     with tempfile.TemporaryDirectory(prefix="course09-") as folder:
-        urls = _labelled_shards(folder, shards=5, per_shard=10)  # rank 0 gets 3 shards (30 samples), rank 1 gets 2 (20)
-        runs = [_rank_run(fn, urls, rank, world, batch_size, steps) for rank in range(world)]
-    counts = [len(r) for r in runs]
-    if counts != [steps] * world:
-        hint = (f"the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
-                "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
-        if all(c > steps for c in counts):
-            hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
-        elif counts[0] != counts[1]:
-            hint += "; unequal steps leave the longer rank waiting in a collective forever (notebook 07)"
-        raise Hint(hint + ".")
-    for rank, batches in enumerate(runs):
-        shards = {label // 100 for batch in batches for label in batch}
-        mine = set(range(rank, 5, world))
-        require(shards <= mine, f"rank {rank} read shards {sorted(shards - mine)} of the other rank: split the shards "
-                "between ranks with nodesplitter=wds.split_by_node.")
-        sizes = {len(batch) for batch in batches[:-1]}
-        require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size.")
-        labels = [label for batch in batches for label in batch]
-        first_pass = labels[:10 * len(mine)]
-        require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
-                "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+        urls = _labelled_shards(folder, shards=shards, per_shard=per_shard)  # rank 0 gets 3 shards, rank 1 gets 2
+        runs: list[list[list[list[int]]]] = [[] for _ in range(world)]  # per rank, per epoch: the batches' labels
+        for epoch in range(3):
+            for rank in range(world):
+                runs[rank].append(_rank_run(fn, urls, rank, world, batch_size, steps, epoch))
+            _require_steps([len(r[epoch]) for r in runs], steps, epoch)
+            if epoch == 0:  # a share is a share in every epoch: checked once
+                for rank in range(world):
+                    _require_own_shards(runs[rank][0], rank, world, shards, per_shard, batch_size)
+        if all(r[0] == r[1] == r[2] for r in runs):
+            raise Hint(f"each rank read the same {steps} batches in epochs 0, 1 and 2: your loader ignores `epoch`. "
+                       "Seed the shard shuffle and both shuffle buffers with it (seed=epoch), so that every epoch is "
+                       "a new one.")
+        for rank, epochs in enumerate(runs):
+            for a, b in itertools.combinations(range(3), 2):
+                require(epochs[a] != epochs[b], f"rank {rank} read the same batches in epochs {a} and {b}: seed every "
+                        "shuffle with the epoch, the shard shuffle and both buffers (a worker that holds a single "
+                        "shard gets a new order from its buffers only).")
+        again = _rank_run(fn, urls, 0, world, batch_size, steps, 1)
+    require(again == runs[0][1], "epoch 1 run twice gave rank 0 different batches: a rerun of an epoch (a restarted "
+            "job, a comparison) must repeat it. Seed every shuffle with the epoch (seed=epoch) instead of leaving "
+            "seed= out.")
 
 
 def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, seed: int, epoch: int) -> list[int]:

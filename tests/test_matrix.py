@@ -39,7 +39,7 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = tmp_path_factory.mktemp("matrix-shards")
     with wds.ShardWriter(str(folder / "part-%03d.tar"), maxcount=3, verbose=0) as sink:
         for i in range(N):
-            sink.write({"__key__": f"s{i:03d}", "txt": str(i)})
+            sink.write({"__key__": f"s{i:03d}", "txt": str(i), "cls": str(i % 10)})
     return str(folder / "part-{000..011}.tar")
 
 
@@ -112,15 +112,15 @@ def expected_distinct(draws: int, shards: int = NAMES) -> float:
 
 
 @pytest.fixture(scope="module")
-def image_shards(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path) -> str:
+def image_shards(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path):
     """The tiny set's 80 training images as 16 shards of 5: 4 readers (2 ranks x 2 workers) get 4 shards each."""
     from course_lib.shards import write_image_shards
 
     return write_image_shards(tmp_path_factory.mktemp("matrix-images") / "shards", size="tiny", root=tiny_root,
-                              maxcount=5).urls
+                              maxcount=5)
 
 
-def epoch_faults(gathered: list[dict], method: str) -> list[str]:
+def epoch_faults(gathered: list[dict], method: str, shard_of: dict[str, str]) -> list[str]:
     """What is wrong with the recipes of one start method, over all ranks and epochs: [] when all holds."""
     found = []
     cells = [g["cells"][method] for g in gathered]
@@ -141,8 +141,7 @@ def epoch_faults(gathered: list[dict], method: str) -> list[str]:
                 if read != list(range(N)):
                     found.append(f"{recipe}: epoch {e} read {len(read)} samples, {len(set(read))} distinct, of {N}")
     for e in range(EPOCHS):  # the capstone's readers keep to shards of their own within an epoch
-        shards_of = [{k.split("-")[0] if "-" in k else k[:-3] for k in keys} for c in cells
-                     for keys in c["capstone"][e]["by_worker"].values()]
+        shards_of = [{shard_of[k] for k in keys} for c in cells for keys in c["capstone"][e]["by_worker"].values()]
         if sum(map(len, shards_of)) != len(set().union(*shards_of)):
             found.append(f"capstone: two readers shared a shard in epoch {e}")
     for e in range(EPOCHS):  # resampled: distinct shards after k draws, against N(1 - (1 - 1/N)^k), within 10 %
@@ -161,15 +160,16 @@ def epoch_faults(gathered: list[dict], method: str) -> list[str]:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
-def test_every_epoch_is_a_new_one_for_every_recipe(style: str, urls: str, image_shards: str, tmp_path: Path) -> None:
+def test_every_epoch_is_a_new_one_for_every_recipe(style: str, urls: str, image_shards, tmp_path: Path) -> None:
     """2 ranks x 2 workers, fork and spawn, 3 epochs of each recipe: each epoch in a new order, every rank the same
     number of steps, the exact recipes every sample once per epoch, resampled draws as many distinct shards as
     drawing with replacement should."""
     out = tmp_path / "epochs.json"
-    launch(str(EPOCHS_DRIVER), urls, image_shards, str(out), nproc=2, timeout=400, show=False, style=style)
+    launch(str(EPOCHS_DRIVER), urls, image_shards.urls, str(out), nproc=2, timeout=400, show=False, style=style)
     gathered = json.loads(out.read_text())
     assert [g["rank"] for g in gathered] == [0, 1]
-    problems = {m: epoch_faults(gathered, m) for m in ("fork", "spawn")}
+    shard_of = {key: name for name, keys in zip(image_shards.names, image_shards.keys) for key in keys}
+    problems = {m: epoch_faults(gathered, m, shard_of) for m in ("fork", "spawn")}
     assert not any(problems.values()), problems
     for g in gathered:  # reproducible: the start method changes nothing a rank reads
         fork, spawn = g["cells"]["fork"], g["cells"]["spawn"]
@@ -185,11 +185,12 @@ def test_the_epoch_checks_catch_a_recipe_that_repeats_its_epoch() -> None:
         cell = dict(rank_cell)
         for recipe in ("sampler", "stream", "shards", "resampled"):
             cell[recipe] = [good[r][::-1] if e == 1 else good[r] for e in range(EPOCHS)]  # epochs 0 and 2: the same
-        cell["capstone"] = [{"keys": [f"k{r}{e}{i}" for i in range(4)], "by_worker": {"0": []}} for e in range(EPOCHS)]
+        cell["capstone"] = [{"keys": [f"k{r}{e}{i}" for i in range(4)], "by_worker": {"0": [f"k{r}{e}0"]}}
+                            for e in range(EPOCHS)]
         rng = __import__("random").Random(r)
         cell["draws"] = [[f"s{rng.randrange(NAMES)}" for _ in range(DRAWS)] for _ in range(EPOCHS)]
         gathered.append({"rank": r, "cells": {"fork": cell}})
-    faults = epoch_faults(gathered, "fork")
+    faults = epoch_faults(gathered, "fork", {f"k{r}{e}0": f"shard{r}" for r in range(2) for e in range(EPOCHS)})
     assert "sampler: rank 0 read two epochs in the same order" in faults
     assert "shards: rank 1 read two epochs in the same order" in faults
     assert not any("distinct shards" in f for f in faults)  # honest draws pass the 10 % check

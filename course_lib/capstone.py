@@ -104,8 +104,10 @@ class EndlessShardCycle:
 class ShuffleBuffer:
     """Notebook 11, section 1: pipeline stage: samples mixed in a buffer of ``size``, so that a batch mixes shards.
 
-    Once the buffer is full, each new sample takes the place of a random one, which goes on. The draws are seeded by
-    ``seed``, rank, worker and epoch, like :class:`EndlessShardCycle`'s: reproducible, and different on every reader.
+    Once the buffer is full, each new sample takes the place of a random one, which goes on. A round over the
+    reader's shards ends where a sample's key comes again: the buffer is emptied then, in random order, so every
+    round still yields each of its samples once. The draws are seeded by ``seed``, rank, worker and epoch, like
+    :class:`EndlessShardCycle`'s: reproducible, and different on every reader.
     """
 
     def __init__(self, size: int, seed: int = 0, first_epoch: int = 0) -> None:
@@ -113,21 +115,27 @@ class ShuffleBuffer:
             raise ValueError(f"the shuffle buffer needs room for at least 1 sample, got size={size}")
         self.size, self.seed, self.epoch = size, seed, first_epoch
 
-    def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
+    def __call__(self, src: Iterable[dict]) -> Iterator[dict]:
         import webdataset as wds
 
         rank, _, worker, _ = wds.utils.pytorch_worker_info()
         rng = random.Random(f"buffer-{self.seed}-{rank}-{worker}-{self.epoch}")
         self.epoch += 1
         buffer: list = []
+        this_round: set = set()
         for sample in src:
+            if sample["__key__"] in this_round:  # the next round over the shards begins: finish this one first
+                rng.shuffle(buffer)
+                yield from buffer
+                buffer, this_round = [], set()
+            this_round.add(sample["__key__"])
             if len(buffer) < self.size:
                 buffer.append(sample)
                 continue
             i = rng.randrange(self.size)
             buffer[i], sample = sample, buffer[i]
             yield sample
-        rng.shuffle(buffer)  # a stream that ends (not this endless one): what is left, in random order
+        rng.shuffle(buffer)  # a stream that ends: what is left, in random order
         yield from buffer
 
 

@@ -127,10 +127,17 @@ def test_rotating_shard_list_and_shuffle_buffer_on_their_own() -> None:
     with pytest.raises(ShardError, match="empty"):
         capstone.RotatingShardList([])
 
+    def samples(keys):
+        return iter([{"__key__": f"k{k}"} for k in keys])
+
     buffer = capstone.ShuffleBuffer(4, seed=1)
-    first, second = list(buffer(iter(range(10)))), list(buffer(iter(range(10))))
-    assert sorted(first) == sorted(second) == list(range(10)) and first != second != list(range(10))
-    assert list(capstone.ShuffleBuffer(4, seed=1, first_epoch=1)(iter(range(10)))) == second
+    first, second = [[s["__key__"] for s in buffer(samples(range(10)))] for _ in range(2)]
+    keys = [f"k{k}" for k in range(10)]
+    assert sorted(first) == sorted(second) == sorted(keys) and first != second != keys
+    assert [s["__key__"] for s in capstone.ShuffleBuffer(4, seed=1, first_epoch=1)(samples(range(10)))] == second
+    # an endless reader's rounds over its shards: every round still yields each of its samples once
+    rounds = [s["__key__"] for s in capstone.ShuffleBuffer(4, seed=1)(samples(list(range(10)) * 3))]
+    assert all(sorted(rounds[i:i + 10]) == sorted(keys) for i in (0, 10, 20))
     with pytest.raises(ValueError, match="at least 1 sample"):
         capstone.ShuffleBuffer(0)
 

@@ -111,15 +111,19 @@ def main() -> None:
     p.add_argument("--capstone-steps", type=int, default=5)
     args = p.parse_args()
     env = distributed.start("cpu", timeout_s=120)[0]
-    cells = {}
+    cells, draws = {}, None
     for method in args.methods.split(","):
         torch.multiprocessing.set_start_method(method, force=True)  # every DataLoader below starts its workers so
+        if draws is None:  # what counts is how the seeds draw, not how the workers start: once, in forked workers
+            torch.multiprocessing.set_start_method("fork", force=True)
+            draws = shard_draws(args.epochs)
+            torch.multiprocessing.set_start_method(method, force=True)
         cells[method] = {
             "sampler": sampler_epochs(env, args.epochs),
             "stream": stream_epochs(env, args.epochs),
             "shards": shard_epochs(args.urls, args.epochs),
             "resampled": shard_epochs(args.urls, args.epochs, resampled=True, epoch_batches=3),
-            "draws": shard_draws(args.epochs),
+            "draws": draws,
             "capstone": capstone_epochs(args.image_shards, args.epochs, args.capstone_steps),
         }
     gathered: list = [None] * env.world_size

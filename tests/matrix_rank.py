@@ -103,15 +103,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("urls")
     p.add_argument("out")
-    p.add_argument("--methods", default="fork,spawn,forkserver")
-    p.add_argument("--workers", default="0,1,2")
+    p.add_argument("--cells", default="-/0,fork/1,fork/2,spawn/2,forkserver/2",
+                   help="start method/workers settings, comma-separated (-/0: no workers)")
     p.add_argument("--plain", action="store_true", help="join without the course's start() (the srun pitfall)")
     args = p.parse_args()
     mp.set_forkserver_preload(["torch", "webdataset", "course_lib.iterable"])
     env = plain_start() if args.plain else distributed.start("cpu", timeout_s=60)[0]
-    cells = [(m, int(w)) for m in args.methods.split(",") for w in args.workers.split(",") if int(w) > 0]
-    if "0" in args.workers.split(","):
-        cells.insert(0, ("-", 0))  # no workers: no start method
+    cells = [(cell.split("/")[0], int(cell.split("/")[1])) for cell in args.cells.split(",")]
     cells = {f"{method}/{workers}": read_cell(args.urls, env, method, workers) for method, workers in cells}
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, {"rank": env.rank, "source": env.source, "cells": cells,

@@ -120,9 +120,6 @@ WRONG = {
         "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
     "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
     "no_seed_worker": (GOOD.split("\n\ndef seed_worker")[0], "should define a function seed_worker"),
-}
-# Caught only in spawn workers (a loader of 2 spawn workers costs some 4 s of CPU, each importing torch): the full tier.
-WRONG_IN_SPAWN_WORKERS = {
     "seed_worker_does_nothing": (GOOD.replace(SEED, "    pass"), "still draw the same shifts (your module's seed_worker"),
     "seed_worker_fresh_entropy": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"), "not from fresh entropy"),
     "seed_worker_by_id": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
@@ -158,15 +155,7 @@ def test_05_worker_module(module_folder: Path) -> None:
         assert hint in message, (name, message)
 
 
-@pytest.mark.full
-@pytest.mark.timeout(300)
-def test_05_worker_module_wrong_only_in_spawn_workers(module_folder: Path) -> None:
-    for name, (source, hint) in WRONG_IN_SPAWN_WORKERS.items():
-        message = status(nb05.worker_module, write_module(module_folder, f"module_{name}", source))[1]
-        assert hint in message, (name, message)
-
-
-@pytest.mark.full
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> None:
     """A module edited after its first import is checked as edited; a generator made in __init__ and drawn the

@@ -55,7 +55,7 @@ _SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 #: Job credential lifetime (slurm.conf AuthInfo cred_expire; Slurm's default is 120 s). It is also how long a requeued
 #: job is held before it may start again: a job started earlier is killed ("Job credential revoked").
-CRED_EXPIRE_S = 30
+CRED_EXPIRE_S = 15  # 30 until 2026-11: each requeue test waited 30 s of it
 
 class SlurmError(RuntimeError):
     """The cluster could not start, or a job could not be submitted or waited for."""

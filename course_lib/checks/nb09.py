@@ -241,7 +241,8 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
         except ValueError as exc:
             error = str(exc)
         del loader
-    gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
+    if error:
+        gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
     require("nodesplitter" not in error, "webdataset refused to read: with several ranks it needs "
             "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
     require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing as mp
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import webdataset as wds
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from course_lib import capstone, distributed, shard_reader
 from course_lib.iterable import ShardedStream
+from matrix_rank import gather_to_json  # this folder: the script's own
 
 N, BATCH, WORKERS = 36, 4, 2  # samples of the txt shards (12 shards of 3), batch size, DataLoader workers per rank
 DRAWS, NAMES = 150, 100  # shard draws per rank and epoch from a list of NAMES shards, for the resampled count
@@ -126,12 +125,7 @@ def main() -> None:
             "draws": draws,
             "capstone": capstone_epochs(args.image_shards, args.epochs, args.capstone_steps),
         }
-    gathered: list = [None] * env.world_size
-    dist.all_gather_object(gathered, {"rank": env.rank, "source": env.source, "cells": cells})
-    if env.rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(gathered, f)
-    distributed.finish()
+    gather_to_json(env, {"rank": env.rank, "source": env.source, "cells": cells}, args.out)
 
 
 if __name__ == "__main__":  # a spawn worker imports this file again

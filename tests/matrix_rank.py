@@ -111,12 +111,16 @@ def main() -> None:
     env = plain_start() if args.plain else distributed.start("cpu", timeout_s=60)[0]
     cells = [(cell.split("/")[0], int(cell.split("/")[1])) for cell in args.cells.split(",")]
     cells = {f"{method}/{workers}": read_cell(args.urls, env, method, workers) for method, workers in cells}
+    exported = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    gather_to_json(env, {"rank": env.rank, "source": env.source, "cells": cells, "exported": exported}, args.out)
+
+
+def gather_to_json(env: distributed.DistEnv, mine: dict, out: str) -> None:
+    """Every rank's ``mine``, gathered on rank 0 and written there as a JSON list in rank order; then leave the job."""
     gathered: list = [None] * env.world_size
-    dist.all_gather_object(gathered, {"rank": env.rank, "source": env.source, "cells": cells,
-                                   "exported": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                               "LOCAL_WORLD_SIZE")}})
+    dist.all_gather_object(gathered, mine)
     if env.rank == 0:
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             json.dump(gathered, f)
     distributed.finish()
 

@@ -140,10 +140,21 @@ def test_sanitize_patterns_only_mask_what_is_measured() -> None:
         "12.5×", "420 µs per sample", "0x7f3a2b1c0d", "in 1.10 s: 726", "first batch after 26.6 ms",
         "after 73 ms, 84 ms, 84 ms", "185 ms per GB", "1297 samples/s", "35.9 MB/s", "waiting for data: 54% of",
         "busy: main 53%", "w1 50%", "the loop waits 31% of", "waiting 59% of the time", "worker (pid(s) 1234, 5678) exited",
-        "pid=42",
+        "pid=42", "2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)",
+        "2 workers beat 0 → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice the rounds' spread",
     )
     for text in measured:
         assert any(r.search(text) for r in regexes), text
+    # a claim's verdict: holds and inconclusive compare equal, and "does not hold" stays different
+    def sanitized(text: str) -> str:
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    held = sanitized("2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)\nnext line")
+    assert held == sanitized("2 workers beat 0 → inconclusive on this machine: 1.0× (median of 5 rounds) is "
+                             "within twice the rounds' spread (±0.3×) of 1.0×\nnext line") == "2 workers beat 0 → holds\nnext line"
+    assert held != sanitized("2 workers beat 0 → does not hold: 0.6× (median of 5 rounds, spread ±0.1×)\nnext line")
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))
@@ -152,3 +163,50 @@ def test_ratios_are_printed_without_padding(path: Path) -> None:
     for cell in read(path).cells:
         if cell.cell_type == "code":
             assert not re.search(r":\d+(\.\d+)?f\}\s*×", cell.source), cell.source
+
+
+CLAIM_LINE = re.compile(r"^(?P<statement>.+?) → (?P<verdict>holds|does not hold|inconclusive on this machine):", re.M)
+CLAIM_SENTENCE = re.compile(r"\*\*Claim:\*\* (?P<statement>[^\n]+?)\.?$", re.M)
+
+
+def claims_in(nb: nbformat.NotebookNode) -> list[tuple[int, str, str]]:
+    """``(cell index, statement, verdict)`` of every measured claim (course_lib.claims) a notebook's outputs print."""
+    return [(i, m["statement"].strip(), m["verdict"]) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            for m in CLAIM_LINE.finditer(outputs_text(c))]
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_stored_claims_hold(path: Path) -> None:
+    """The stored outputs were made on an idle machine: every measured claim holds there. A claim that says
+    "inconclusive" in a stored output could hide behind the sanitize file forever; one that fails contradicts
+    the prose that states it."""
+    nb = read(path)
+    for i, statement, verdict in claims_in(nb):
+        assert verdict == "holds", f"cell {i}: {statement!r} → {verdict}: re-execute on an idle machine, or fix the claim"
+    for i, cell in enumerate(nb.cells):
+        assert "inconclusive on this machine" not in outputs_text(cell), f"cell {i} stores an inconclusive result"
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_each_marked_claim_is_printed_by_the_next_code_cell(path: Path) -> None:
+    """The convention: a markdown line ``**Claim:** STATEMENT.`` states what the next code cell measures, and that
+    cell's stored output prints ``STATEMENT → holds: ...``. So the prose and the measurement cannot disagree."""
+    nb = read(path)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for m in CLAIM_SENTENCE.finditer(cell.source):
+            following = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
+            assert following is not None, f"cell {i}: the claim {m['statement']!r} has no code cell after it"
+            printed = {s: v for _, s, v in claims_in(nbformat.v4.new_notebook(cells=[following]))}
+            assert printed.get(m["statement"]) == "holds", (
+                f"cell {i} claims {m['statement']!r}; the next code cell prints {printed or 'no claim'}")
+
+
+def test_the_claims_in_the_notebooks() -> None:
+    """The notebooks print measured claims through course_lib.claims, and announce them in their prose."""
+    printed = [s for p in SOLUTIONS for _, s, _ in claims_in(read(p))]
+    marked = [m["statement"] for p in SOLUTIONS for c in read(p).cells if c.cell_type == "markdown"
+              for m in CLAIM_SENTENCE.finditer(c.source)]
+    assert printed, "no notebook prints a measured claim"
+    assert set(marked) <= set(printed)

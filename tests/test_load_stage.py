@@ -1,0 +1,44 @@
+"""The load stage (tests/conftest.py): a loaded notebook's cells run while another process keeps a core busy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+import conftest
+
+pytestmark = pytest.mark.quick
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_solutions_that_print_claims_run_under_load_and_nothing_else() -> None:
+    loaded = {p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb")
+              if conftest.under_load(str(p.relative_to(ROOT)))}
+    printing = {p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb") if " → holds: " in p.read_text()}
+    assert loaded == printing and loaded, loaded
+    assert not any(conftest.under_load(str(p.relative_to(ROOT))) for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_a_busy_process_runs_from_the_first_cell_to_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = next(str(p.relative_to(ROOT)) for p in sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+                  if conftest.under_load(str(p.relative_to(ROOT))))
+    cells = [SimpleNamespace(nodeid=f"{loaded}::Cell {i}", user_properties=[]) for i in range(3)]
+    other = SimpleNamespace(nodeid="tests/test_data.py::test_x", user_properties=[])
+    conftest.pytest_runtest_setup(cells[0])
+    hog = conftest._hogs[loaded]
+    try:
+        assert psutil.Process(hog.pid).cpu_percent(interval=0.3) > 50  # it keeps a core busy
+        conftest.pytest_runtest_teardown(cells[0], cells[1])
+        conftest.pytest_runtest_setup(cells[1])
+        assert conftest._hogs[loaded] is hog  # one busy process for the whole notebook
+        conftest.pytest_runtest_teardown(cells[2], other)
+        assert loaded not in conftest._hogs and hog.poll() is not None  # stopped, by pid, after the last cell
+        assert cells[2].user_properties[0][0] == "load_stage"
+    finally:
+        hog.kill()
+    conftest.pytest_runtest_setup(other)
+    assert not conftest._hogs

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-__all__ = ["Claim", "LoadWatch", "Rounds", "claim", "interleave"]
+__all__ = ["LoadWatch", "claim", "interleave"]
 
 BUSY_CORES = 0.5  # other processes' CPU, in cores, above which a failed claim is not the recipe's fault
 MIN_SPREAD = 0.025  # the least spread assumed, as a share of the threshold: effects under 5 % are never claimed

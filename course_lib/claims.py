@@ -74,7 +74,7 @@ def _our_seconds() -> float:
 
 
 class LoadWatch:
-    """Measures, while a ``with`` block runs, how much CPU *other* processes used, in cores.
+    """Notebooks 04-12: measures, while a ``with`` block runs, how much CPU *other* processes used, in cores.
 
     ``others_cores`` is 0 on an idle machine, about 1 while another program keeps a core busy. The count is this
     process's CPUs only (``sched_getaffinity``), so a busy neighbour on a core this job may not use does not count.
@@ -101,7 +101,7 @@ class LoadWatch:
 
 
 @dataclass(frozen=True)
-class Rounds:
+class _Rounds:
     """What :func:`interleave` measured: one value per round for each variant, and the others' CPU meanwhile."""
 
     values: dict[str, list[float]]
@@ -121,8 +121,8 @@ class Rounds:
         return statistics.median(self.values[name])
 
 
-def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> Rounds:
-    """Calls every variant once per round and returns what each call returned (seconds, a share, a cost).
+def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> _Rounds:
+    """Notebooks 01-12: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
 
     The order alternates (A B C, then C B A, ...), so that a machine growing busier or warmer during the
     measurement does not favour the variant that happens to run first. Other processes' CPU is watched meanwhile.
@@ -136,11 +136,11 @@ def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> Rou
         for r in range(rounds):
             for name in names if r % 2 == 0 else reversed(names):
                 values[name].append(float(variants[name]()))
-    return Rounds(values, load.others_cores, load.cores)
+    return _Rounds(values, load.others_cores, load.cores)
 
 
 @dataclass(frozen=True)
-class Claim:
+class _Claim:
     """A statement about a measured quantity, judged by the module's rule: see :func:`claim`."""
 
     statement: str
@@ -197,11 +197,11 @@ class Claim:
 
 
 def claim(statement: str, values: Sequence[float], *, above: float | None = None, below: float | None = None,
-          load: Any = None, unit: str = "×") -> Claim:
-    """Judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
+          load: Any = None, unit: str = "×") -> _Claim:
+    """Notebooks 01-12: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
     ``below`` a threshold, by the rule in this module's docstring.
 
-    ``load`` is what measured the other processes' CPU meanwhile (a :class:`Rounds` or a :class:`LoadWatch`);
+    ``load`` is what measured the other processes' CPU meanwhile (a :class:`_Rounds` or a :class:`LoadWatch`);
     ``unit`` is ``"×"`` for a ratio or ``"%"`` for a share given as a fraction (0.15 prints "15%").
     """
     if (above is None) == (below is None):
@@ -217,4 +217,4 @@ def claim(statement: str, values: Sequence[float], *, above: float | None = None
     spread = max(deviation, MIN_SPREAD * abs(threshold or median))
     others = getattr(load, "others_cores", 0.0)
     cores = getattr(load, "cores", len(_cores()))
-    return Claim(statement, median, spread, threshold, above is not None, len(values), others, cores, unit)
+    return _Claim(statement, median, spread, threshold, above is not None, len(values), others, cores, unit)

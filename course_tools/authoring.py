@@ -18,6 +18,7 @@ Commands (run from the repository root)::
     python -m course_lib authoring build            # regenerate learner notebooks, execute all
     python -m course_lib authoring build 02_transforms --no-execute
     python -m course_lib authoring check            # are the learner notebooks up to date?
+    python -m course_lib authoring times            # state every notebook's time by the rule (headers, README)
     python -m course_lib authoring renumber --insert 10 --dry-run   # make room for a new notebook 10
 
 ``renumber`` moves every notebook numbered NN or above up by one, with everything named after it
@@ -31,6 +32,7 @@ import argparse
 import copy
 import difflib
 import fnmatch
+import math
 import os
 import re
 import subprocess
@@ -154,6 +156,98 @@ def build(notebooks: Path, names: list[str] | None = None, run: bool = True) -> 
         if run:
             for path in (solution, learner):
                 print(f"executed {path.relative_to(notebooks.parent)} in {execute(path):.1f} s", flush=True)
+
+
+# --------------------------------------------------------------------------- honest times
+
+WORDS_PER_MINUTE = 150  # reading the prose, with its code, at a learner's pace
+MINUTES_PER_EXERCISE = 10  # solving one exercise, a wrong try included
+TIME_RULE = (f"prose words / {WORDS_PER_MINUTE} + {MINUTES_PER_EXERCISE} minutes per exercise, "
+             "rounded up to 5 minutes")
+_EXERCISE_HEADING = re.compile(r"^### Exercise (\d\d\.\d) · .*?(\((?:[^()]*, )?stretch\))?$", re.M)
+_HEADER_TIME = re.compile(r"about \d+ minutes( \(\d+ without the stretch exercises?\))?")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a notebook takes by the course's one rule (:data:`TIME_RULE`), from its text."""
+
+    words: int
+    exercises: tuple[str, ...]
+    stretch: tuple[str, ...]
+
+    @staticmethod
+    def _round(minutes: float) -> int:
+        return 5 * math.ceil(minutes / 5 - 1e-9)
+
+    @property
+    def minutes(self) -> int:
+        return self._round(self.words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * len(self.exercises))
+
+    @property
+    def core_minutes(self) -> int:
+        """The time without the stretch exercises, which a workshop may skip."""
+        return self._round(self.words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * (len(self.exercises) - len(self.stretch)))
+
+    def header(self) -> str:
+        """The phrase the notebook's first cell states: ``about 75 minutes (65 without the stretch exercise)``."""
+        if not self.stretch:
+            return f"about {self.minutes} minutes"
+        plural = "s" if len(self.stretch) > 1 else ""
+        return f"about {self.minutes} minutes ({self.core_minutes} without the stretch exercise{plural})"
+
+
+def prose_words(nb: nbformat.NotebookNode) -> int:
+    """Words in a notebook's markdown cells, fenced code blocks and HTML comments left out."""
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    text = re.sub(r"```.*?```|<!--.*?-->", " ", text, flags=re.S)
+    return len(re.findall(r"\w[\w'’.-]*", text))
+
+
+def timing(nb: nbformat.NotebookNode) -> Timing:
+    """Notebook ``nb``'s :class:`Timing`: its prose words, its exercises and which of them are stretch ones
+    (a heading ``### Exercise NN.N · title (stretch)`` or ``(build, stretch)``)."""
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    found = _EXERCISE_HEADING.findall(text)
+    return Timing(prose_words(nb), tuple(dict.fromkeys(n for n, _ in found)),
+                  tuple(dict.fromkeys(n for n, s in found if s)))
+
+
+def stated_time(nb: nbformat.NotebookNode) -> str | None:
+    """The time phrase the notebook's first cell states, or None."""
+    m = _HEADER_TIME.search(nb.cells[0].source) if nb.cells else None
+    return m.group(0) if m else None
+
+
+def write_times(root: Path, show: Callable[[str], None] = print) -> None:
+    """Set every notebook's stated time (first cell, both versions) and the README's time column by the rule.
+
+    Only markdown is touched: the stored outputs of both versions stay as they are."""
+    readme = root / "README.md"
+    text = readme.read_text()
+    total = 0
+    for solution, learner in pairs(root / "notebooks"):
+        t = timing(nbformat.read(solution, as_version=4))
+        total += t.minutes
+        for path in (solution, learner):
+            nb = nbformat.read(path, as_version=4)
+            if stated_time(nb) is None:
+                raise SystemExit(f"{path}: its first cell states no time ('about N minutes'): add one")
+            nb.cells[0].source = _HEADER_TIME.sub(t.header(), nb.cells[0].source, count=1)
+            nbformat.write(nb, path)
+        row = re.compile(rf"^(\| {solution.name[:2]} \| [1-5] \| \[[^\]]+\]\(notebooks/{re.escape(solution.name)}\) \| )"
+                         r"\d+ min( \(\d+\))?( \|)", re.M)
+        core = f" ({t.core_minutes})" if t.stretch else ""
+        text, n = row.subn(rf"\g<1>{t.minutes} min{core}\g<3>", text)
+        if n != 1:
+            raise SystemExit(f"README.md: no course-table row for {solution.name} with a 'N min' time column")
+        show(f"{solution.name}: {t.words} words, {len(t.exercises)} exercises ({len(t.stretch)} stretch) -> {t.header()}")
+    hours = f"{round(total / 30) / 2:g}"  # to the nearest half hour
+    text, n = re.subn(r"About \d+(\.\d+)? hours in all", f"About {hours} hours in all", text)
+    if n != 1:
+        raise SystemExit("README.md: no 'About N hours in all' sentence under the course table")
+    readme.write_text(text)
+    show(f"all notebooks: {total} minutes, about {hours} hours")
 
 
 # --------------------------------------------------------------------------- renumbering
@@ -432,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     b.add_argument("--no-execute", action="store_true", help="only regenerate the learner notebooks")
     sub.add_parser("check", help="exit 1 if a learner notebook is out of date")
+    sub.add_parser("times", help=f"set each notebook's stated time and the README's by the rule: {TIME_RULE}")
     r = sub.add_parser("renumber", help="make room for a new notebook: move notebooks NN and above up by one, "
                        "with their checks, tests and every reference to them")
     r.add_argument("--insert", required=True, metavar="NN", help="the number the new notebook will have")
@@ -449,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no {args.notebooks / 'solutions'} folder: run from the repository root or pass --notebooks")
     if args.command == "build":
         build(args.notebooks, args.names, run=not args.no_execute)
+        return 0
+    if args.command == "times":
+        write_times(args.notebooks.resolve().parent)
         return 0
     problems = out_of_sync(args.notebooks)
     print("\n".join(problems) or "learner notebooks are up to date")

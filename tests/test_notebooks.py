@@ -104,7 +104,7 @@ def test_lesson_structure(path: Path) -> None:
     figures = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert figures, "at least one real matplotlib figure"
     exercises = set(EXERCISE_LINE.findall("".join(outputs_text(c) for c in nb.cells)))
-    assert 2 <= len(exercises) <= 6
+    assert 4 <= len(exercises) <= 6, "the README promises 4–6 exercises per notebook"
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=ids(SOLUTIONS))
@@ -210,3 +210,22 @@ def test_the_claims_in_the_notebooks() -> None:
               for m in CLAIM_SENTENCE.finditer(c.source)]
     assert printed, "no notebook prints a measured claim"
     assert set(marked) <= set(printed)
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_the_stated_time_follows_the_rule(path: Path) -> None:
+    """One rule sets every time (course_tools.authoring.TIME_RULE); `python -m course_lib authoring times` applies it."""
+    want = authoring.timing(read(NOTEBOOKS / "solutions" / path.name)).header()
+    assert authoring.stated_time(read(path)) == want, "run `python -m course_lib authoring times`"
+
+
+def test_the_readme_states_the_time_rule_and_follows_it() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert authoring.TIME_RULE in readme
+    total = 0
+    for path in SOLUTIONS:
+        t = authoring.timing(read(path))
+        total += t.minutes
+        core = f" ({t.core_minutes})" if t.stretch else ""
+        assert f"](notebooks/{path.name}) | {t.minutes} min{core} |" in readme, "run `python -m course_lib authoring times`"
+    assert f"About {round(total / 30) / 2:g} hours in all" in readme

@@ -109,6 +109,64 @@ def test_cli_needs_a_solutions_folder(tmp_path: Path) -> None:
         authoring.main(["--notebooks", str(tmp_path), "check"])
 
 
+# --------------------------------------------------------------------------- honest times
+
+
+def _course_notebook(words: int, exercises: list[str], stated: str = "about 5 minutes") -> nbformat.NotebookNode:
+    prose = " ".join(["word"] * words)
+    cells = [new_markdown_cell(f"# 01 · X\n\n**Level 1** · {stated} · *Prerequisites:* none."),
+             new_markdown_cell(prose + "\n\n```python\nnot counted at all\n```\n<!-- nor this -->")]
+    cells += [new_markdown_cell(f"### Exercise {title}") for title in exercises]
+    return new_notebook(cells=cells)
+
+
+def test_the_time_rule_counts_prose_and_exercises_and_rounds_up_to_5() -> None:
+    nb = _course_notebook(1488, ["01.1 · A dataset (build)", "01.2 · A split"])
+    t = authoring.timing(nb)
+    # 1488 + the header's 9 words (01 X Level 1 about 5 minutes Prerequisites none; "·" is none) + 5 + 4
+    assert t.words == authoring.prose_words(nb) == 1506
+    assert (t.exercises, t.stretch) == (("01.1", "01.2"), ())
+    assert t.minutes == 35 and t.header() == "about 35 minutes"  # 1506 / 150 + 20 = 30.04 -> 35
+    assert authoring.Timing(1500, ("a",), ()).minutes == 20  # exactly 20: not rounded further
+
+
+def test_stretch_exercises_are_marked_in_their_heading_and_timed_apart() -> None:
+    nb = _course_notebook(1350, ["01.1 · A dataset (build)", "01.2 · A big file (build, stretch)", "01.3 · More (stretch)"])
+    t = authoring.timing(nb)
+    assert t.stretch == ("01.2", "01.3")
+    assert t.words == 1375 and (t.minutes, t.core_minutes) == (40, 20)  # 9.2 + 30 and 9.2 + 10, rounded up
+    assert t.header() == "about 40 minutes (20 without the stretch exercises)"
+    one = authoring.Timing(1500, ("a", "b"), ("b",))
+    assert one.header() == "about 30 minutes (20 without the stretch exercise)"
+
+
+def test_write_times_sets_headers_and_the_readme_and_keeps_outputs(tmp_path: Path) -> None:
+    (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
+    nb = _course_notebook(1350, ["01.1 · A (build)", "01.2 · B (stretch)"])
+    nb.cells.append(new_code_cell("print(1)", outputs=[new_output("stream", name="stdout", text="1\n")], execution_count=1))
+    for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
+        nbformat.write(nb, path)
+    (tmp_path / "README.md").write_text("| # | level | notebook | time | you learn |\n"
+                                        "| 01 | 1 | [x](notebooks/01_x.ipynb) | 10 min | things |\n\nAbout 9 hours in all.\n")
+    authoring.write_times(tmp_path, show=lambda line: None)
+    for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
+        written = nbformat.read(path, as_version=4)
+        assert "about 30 minutes (20 without the stretch exercise) ·" in written.cells[0].source  # 1367 words
+        assert written.cells[-1].outputs[0]["text"] == "1\n"
+    readme = (tmp_path / "README.md").read_text()
+    assert "| [x](notebooks/01_x.ipynb) | 30 min (20) | things |" in readme and "About 0.5 hours in all" in readme
+
+
+def test_write_times_needs_a_stated_time(tmp_path: Path) -> None:
+    (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
+    nb = _course_notebook(10, [], stated="soon")
+    for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
+        nbformat.write(nb, path)
+    (tmp_path / "README.md").write_text("About 1 hours in all")
+    with pytest.raises(SystemExit, match="states no time"):
+        authoring.write_times(tmp_path, show=lambda line: None)
+
+
 # --------------------------------------------------------------------------- renumber: a tiny course in tmp_path
 
 CHECKS = '''"""Checks for notebook 02 (loaders).

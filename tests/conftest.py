@@ -99,9 +99,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _started[notebook] = time.monotonic()
 
 
+INCONCLUSIVE = re.compile(r"^.+ → inconclusive on this machine: .*$", re.M)
+
+
+def _claims_left_open(item: pytest.Item) -> list[str]:
+    """The claims a notebook cell just printed as "inconclusive on this machine" (nbval keeps the fresh outputs)."""
+    text = "".join(str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
+                   for out in getattr(item, "test_outputs", None) or [])
+    return INCONCLUSIVE.findall(text)
+
+
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """After a loaded notebook's last cell (or a failure that ends the run), stop its busy process, by pid."""
+    """After a loaded notebook's last cell (or a failure that ends the run), stop its busy process, by pid.
+    Note every claim a cell left inconclusive, loaded or not: the summary at the end lists them."""
     notebook = _notebook(item)
+    for line in _claims_left_open(item) if notebook else []:
+        load = "under load" if notebook in _hogs else "idle"
+        item.user_properties.append(("inconclusive", f"{item.nodeid} ({load}): {line}"))
     if notebook in _hogs and _notebook(nextitem) != notebook:
         hog = _hogs.pop(notebook)
         hog.kill()
@@ -138,3 +152,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             for name, value in getattr(report, "user_properties", []):
                 if name in ("slurm_stage", "exit_runs", "slurm_resumable", "load_stage"):
                     terminalreporter.write_line(f"{name}, seconds: {value}")
+                elif name == "inconclusive":
+                    terminalreporter.write_line(f"claim left inconclusive: {value}")

@@ -42,3 +42,14 @@ def test_a_busy_process_runs_from_the_first_cell_to_the_last(monkeypatch: pytest
         hog.kill()
     conftest.pytest_runtest_setup(other)
     assert not conftest._hogs
+
+
+def test_claims_left_inconclusive_are_noted_for_the_summary() -> None:
+    outputs = [{"output_type": "stream", "name": "stdout",
+                "text": "x → holds: 2.0× (median of 5 rounds, spread ±0.1×)\n"
+                        "y → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice ...\n"}]
+    item = SimpleNamespace(nodeid="notebooks/04_x.ipynb::Cell 3", user_properties=[], test_outputs=outputs)
+    conftest.pytest_runtest_teardown(item, None)
+    assert item.user_properties == [
+        ("inconclusive", "notebooks/04_x.ipynb::Cell 3 (idle): y → inconclusive on this machine: 1.1× (median of 5 "
+                         "rounds) is within twice ...")]

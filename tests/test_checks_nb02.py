@@ -143,6 +143,10 @@ def mask_as_image(image, mask):
     return pair_tf(tv_tensors.Image(image), tv_tensors.Image(mask[None]))
 
 
+def mask_as_image_2d(image, mask):
+    return pair_tf(tv_tensors.Image(image), tv_tensors.Image(mask))
+
+
 def mask_to_float(image, mask):
     img, m = augment_pair(image, mask)
     return img, m.float() / 3
@@ -167,7 +171,9 @@ def test_02_augment_pair() -> None:
     right_and_stubs(check, augment_pair, stub)
     assert "the mask came back untouched" in status(check, plain_mask)[1]
     assert "cropped or flipped differently" in status(check, two_calls)[1]
-    assert "not the class ids 0-3" in status(check, mask_as_image)[1]
+    as_image = status(check, mask_as_image)[1]
+    assert "came back as a tv_tensors.Image" in as_image and "float" not in as_image  # no conversion the learner never did
+    assert "came back as a tv_tensors.Image" in status(check, mask_as_image_2d)[1]
     assert "not the class ids 0-3" in status(check, mask_to_float)[1]
     assert "should be random" in status(check, not_random)[1]
     assert "float32 in [0, 1]" in status(check, unscaled)[1]

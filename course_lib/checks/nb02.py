@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 from PIL import Image
+from torchvision import tv_tensors
 
 from ._core import Hint, attempted, exercise, require
 
@@ -155,9 +156,14 @@ def augment_pair(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
         require(tuple(m.shape)[-2:] == (48, 48), f"the mask should be 48 x 48, got {tuple(m.shape)}.")
         require(img.dtype == torch.float32 and 0 <= float(img.min()) and float(img.max()) <= 1,
                 f"the image should be float32 in [0, 1], got {img.dtype}: end with v2.ToDtype(torch.float32, scale=True).")
+        require(not isinstance(m, tv_tensors.Image), "the mask came back as a tv_tensors.Image: wrapped as an image, it "
+                "is resized with smooth interpolation (class ids blend into values that are no class) and converted by "
+                "ToDtype like the picture. Wrap it as tv_tensors.Mask(mask): a Mask is resized by the nearest pixel and "
+                "keeps its integer ids.")
         require(not m.is_floating_point() and set(m.unique().tolist()) <= {0, 1, 2, 3},
-                f"the mask holds {sorted(m.unique().tolist())[:6]}, not the class ids 0-3: a Mask is never scaled or "
-                "blended; do not convert it to float yourself (ToDtype(torch.float32, scale=True) converts images only).")
+                f"the mask holds {sorted(m.unique().tolist())[:6]}, not the class ids 0-3: a tv_tensors.Mask is never "
+                "scaled or blended (ToDtype(torch.float32, scale=True) converts images only), so either the mask went "
+                "through the pipeline as something else than a Mask, or your code converted it to float.")
         grey = (img[0] * 255 / 60).round()
         agree = float((grey == m.reshape(48, 48).to(grey.dtype)).float().mean())
         require(agree > 0.85, f"image and mask disagree on {1 - agree:.0%} of the pixels: they were cropped or flipped "

@@ -88,38 +88,57 @@ def test_01_squares() -> None:
     assert stub[0] is Status.NOT_ATTEMPTED and "NotImplementedError in `__getitem__`" in stub[1]
 
 
-def two_views(tiny_set: Path, fractions, seed):
-    """The solution's recipe: split the indices, then give each part its own dataset object."""
-    train_idx, holdout_idx = random_split(range(80), fractions, generator=torch.Generator().manual_seed(seed))
-    return (Subset(ImageFileDataset(tiny_set, "train"), train_idx.indices),
-            Subset(ImageFileDataset(tiny_set, "train"), holdout_idx.indices))
+def split_with(fractions, seed, objects=2):
+    """A split_holdout: the solution's recipe (split the indices, then one dataset object per part), varied."""
+    def split_holdout(ds):
+        idx = random_split(range(len(ds)), fractions, generator=torch.Generator().manual_seed(seed))
+        views = [ImageFileDataset(ds.root, "train") for _ in range(objects)]
+        return Subset(views[0], idx[0].indices), Subset(views[-1], idx[1].indices)
+    return split_holdout
 
 
 def test_01_split(tiny_set: Path) -> None:
     train = ImageFileDataset(tiny_set, "train")
     assert len(train) == 80
-    assert status(nb01.seeded_split, *two_views(tiny_set, [0.8, 0.2], 42), train)[0] is Status.SOLVED
-    assert status(nb01.seeded_split, ..., ..., train)[0] is Status.NOT_ATTEMPTED
-    one_object = random_split(train, [0.8, 0.2], generator=torch.Generator().manual_seed(42))
-    assert "views of one dataset object" in status(nb01.seeded_split, *one_object, train)[1]
-    assert "seed 42" in status(nb01.seeded_split, *two_views(tiny_set, [0.8, 0.2], 1), train)[1]
-    assert "[0.8, 0.2]" in status(nb01.seeded_split, *two_views(tiny_set, [0.5, 0.5], 42), train)[1]
-    good = two_views(tiny_set, [0.8, 0.2], 42)
-    assert "should be a Subset" in status(nb01.seeded_split, list(range(80)), good[1], train)[1]
+    check = nb01.seeded_split
+    assert status(check, split_with([0.8, 0.2], 42), train)[0] is Status.SOLVED
+    assert status(check, ..., train)[0] is Status.NOT_ATTEMPTED
+    assert "views of one dataset object" in status(check, split_with([0.8, 0.2], 42, objects=1), train)[1]
+    assert "seed 42" in status(check, split_with([0.8, 0.2], 1), train)[1]
+    assert "[0.8, 0.2]" in status(check, split_with([0.5, 0.5], 42), train)[1]
+    assert "the function itself" in status(check, split_with([0.8, 0.2], 42)(train), train)[1]
+    assert "should return two Subsets" in status(check, lambda ds: split_with([0.8, 0.2], 42)(ds)[0], train)[1]
+    assert "should be a Subset" in status(check, lambda ds: (list(range(64)), split_with([0.8, 0.2], 42)(ds)[1]), train)[1]
     val = ImageFileDataset(tiny_set, "val")
-    assert "over the same files" in status(nb01.seeded_split, good[0], Subset(val, range(16)), train)[1]
-    overlap = (good[0], Subset(good[1].dataset, good[0].indices[:16]))
-    assert "in both parts" in status(nb01.seeded_split, *overlap, train)[1]
+    assert "over the same files" in status(check, lambda ds: (split_with([0.8, 0.2], 42)(ds)[0], Subset(val, range(16))), train)[1]
+
+    def overlap(ds):
+        good = split_with([0.8, 0.2], 42)(ds)
+        return good[0], Subset(good[1].dataset, good[0].indices[:16])
+    assert "in both parts" in status(check, overlap, train)[1]
 
 
-def test_01_split_from_the_global_seed(tiny_set: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.manual_seed(42) + an unseeded random_split gives the same indices: only the cell's code tells them apart."""
+def test_01_split_from_the_global_seed(tiny_set: Path) -> None:
+    """torch.manual_seed(42) in an earlier cell + an unseeded random_split: right indices in that cell, yet the check
+    (which calls the function under other global seeds) sees the split follow the global generator."""
     train = ImageFileDataset(tiny_set, "train")
-    good = two_views(tiny_set, [0.8, 0.2], 42)
-    monkeypatch.setattr(nb01, "_running_cell", lambda: "torch.manual_seed(42)\nparts = random_split(range(len(train)), [0.8, 0.2])\ncheck.seeded_split(a, b, train)")
-    assert "global generator" in status(nb01.seeded_split, *good, train)[1]
-    monkeypatch.setattr(nb01, "_running_cell", lambda: "parts = random_split(idx, [0.8, 0.2], generator=torch.Generator().manual_seed(42))")
-    assert status(nb01.seeded_split, *good, train)[0] is Status.SOLVED
+    check = nb01.seeded_split
+
+    def from_global(ds):
+        idx = random_split(range(len(ds)), [0.8, 0.2])
+        return Subset(ImageFileDataset(ds.root, "train"), idx[0].indices), Subset(ImageFileDataset(ds.root, "train"), idx[1].indices)
+
+    torch.manual_seed(42)
+    right_here = from_global(train)
+    assert right_here[0].indices == split_with([0.8, 0.2], 42)(train)[0].indices  # the answer that used to pass
+    state = torch.get_rng_state()
+    assert "changes with the state of torch's global generator" in status(check, from_global, train)[1]
+    assert torch.equal(state, torch.get_rng_state())  # the check leaves the learner's generator as it was
+
+    def reseeds_global(ds):
+        torch.manual_seed(42)
+        return from_global(ds)
+    assert "reseeds or draws from torch's global generator" in status(check, reseeds_global, train)[1]
 
 
 def class_counts(ds):
@@ -228,6 +247,20 @@ class RelativeToCwd(AnnotatedImages):
         return Image.new("RGB", (4, 3)), self.targets[i]  # the file read from the wrong folder: any other image
 
 
+class TensorTargets(AnnotatedImages):
+    """A valid answer: the targets kept as a tensor, each item's label a 0-d tensor."""
+
+    def __init__(self, root, annotations):
+        super().__init__(root, annotations)
+        self.targets = torch.tensor(self.targets)
+
+
+class FloatTensorTargets(AnnotatedImages):
+    def __init__(self, root, annotations):
+        super().__init__(root, annotations)
+        self.targets = torch.tensor(self.targets, dtype=torch.float32)
+
+
 class StubInit(AnnotatedImages):
     def __init__(self, root, annotations):
         raise NotImplementedError
@@ -246,6 +279,8 @@ def test_01_annotated_images() -> None:
     assert "as it was when the dataset was built" in status(check, Eager)[1]
     assert "is a 'L' image" in status(check, NoConvert)[1]
     assert "is not the image of row 0" in status(check, RelativeToCwd)[1]
+    assert status(check, TensorTargets)[0] is Status.SOLVED
+    assert "one class number per row" in status(check, FloatTensorTargets)[1]
 
 
 # ----------------------------------------------------------------- 01.3: one big binary file, a handle per worker

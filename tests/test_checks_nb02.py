@@ -102,12 +102,22 @@ def test_checks_leave_the_learners_random_state_alone() -> None:
 
 def test_02_is_round() -> None:
     classes = ["arrow", "circle", "crescent", "cross", "hexagon", "pentagon", "ring", "square", "star", "triangle"]
-    assert status(nb02.is_round, lambda y: int(classes[y] in ("circle", "ring", "crescent")), classes)[0] is Status.SOLVED
-    assert "did you forget `return`" in status(nb02.is_round, lambda y: None, classes)[1]
-    assert "(ring) should be 1" in status(nb02.is_round, lambda y: int(classes[y] == "circle" or y == 2), classes)[1]
-    assert "the number 0 or 1, got 'other'" in status(nb02.is_round, lambda y: "other", classes)[1]
-    assert "the number 0 or 1, got tensor" in status(nb02.is_round, lambda y: torch.tensor([1.0, 0.0]), classes)[1]
-    assert status(nb02.is_round, lambda y: torch.tensor(int(classes[y] in ("circle", "ring", "crescent"))), classes)[0] is Status.SOLVED
+    check = nb02.is_round
+
+    def is_round(label, names=classes):
+        return int(names[label] in ("circle", "ring", "crescent"))
+
+    assert status(check, is_round, classes)[0] is Status.SOLVED
+    assert status(check, lambda y, c=classes: torch.tensor(is_round(y, c)), classes)[0] is Status.SOLVED
+    assert "did you forget `return`" in status(check, lambda y, c=classes: None, classes)[1]
+    assert "(ring) should be 1" in status(check, lambda y, c=classes: int(c[y] == "circle" or y == 2), classes)[1]
+    assert "the number 0 or 1, got 'other'" in status(check, lambda y, c=classes: "other", classes)[1]
+    assert "the number 0 or 1, got tensor" in status(check, lambda y, c=classes: torch.tensor([1.0, 0.0]), classes)[1]
+    # hard-coded label numbers: right for these classes, wrong for the same names in another order
+    assert "give it a second parameter, `classes=train.classes`" in status(check, lambda l: int(l in (1, 2, 6)), classes)[1]
+    assert "still answers from label numbers" in status(check, lambda l, c=classes: int(l in (1, 2, 6)), classes)[1]
+    round_labels = {classes.index(n) for n in ("circle", "ring", "crescent")}  # looked up once, from the global list
+    assert "still answers from label numbers" in status(check, lambda l, c=classes: int(l in round_labels), classes)[1]
 
 
 # ----------------------------------------------------------------- 02.4: image and mask together
@@ -131,6 +141,10 @@ def two_calls(image, mask):
 
 def mask_as_image(image, mask):
     return pair_tf(tv_tensors.Image(image), tv_tensors.Image(mask[None]))
+
+
+def mask_as_image_2d(image, mask):
+    return pair_tf(tv_tensors.Image(image), tv_tensors.Image(mask))
 
 
 def mask_to_float(image, mask):
@@ -157,7 +171,9 @@ def test_02_augment_pair() -> None:
     right_and_stubs(check, augment_pair, stub)
     assert "the mask came back untouched" in status(check, plain_mask)[1]
     assert "cropped or flipped differently" in status(check, two_calls)[1]
-    assert "not the class ids 0-3" in status(check, mask_as_image)[1]
+    as_image = status(check, mask_as_image)[1]
+    assert "came back as a tv_tensors.Image" in as_image and "float" not in as_image  # no conversion the learner never did
+    assert "came back as a tv_tensors.Image" in status(check, mask_as_image_2d)[1]
     assert "not the class ids 0-3" in status(check, mask_to_float)[1]
     assert "should be random" in status(check, not_random)[1]
     assert "float32 in [0, 1]" in status(check, unscaled)[1]

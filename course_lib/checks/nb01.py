@@ -89,6 +89,15 @@ def _refuses(build: Any, name: str, hint: str) -> None:
         raise Hint(hint)
 
 
+def _class_number(value: Any) -> int | None:
+    """``value`` as an int if it is one class number (a Python or NumPy int, or a one-element integer tensor)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+        return int(value.item())
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
 def _pixel(img: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in np.asarray(img)[0, 0])
 
@@ -115,11 +124,12 @@ def annotated_images(dataset_cls: Any) -> None:
         require(classes == ["bird", "cat", "dog"], f"ds.classes is {classes}: sort it, as ImageFolder does, so that "
                 "class numbers do not depend on the order of the rows.")
         want = [classes.index(label) for _, label in _ANNOTATIONS]
-        targets = list(getattr(ds, "targets", []))
-        require(len(targets) == n and all(isinstance(t, (int, np.integer)) for t in targets),
-                f"ds.targets should hold one class number per row, got {targets[:6]!r}: use classes.index(label) "
-                "or a class_to_idx dict.")
-        require([int(t) for t in targets] == want, f"ds.targets is {[int(t) for t in targets]}, expected {want}.")
+        raw_targets = getattr(ds, "targets", [])
+        targets = [_class_number(t) for t in raw_targets]  # a list, a NumPy array or a tensor of ints
+        require(len(targets) == n and None not in targets,
+                f"ds.targets should hold one class number per row, got {list(raw_targets)[:6]!r}: use "
+                "classes.index(label) or a class_to_idx dict.")
+        require(targets == want, f"ds.targets is {targets}, expected {want}.")
         for k, (rel, _) in enumerate(_ANNOTATIONS):
             item = ds[k]
             require(isinstance(item, tuple) and len(item) == 2, f"ds[{k}] should be a pair (image, label), got {type(item).__name__}.")
@@ -127,7 +137,7 @@ def annotated_images(dataset_cls: Any) -> None:
             require(isinstance(img, Image.Image), f"ds[{k}][0] should be a PIL image (Image.open), got {type(img).__name__}.")
             require(img.mode == "RGB", f"ds[{k}] is a {img.mode!r} image ({rel} is greyscale on disk): "
                     "return Image.open(path).convert('RGB') so that every sample has 3 channels.")
-            require(isinstance(label, (int, np.integer)) and int(label) == want[k],
+            require(_class_number(label) == want[k],
                     f"ds[{k}][1] should be the class number {want[k]} ({_ANNOTATIONS[k][1]}), got {label!r}.")
             on_disk = [_pixel(Image.new("RGB", (1, 1), _colour(k, v)).convert("L" if k == 2 else "RGB").convert("RGB"))
                        for v in (0, 1)]
@@ -261,10 +271,30 @@ def _handles_in_workers(ds: Any, path: str, records: np.ndarray, labels: np.ndar
     return counts
 
 
+def _split_under(fn: Any, dataset: Any, global_seed: int) -> tuple[Any, bool]:
+    """``fn(dataset)`` called with torch's global generator seeded with ``global_seed``; whether the call used or
+    reseeded that generator. The learner's global generator is left as it was."""
+    saved = torch.get_rng_state()
+    try:
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        parts = fn(dataset)
+        touched = not torch.equal(before, torch.get_rng_state())
+    finally:
+        torch.set_rng_state(saved)
+    return parts, touched
+
+
 @exercise("01.4", "a reproducible 80/20 split over two dataset objects: 640 + 160 disjoint samples, the same on every run.")
-def seeded_split(train_part: Any, holdout: Any, dataset: Any) -> None:
-    """Seed-42 ``random_split`` indices of ``dataset``, as ``Subset``s of two dataset objects over its files."""
-    attempted(train_part, holdout)
+def seeded_split(fn: Any, dataset: Any) -> None:
+    """``fn(dataset)`` returns the seed-42 ``random_split`` of its indices as ``Subset``s of two dataset objects over
+    its files, whatever state torch's global generator is in (the check calls it under two global seeds)."""
+    attempted(fn)
+    require(callable(fn), f"pass the function itself, `split_holdout`, not what it returns ({type(fn).__name__}).")
+    parts, touched = _split_under(fn, dataset, global_seed=0)
+    require(isinstance(parts, (tuple, list)) and len(parts) == 2,
+            f"split_holdout(ds) should return two Subsets, (train_part, holdout), got {type(parts).__name__}.")
+    train_part, holdout = parts
     for name, part in (("train_part", train_part), ("holdout", holdout)):
         require(isinstance(part, Subset), f"{name} should be a Subset (what random_split returns), got {type(part).__name__}.")
         same_files = list(getattr(part.dataset, "paths", [])) == list(dataset.paths)
@@ -279,27 +309,19 @@ def seeded_split(train_part: Any, holdout: Any, dataset: Any) -> None:
     )
     a, b = set(train_part.indices), set(holdout.indices)
     require(not a & b, f"{len(a & b)} samples are in both parts: each sample must land in exactly one.")
+    again, _ = _split_under(fn, dataset, global_seed=1)
+    require(list(again[0].indices) == list(train_part.indices), "the split changes with the state of torch's global "
+            "generator: random_split drew from it (a torch.manual_seed(42) in another cell does not fix that: any random "
+            "draw in between, a model or an augmentation, changes the split). Give random_split a generator of its own: "
+            "generator=torch.Generator().manual_seed(42).")
+    require(not touched, "the split is reproducible, but split_holdout reseeds or draws from torch's global generator "
+            "(torch.manual_seed), which changes every later random draw of the notebook: give random_split a generator "
+            "of its own, generator=torch.Generator().manual_seed(42), and leave the global one alone.")
     expected = random_split(range(n), [0.8, 0.2], generator=torch.Generator().manual_seed(42))
     require(
         list(train_part.indices) == list(expected[0].indices),
         "the split is not the one seed 42 gives: pass generator=torch.Generator().manual_seed(42) to random_split.",
     )
-    cell = _running_cell()
-    require("manual_seed(42)" not in cell.replace(" ", "") or "generator=" in cell, "the split is right, but it comes "
-            "from the global generator that torch.manual_seed(42) seeded: any random draw added before it (a model, an "
-            "augmentation) would change it. Give random_split a generator of its own: "
-            "generator=torch.Generator().manual_seed(42).")
-
-
-def _running_cell() -> str:
-    """The source of the notebook cell running now ("" outside IPython): the global seed leaves no trace in the result."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return ""
-    shell = get_ipython()
-    cell = shell.user_ns.get("In", [""])[-1] if shell is not None else ""
-    return cell if "seeded_split" in cell else ""  # a kernel run without history: In[-1] is an older cell
 
 
 def _no_decoding(dataset: Any) -> Any:

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 from PIL import Image
+from torchvision import tv_tensors
 
 from ._core import Hint, attempted, exercise, require
 
@@ -85,22 +86,43 @@ def train_and_val(train_tf: Any, val_tf: Any) -> None:
     require(torch.equal(val_tf(img), val_tf(img)), "val_tf should be deterministic: no Random* transforms in validation.")
 
 
-@exercise("02.3", "is_round labels circles, rings and crescents 1 and every other shape 0.")
-def is_round(fn: Callable[[int], Any], classes: list[str]) -> None:
-    """``fn(label)`` is 1 for round classes, 0 otherwise, for every label."""
+_ROUND = ("circle", "ring", "crescent")
+
+
+def _zero_or_one(fn: Callable[..., Any], label: int, *classes: list[str]) -> int:
+    """``fn(label, *classes)`` as the int 0 or 1, or a :class:`Hint`."""
+    got = fn(label, *classes)
+    if got is None:
+        raise Hint(f"is_round({label}) returned None: did you forget `return`?")
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or got not in (0, 1):
+        raise Hint(f"is_round({label}) should return the number 0 or 1, got {got!r}.")
+    return int(got)
+
+
+@exercise("02.3", "is_round labels circles, rings and crescents 1 and every other shape 0, by their names.")
+def is_round(fn: Callable[..., Any], classes: list[str]) -> None:
+    """``fn(label)`` is 1 for round classes of ``classes``, 0 otherwise; ``fn(label, other_classes)`` follows another
+    class list (the same names in another order), so that no label number is hard-coded."""
     attempted(fn)
     require(callable(fn), "is_round should be a function of the label.")
-    expected = {i: int(c in ("circle", "ring", "crescent")) for i, c in enumerate(classes)}
-    for label, want in expected.items():
-        got = fn(label)
-        if got is None:
-            raise Hint(f"is_round({label}) returned None: did you forget `return`?")
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or got not in (0, 1):
-            raise Hint(f"is_round({label}) should return the number 0 or 1, got {got!r}.")
-        if int(got) != want:
-            raise Hint(f"is_round({label}) ({classes[label]}) should be {want}, got {got!r}.")
+    for label, name in enumerate(classes):
+        want = int(name in _ROUND)
+        got = _zero_or_one(fn, label)
+        require(got == want, f"is_round({label}) ({name}) should be {want}, got {got!r}.")
+    permuted = list(reversed(classes))
+    try:
+        answers = [_zero_or_one(fn, label, permuted) for label in range(len(permuted))]
+    except TypeError:
+        raise Hint("is_round takes only the label: give it a second parameter, `classes=train.classes`, and look the "
+                   "label's name up in it (the check passes the class names in another order, to see that no label "
+                   "number is hard-coded).") from None
+    for label, got in enumerate(answers):
+        want = int(permuted[label] in _ROUND)
+        require(got == want, f"with the class names in another order, is_round({label}, classes) ({permuted[label]}) "
+                f"gave {got}, not {want}: it still answers from label numbers. Look the name up, classes[label], and "
+                "compare names.")
 
 
 # ----------------------------------------------------------------- 02.4: an image and its mask, transformed together
@@ -134,9 +156,14 @@ def augment_pair(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
         require(tuple(m.shape)[-2:] == (48, 48), f"the mask should be 48 x 48, got {tuple(m.shape)}.")
         require(img.dtype == torch.float32 and 0 <= float(img.min()) and float(img.max()) <= 1,
                 f"the image should be float32 in [0, 1], got {img.dtype}: end with v2.ToDtype(torch.float32, scale=True).")
+        require(not isinstance(m, tv_tensors.Image), "the mask came back as a tv_tensors.Image: wrapped as an image, it "
+                "is resized with smooth interpolation (class ids blend into values that are no class) and converted by "
+                "ToDtype like the picture. Wrap it as tv_tensors.Mask(mask): a Mask is resized by the nearest pixel and "
+                "keeps its integer ids.")
         require(not m.is_floating_point() and set(m.unique().tolist()) <= {0, 1, 2, 3},
-                f"the mask holds {sorted(m.unique().tolist())[:6]}, not the class ids 0-3: a Mask is never scaled or "
-                "blended; do not convert it to float yourself (ToDtype(torch.float32, scale=True) converts images only).")
+                f"the mask holds {sorted(m.unique().tolist())[:6]}, not the class ids 0-3: a tv_tensors.Mask is never "
+                "scaled or blended (ToDtype(torch.float32, scale=True) converts images only), so either the mask went "
+                "through the pipeline as something else than a Mask, or your code converted it to float.")
         grey = (img[0] * 255 / 60).round()
         agree = float((grey == m.reshape(48, 48).to(grey.dtype)).float().mean())
         require(agree > 0.85, f"image and mask disagree on {1 - agree:.0%} of the pixels: they were cropped or flipped "

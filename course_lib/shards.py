@@ -19,14 +19,13 @@ import os
 import re
 import tarfile
 import time
-import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import data as _data
+from . import claims as _claims, data as _data
 from ._support import check_int, new_folder
 
 __all__ = ["ShardError", "ShardSet", "brace_urls", "check_enough_shards", "compare_small_files_and_shards", "corrupt_copy",
@@ -434,25 +433,31 @@ def _read_shards(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
 
 @dataclass(frozen=True)
 class _FilesVsShards:
-    """Samples per second reading the same samples as small files and as shards (with and without latency)."""
+    """Seconds to read the same samples as small files and as shards (with and without latency), per round."""
 
     samples: int
     files: int
     shards: int
     latency: float
-    rates: dict[str, float]  # "small files", "shards", "small files + latency", "shards + latency"
+    rounds: _claims._Rounds  # "small files", "shards", "small files + latency", "shards + latency": seconds per round
 
-    def ratio(self, simulated: bool) -> float:
-        """The shards' rate over the small files' rate, with the simulated latency or without."""
+    @property
+    def rates(self) -> dict[str, float]:
+        """Samples per second of each way, from its median round."""
+        return {name: self.samples / self.rounds.median(name) for name in self.rounds.values}
+
+    def ratios(self, simulated: bool) -> list[float]:
+        """Per round, the shards' rate over the small files' rate, with the simulated latency or without."""
         suffix = " + latency" if simulated else ""
-        return self.rates["shards" + suffix] / self.rates["small files" + suffix]
+        return self.rounds.ratio("small files" + suffix, "shards" + suffix)
 
 
 def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths: Sequence[_StrPath],
-                                   latency: float = 0.001, repeat: int = 3) -> _FilesVsShards:
-    """Notebook 09, section 10: samples per second reading ``image_paths`` (a file per sample) and ``shard_paths``
-    (the same samples), best of ``repeat``: from the page cache (per-file overhead) and with ``latency`` seconds
-    per ``open`` (simulated metadata cost). Bytes only: decoding costs the same either way."""
+                                   latency: float = 0.001, rounds: int = 5) -> _FilesVsShards:
+    """Notebook 09, section 10: seconds to read ``image_paths`` (a file per sample) and ``shard_paths`` (the same
+    samples) in ``rounds`` interleaved rounds (:func:`course_lib.claims.interleave`): from the page cache (per-file
+    overhead) and with ``latency`` seconds per ``open`` (simulated metadata cost). Bytes only: decoding costs the
+    same either way."""
     if latency < 0:
         raise ValueError(f"latency must be >= 0 seconds, got {latency}")
     samples = sum(verify_shards(shard_paths).values())
@@ -460,10 +465,15 @@ def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths:
         raise ValueError(f"the shards hold {samples} samples and {len(image_paths)} image files were given: "
                          "compare the same samples (at least one)")
 
-    def rate(read, paths, delay: float) -> float:
-        return samples / min(timeit.repeat(lambda: read(paths, delay), number=1, repeat=repeat))
+    def seconds(read, paths, delay: float):
+        def run() -> float:
+            start = time.perf_counter()
+            read(paths, delay)
+            return time.perf_counter() - start
+        return run
 
-    rates = {"small files": rate(_read_small_files, image_paths, 0.0), "shards": rate(_read_shards, shard_paths, 0.0),
-             "small files + latency": rate(_read_small_files, image_paths, latency),
-             "shards + latency": rate(_read_shards, shard_paths, latency)}
-    return _FilesVsShards(samples, len(image_paths), len(shard_paths), latency, rates)
+    measured = _claims.interleave({"small files": seconds(_read_small_files, image_paths, 0.0),
+                                   "shards": seconds(_read_shards, shard_paths, 0.0),
+                                   "small files + latency": seconds(_read_small_files, image_paths, latency),
+                                   "shards + latency": seconds(_read_shards, shard_paths, latency)}, rounds=rounds)
+    return _FilesVsShards(samples, len(image_paths), len(shard_paths), latency, measured)

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import tarfile
 import warnings
 from collections import Counter
@@ -383,14 +384,18 @@ def test_simulated_reader_restores_the_environment(monkeypatch: pytest.MonkeyPat
 @pytest.mark.quick
 def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set: Path) -> None:
     files = [tiny_set / "train" / k.split("-")[0] / (k.split("-")[1] + ".jpg") for k in image_shards.all_keys()]
-    result = shards.compare_small_files_and_shards(files, image_shards.paths, latency=0.003, repeat=1)
+    result = shards.compare_small_files_and_shards(files, image_shards.paths, latency=0.003, rounds=3)
     assert result.samples == result.files == 80 and result.shards == 8 and result.latency == 0.003
     assert set(result.rates) == {"small files", "shards", "small files + latency", "shards + latency"}
     assert all(r > 0 for r in result.rates.values())
     # bounds the sleeps guarantee on any machine (a ratio's size is the notebook's to measure, not a test's)
     assert result.rates["small files + latency"] < 1 / 0.003  # one open, one 3 ms wait, per sample
     assert result.rates["shards + latency"] < 10 / 0.003  # one wait per shard of 10 samples
-    assert result.ratio(simulated=True) == result.rates["shards + latency"] / result.rates["small files + latency"]
+    seconds = result.rounds.values
+    assert all(len(v) == 3 for v in seconds.values())  # 3 interleaved rounds of each way
+    assert result.ratios(simulated=True) == [f / s for f, s in zip(seconds["small files + latency"],
+                                                                   seconds["shards + latency"])]
+    assert result.rates["shards"] == 80 / statistics.median(seconds["shards"])
     with pytest.raises(ValueError, match="same samples"):
         shards.compare_small_files_and_shards(files[:10], image_shards.paths)
     with pytest.raises(ValueError, match="latency"):

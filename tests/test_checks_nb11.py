@@ -121,6 +121,18 @@ def test_synthetic_records_have_the_stall_asked_for() -> None:
     assert record(1, 0.35).steady_stall_fraction == pytest.approx(0.35, abs=0.04)
 
 
+@pytest.fixture
+def four_cores(monkeypatch):
+    """A machine with cores for 3 workers and the main process: the core budget is not what these cases test."""
+    monkeypatch.setattr(nb11, "cpu_count", lambda: 4)
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(nb11, "cpu_count", lambda: 2)
+
+
+@pytest.mark.usefixtures("four_cores")
 def test_tuned_workers_right_answer() -> None:
     assert status(nb11.tuned_workers, 2, sweep())[0] is Status.SOLVED
     assert status(nb11.tuned_workers, 1, sweep({0: 0.5, 1: 0.05, 2: 0.01}))[0] is Status.SOLVED  # another machine
@@ -138,9 +150,28 @@ def test_tuned_workers_right_answer() -> None:
     (2, {w: r for w, r in zip([0, 1, 2, 3], sweep().values())} | {1: record(2, 0.35)}, "the num_workers its record"),
     (2, [record(0, 0.6)], "should be a dict"),
 ])
+@pytest.mark.usefixtures("four_cores")
 def test_tuned_workers_wrong_answers(answer, results, hint) -> None:
     got, message = status(nb11.tuned_workers, answer, results)
     assert got is Status.WRONG and hint in message, message
+
+
+@pytest.mark.usefixtures("two_cores")
+def test_tuned_workers_counts_the_cores() -> None:
+    """11.2 does not reward oversubscription: on 2 cores, 1 worker unless only more get under the target."""
+    loaded = sweep({0: 0.5, 1: 0.131, 2: 0.113, 3: 0.138})  # all under 15 % on a busy machine: 1 worker is enough
+    assert status(nb11.tuned_workers, 1, loaded)[0] is Status.SOLVED
+    for wrong in (2, 3):
+        got, message = status(nb11.tuned_workers, wrong, loaded)
+        assert got is Status.WRONG and "more than your 2 cores leave for workers (1" in message, message
+    assert status(nb11.tuned_workers, 2, sweep())[0] is Status.SOLVED  # 1 worker misses the target: 2 may share the cores
+    got, message = status(nb11.tuned_workers, 3, sweep())
+    assert got is Status.WRONG and "By your sweep the answer is 2." in message, message
+    busy = sweep({0: 0.6, 1: 0.4, 2: 0.3, 3: 0.25})  # none under 15 %: the most with a core of their own
+    assert status(nb11.tuned_workers, 1, busy)[0] is Status.SOLVED
+    got, message = status(nb11.tuned_workers, 3, busy)
+    assert got is Status.WRONG and "no setting within 1 got under 15 %" in message, message
+    assert "try more" in status(nb11.tuned_workers, 0, busy)[1]
 
 
 def test_tuned_workers_not_attempted() -> None:
@@ -278,11 +309,13 @@ def test_slurm_script_edited_by_hand(tmp_path) -> None:
     assert "bash cannot parse" in status(nb11.slurm_script, path, sweep())[1]
 
 
-def test_slurm_script_elsewhere_or_missing(tmp_path) -> None:
+def test_slurm_script_elsewhere_or_missing(tmp_path, monkeypatch) -> None:
     other = slurm.write_slurm_script(tmp_path / "train_capstone.sbatch", shards=nb11.CLUSTER_SHARDS, num_workers=2,
                                         nodes=2)
     assert "runs/capstone/" in status(nb11.slurm_script, other, sweep())[1]
     assert "no file" in status(nb11.slurm_script, tmp_path / "runs" / "capstone" / "nope.sbatch", sweep())[1]
-    assert "finish exercise 11.2" in status(nb11.slurm_script, write(tmp_path), sweep({0: 0.6, 1: 0.4}))[1]
+    # no setting under the target (a busy machine): 11.2's answer is the core budget, 1 on 2 cores, and the script follows it
+    monkeypatch.setattr(nb11, "cpu_count", lambda: 2)
+    assert "calls for 1 (the answer of 11.2)" in status(nb11.slurm_script, write(tmp_path), sweep({0: 0.6, 1: 0.4}))[1]
     assert status(nb11.slurm_script, ..., sweep())[0] is Status.NOT_ATTEMPTED
     assert "pass the path" in status(nb11.slurm_script, None, sweep())[1]

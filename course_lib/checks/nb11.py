@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
 from ..shards import simulated_reader
 from ..instrument import EpochRecord
+from ..workers import cpu_count
 from ._core import Hint, attempted, exercise, require, whole_number
 from .nb09 import _labelled_shards
 
@@ -49,12 +50,13 @@ def _validate_results(results: Any) -> dict[int, EpochRecord]:
     return results
 
 
-def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL_TARGET) -> int | None:
-    """The fewest workers whose measured steady stall is under ``target``, if all smaller ones were measured."""
-    for workers in sorted(results):
-        if results[workers].steady_stall_fraction < target:
-            return workers
-    return None
+def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL_TARGET) -> int:
+    """Exercise 11.2's rule: the fewest workers whose measured steady stall is under ``target``, counting at most one
+    worker per core but the main process's (``workers.cpu_count() - 1``, at least 1) unless only more get there; where
+    none gets there (a busy machine), that budget of workers, or the most measured if fewer."""
+    budget = max(1, cpu_count() - 1)
+    under = sorted(w for w, r in results.items() if r.steady_stall_fraction < target)
+    return ([w for w in under if w <= budget] or under or [min(budget, max(results))])[0]
 
 
 # --------------------------------------------------------------------------- 11.1: the pipeline, assembled
@@ -134,7 +136,7 @@ def _one_reader(items: list[tuple[Any, ...]], reader: str, epoch: int) -> None:
 
 
 @exercise("11.2", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
-                  "from your own measurement.")
+                  "from your own measurement, at most one per core but the main process's unless only more get there.")
 def tuned_workers(answer: Any, results: Any) -> None:
     """``answer`` is the smallest num_workers in ``results`` with a steady stall under the target."""
     attempted(answer, results)
@@ -142,14 +144,23 @@ def tuned_workers(answer: Any, results: Any) -> None:
     require(isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
             f"answer should be a number of workers (an int), got {answer!r}.")
     require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
-    stall = results[answer].steady_stall_fraction
-    require(stall < STALL_TARGET, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
-                                  f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.")
     missing = [w for w in range(answer) if w not in results]
     require(not missing, f"measure every smaller setting too ({', '.join(map(str, missing))}) to be sure {answer} is the fewest.")
     best = smallest_under_target(results)
-    require(best == answer, f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
-                            f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
+    if answer == best:
+        return
+    stall = results[answer].steady_stall_fraction
+    require(answer > best, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
+                           f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.")
+    budget = max(1, cpu_count() - 1)
+    if answer > budget:
+        require(False, f"{answer} workers is more than your {cpu_count()} cores leave for workers ({budget}: one core is the "
+                f"main process's); more take turns on the same cores, and where they seem to win, the machine was busier "
+                f"while the smaller settings ran. By your sweep the answer is {best}"
+                + ("." if results[best].steady_stall_fraction < STALL_TARGET else
+                   f": no setting within {budget} got under {STALL_TARGET * 100:.0f} %, so the most with a core of their own."))
+    require(False, f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
+                   f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
 
 
 #: The shards s0..s7 each reader of the check's job (worker w of rank r: reader 2r + w) reads in epochs 0 and 1:
@@ -248,7 +259,6 @@ def slurm_script(path: Any, results: Any) -> None:
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     require(done.returncode == 0, f"bash cannot parse the script: {done.stderr.strip()[:200]}")
     workers = smallest_under_target(_validate_results(results))
-    require(workers is not None, f"no setting in results stays under {STALL_TARGET * 100:.0f} %: finish exercise 11.2 first.")
     options, settings = sbatch_options(text), script_settings(text)
     require(options.get("nodes") == str(NODES), f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.")
     require(options.get("gres") == f"gpu:{GPUS_PER_NODE}" and settings.get("GPUS_PER_NODE", "").endswith(f"{GPUS_PER_NODE}}}\""),

@@ -25,13 +25,14 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from . import claims
 from ._support import check_int, fork_context
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 from .iterable import worker_slot
 
 __all__ = ["CudaInWorker", "EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
-           "decode_jpeg", "decode_ppm", "jpeg_payloads", "limits", "open_files_demo", "parallel_speedups",
+           "decode_jpeg", "decode_ppm", "jpeg_payloads", "limits", "open_files_demo", "parallel_rounds",
            "ppm_payloads", "private_memory_growth", "shm_needed_mb"]
 
 
@@ -160,25 +161,34 @@ def _discard(fn: Callable[[Any], Any], item: Any) -> None:
     fn(item)
 
 
-def parallel_speedups(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 2) -> dict[str, float]:
-    """Notebook 05, section 1: how much faster ``fn`` runs over ``items`` with ``workers`` threads, and with processes:
-    ``{"threads": x, "processes": y}``, serial time / parallel time. The pools start before the clock does, as a
-    DataLoader's workers do before an epoch's steady state; processes are forked where the platform can."""
+def parallel_rounds(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 2, rounds: int = 5):
+    """Notebook 05, section 1: seconds to run ``fn`` over all ``items`` serially, with ``workers`` threads and with
+    ``workers`` processes, measured in interleaved rounds (:func:`course_lib.claims.interleave`): the variants are
+    ``"serial"``, ``"threads"`` and ``"processes"``, and e.g. ``.ratio("serial", "threads")`` is the threads' speed-up
+    per round. Both pools start before the clock does, as a DataLoader's workers do before an epoch's steady state;
+    processes are forked where the platform can."""
     fn = functools.partial(_discard, fn)
-    start = time.perf_counter()
-    for item in items:
-        fn(item)
-    serial = time.perf_counter() - start
-    result = {}
-    pools = {"threads": cf.ThreadPoolExecutor,
-             "processes": functools.partial(cf.ProcessPoolExecutor, mp_context=fork_context())}
-    for kind, pool_of in pools.items():
-        with pool_of(workers) as pool:
+    chunksize = max(1, len(items) // (4 * workers))
+    with cf.ThreadPoolExecutor(workers) as threads, \
+            cf.ProcessPoolExecutor(workers, mp_context=fork_context()) as processes:
+        for pool in (threads, processes):
             list(pool.map(int, range(workers)))  # start every worker with a trivial task
+
+        def serial() -> float:
             start = time.perf_counter()
-            list(pool.map(fn, items, chunksize=max(1, len(items) // (4 * workers))))
-            result[kind] = serial / (time.perf_counter() - start)
-    return result
+            for item in items:
+                fn(item)
+            return time.perf_counter() - start
+
+        def in_pool(pool: cf.Executor) -> Callable[[], float]:
+            def run() -> float:
+                start = time.perf_counter()
+                list(pool.map(fn, items, chunksize=chunksize))
+                return time.perf_counter() - start
+            return run
+
+        return claims.interleave({"serial": serial, "threads": in_pool(threads), "processes": in_pool(processes)},
+                                 rounds=rounds)
 
 
 # --- copy-on-read ---------------------------------------------------------------------------

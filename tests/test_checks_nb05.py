@@ -114,6 +114,14 @@ WRONG = {
     "no_repr": (GOOD.replace('    def __repr__(self):\n        return f"GaussianNoise(std={self.std})"\n', ""), "give it a __repr__"),
     "no_validation": (GOOD.replace("            raise ValueError", "            pass  #"), "should raise ValueError"),
     "no_type_error": (GOOD.replace("raise TypeError(", "print("), "should raise TypeError saying what to do"),
+    "useless_type_error": (GOOD.replace('raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and '
+                                        'v2.ToDtype(torch.float32, scale=True)")', 'raise TypeError("wrong type")'),
+                           "which does not tell the user what to do"),
+    "type_error_expects_only": (GOOD.replace('"GaussianNoise works on tensors: put it after v2.ToImage() and '
+                                             'v2.ToDtype(torch.float32, scale=True)"', '"expected a tensor"'),
+                                "which does not tell the user what to do"),
+    "empty_type_error": (GOOD.replace('"GaussianNoise works on tensors: put it after v2.ToImage() and '
+                                      'v2.ToDtype(torch.float32, scale=True)"', ''), "which does not tell the user what to do"),
     "noise_drawn_once": (GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
         "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
         "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
@@ -127,6 +135,27 @@ WRONG = {
 }
 
 
+# other TypeErrors that tell the user what to do: a fix, or what is expected and what came
+GOOD_MESSAGE = '"GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)"'
+RIGHT_MESSAGES = {
+    "names_the_type": 'f"GaussianNoise expects a float tensor, got {type(image).__name__}"',
+    "names_pil": '"GaussianNoise needs a torch.Tensor, not a PIL image"',
+    "names_a_fix": '"convert the image first: v2.ToImage(), then v2.ToDtype"',
+}
+
+
+@pytest.mark.quick
+def test_05_the_rule_for_a_helpful_type_error() -> None:
+    from PIL import Image
+
+    image = Image.new("RGB", (4, 4))
+    for message in ("put it after v2.ToImage()", "expected a tensor, got Image", "needs a tensor, not a PIL image",
+                    "use transforms.ToTensor() first", "got Image; convert with pil_to_tensor"):
+        assert nb05._tells_what_to_do(message, image), message
+    for message in ("wrong type", "expected a tensor", "TypeError", "bad input: Image", "image must be an image tensor"):
+        assert not nb05._tells_what_to_do(message, image), message
+
+
 def write_module(folder: Path, name: str, source: str) -> Path:
     path = folder / f"{name}.py"
     path.write_text(textwrap.dedent(source))
@@ -136,7 +165,7 @@ def write_module(folder: Path, name: str, source: str) -> Path:
 @pytest.fixture
 def module_folder(tmp_path: Path):
     yield tmp_path
-    for name in ["good_module", "stub_module", "edited_module", *(f"module_{k}" for k in WRONG)]:
+    for name in ["good_module", "stub_module", "edited_module", *(f"module_{k}" for k in [*WRONG, *RIGHT_MESSAGES])]:
         sys.modules.pop(name, None)
     if str(tmp_path) in sys.path:
         sys.path.remove(str(tmp_path))
@@ -150,6 +179,10 @@ def test_05_worker_module(module_folder: Path) -> None:
     assert status(check, write_module(module_folder, "stub_module", STUB))[0] is Status.NOT_ATTEMPTED
     assert "run the %%writefile cell first" in status(check, module_folder / "missing.py")[1]
     assert status(check, write_module(module_folder, "good_module", GOOD))[0] is Status.SOLVED
+    for name, message in RIGHT_MESSAGES.items():
+        source = GOOD.replace(GOOD_MESSAGE, message)
+        assert source != GOOD
+        assert status(check, write_module(module_folder, f"module_{name}", source))[0] is Status.SOLVED, name
     for name, (source, hint) in WRONG.items():
         message = status(check, write_module(module_folder, f"module_{name}", source))[1]
         assert hint in message, (name, message)

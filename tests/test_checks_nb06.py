@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler, SubsetRandomSampler, WeightedRandomSampler
+from torch.utils.data import Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from course_lib.checks import Status, nb06
 from course_lib.samplers import imbalanced_subset
@@ -99,6 +99,10 @@ def test_06_train_val_samplers() -> None:
     def fixed_seed(n, f, seed):
         return _split(n, f, 0)
 
+    def sequential_sampler_val(n, f, seed):  # SequentialSampler(val_idx) yields 0..len(val_idx)-1
+        train, val = _split(n, f, seed)
+        return train, SequentialSampler(val)
+
     def wrong_size(n, f, seed):
         g = torch.Generator().manual_seed(seed)
         order = torch.randperm(n, generator=g).tolist()
@@ -106,6 +110,9 @@ def test_06_train_val_samplers() -> None:
 
     assert "one block (80..99)" in status(nb06.train_val_samplers, tail_block)[1]
     assert "in both parts" in status(nb06.train_val_samplers, overlapping)[1]
+    message = status(nb06.train_val_samplers, sequential_sampler_val)[1]
+    assert "validation sampler yields 0, 1, ..., 19: positions, not the indices you chose" in message
+    assert "in both parts" not in message
     assert "increasing order: use SubsetRandomSampler" in status(nb06.train_val_samplers, sequential_train)[1]
     assert "validation order changes" in status(nb06.train_val_samplers, shuffled_val)[1]
     assert "global generator" in status(nb06.train_val_samplers, global_rng)[1]
@@ -259,6 +266,22 @@ class BatchesInOrder(MyBucketSampler):
         yield from (b.tolist() for b in by_length.split(self.batch_size))
 
 
+class NoBatchShuffle(MyBucketSampler):  # steps 1-3 only: each bucket's batches, short to long, bucket after bucket
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator)
+        for bucket in order.split(self.bucket_size):
+            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True)]
+            yield from (b.tolist() for b in by_length.split(self.batch_size))
+
+
+class NoBatchShuffleLongFirst(MyBucketSampler):  # the same, each bucket long to short
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator)
+        for bucket in order.split(self.bucket_size):
+            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True, descending=True)]
+            yield from (b.tolist() for b in by_length.split(self.batch_size))
+
+
 class WrongLength(MyBucketSampler):
     def __len__(self):
         return len(self.lengths)
@@ -278,6 +301,8 @@ def test_06_bucket_sampler() -> None:
     assert "sort only within each bucket" in status(check, FullSort)[1]
     assert "sort each bucket by length" in status(check, NoSort)[1]
     assert "run from short to long" in status(check, BatchesInOrder)[1]
+    for no_step_4 in (NoBatchShuffle, NoBatchShuffleLongFirst):
+        assert "Step 4: collect the batches of all buckets" in status(check, no_step_4)[1], no_step_4
     assert "__len__ is the number of batches" in status(check, WrongLength)[1]
     assert "draw every random choice from self.generator" in status(check, GlobalShuffle)[1]
 

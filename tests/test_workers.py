@@ -66,15 +66,16 @@ def _note_pid(folder: str, item: int) -> None:
         f.write(f"{item} {os.getpid()} {threading.get_ident()}\n")
 
 
-def test_parallel_speedups_runs_every_item_serially_in_threads_and_in_other_processes(tmp_path) -> None:
+def test_parallel_rounds_runs_every_item_serially_in_threads_and_in_other_processes(tmp_path) -> None:
     items = list(range(12))
-    s = workers.parallel_speedups(functools.partial(_note_pid, str(tmp_path)), items, workers=2)
-    assert set(s) == {"threads", "processes"} and all(math.isfinite(v) and v > 0 for v in s.values())
+    r = workers.parallel_rounds(functools.partial(_note_pid, str(tmp_path)), items, workers=2, rounds=3)
+    assert set(r.values) == {"serial", "threads", "processes"}
+    assert all(len(v) == 3 and all(math.isfinite(t) and t > 0 for t in v) for v in r.values.values())
     calls = [line.split() for line in (tmp_path / "calls.txt").read_text().splitlines()]
-    assert sorted(int(item) for item, _, _ in calls) == sorted(items * 3)  # serially, in threads, in processes
+    assert sorted(int(item) for item, _, _ in calls) == sorted(items * 9)  # 3 rounds: serially, in threads, in processes
     here = [item for item, pid, _ in calls if int(pid) == os.getpid()]
     elsewhere = {pid for _, pid, _ in calls if int(pid) != os.getpid()}
-    assert len(here) == 2 * len(items)  # the serial pass and the thread pool ran in this process
+    assert len(here) == 2 * 3 * len(items)  # the serial pass and the thread pool ran in this process
     assert 1 <= len(elsewhere) <= 2  # the process pool's 2 workers, forked
 
 
@@ -117,13 +118,13 @@ def test_capture_stderr_fd_sees_a_crashing_spawned_worker(monkeypatch: pytest.Mo
 
 
 @pytest.mark.timeout(60)
-def test_parallel_speedups_of_the_jpeg_decoder_in_forked_processes() -> None:
+def test_parallel_rounds_of_the_jpeg_decoder_in_forked_processes() -> None:
     """Forked pool processes decode without deadlocking. Had the decoder used torch (a float tensor of a 512 px
     image is large enough for torch's OpenMP pool), a process forked after this one started that pool would hang."""
     (torch.ones(3, 512, 512) * 2).sum()  # start torch's OpenMP threads in this process first
     payloads = workers.jpeg_payloads(n=16, side=512)
-    result = workers.parallel_speedups(workers.decode_jpeg, payloads)  # a hang here is what this test is about
-    assert set(result) == {"threads", "processes"} and all(math.isfinite(v) and v > 0 for v in result.values())
+    result = workers.parallel_rounds(workers.decode_jpeg, payloads, rounds=3)  # a hang here is what this test is about
+    assert all(math.isfinite(r) and r > 0 for r in result.ratio("serial", "processes"))
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         decoded = list(pool.map(workers.decode_jpeg, payloads[:2]))  # a forked process decodes what this one does
     assert all(np.array_equal(a, workers.decode_jpeg(p)) for a, p in zip(decoded, payloads))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -80,6 +81,20 @@ def _raises(exc: type[BaseException], call: Callable[[], Any]) -> str:
     return ""
 
 
+_TORCH_ARGUMENT_ERROR = re.compile(r"\w\(\): argument '\w+'")  # "randn_like(): argument 'input' ... must be Tensor"
+_CONVERSIONS = ("ToImage", "ToTensor", "to_tensor", "pil_to_tensor", "to_image")
+
+
+def _tells_what_to_do(message: str, received: Any) -> bool:
+    """The rule for 05.2's TypeError: a message helps if it names a conversion that fixes the input (``v2.ToImage()``,
+    ``ToTensor``, ``pil_to_tensor``), or says both what it expects (a tensor) and what it got (the type's name, or
+    PIL). "wrong type" or "expected a tensor" alone leaves the user to guess."""
+    if any(fix in message for fix in _CONVERSIONS):
+        return True
+    got = type(received).__name__ in message or "PIL" in message
+    return "tensor" in message.lower() and got
+
+
 def _check_noise(noise_cls: Any) -> Any:
     """``GaussianNoise(std)``: N(0, std) noise from torch's generator, a new tensor clamped to [0, 1], checked in-process;
     returns the instance checked, which then goes to the workers (with whatever state the calls left in it)."""
@@ -106,8 +121,16 @@ def _check_noise(noise_cls: Any) -> Any:
     require(not torch.equal(noise(x), first), "two calls gave the same noise: draw new noise in __call__, not once in __init__.")
     strong = noise_cls(1.0)(x)
     require(0 <= float(strong.min()) and float(strong.max()) <= 1, "with std=1 values left [0, 1]: .clamp(0, 1) the result.")
-    require("ToImage" in _raises(TypeError, lambda: noise(Image.new("RGB", (4, 4)))), "GaussianNoise given a PIL image "
-            "should raise TypeError saying what to do: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
+    pil = Image.new("RGB", (4, 4))
+    message = _raises(TypeError, lambda: noise(pil))
+    require(bool(message), "GaussianNoise given a PIL image should raise TypeError saying what to do: e.g. that it "
+            "expects a tensor, and to put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True).")
+    require(not _TORCH_ARGUMENT_ERROR.search(message), f"GaussianNoise given a PIL image failed inside torch "
+            f"({message[:70]!r}): it should raise TypeError saying what to do itself, before any work: test "
+            "isinstance(image, torch.Tensor) first, as Add does.")
+    require(_tells_what_to_do(message, pil), f"GaussianNoise given a PIL image raised TypeError({message!r}), which "
+            f"does not tell the user what to do. Name the fix (put it after v2.ToImage() and v2.ToDtype(torch.float32, "
+            f"scale=True)), or say that it expects a tensor and what it got (type(image).__name__).")
     return noise
 
 

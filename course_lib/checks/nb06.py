@@ -89,6 +89,13 @@ def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
         n_val = round(n * fraction)
         require(len(v1) == n_val, f"{call}: validation should get round({n} * {fraction}) = {n_val} indices, got {len(v1)}.")
         require(len(t1) == n - n_val, f"{call}: training should get the other {n - n_val} indices, got {len(t1)}.")
+        for part, indices, epoch in (("validation", n_val, v1), ("training", n - n_val, t1)):
+            require(
+                epoch != list(range(indices)),
+                f"{call}: the {part} sampler yields 0, 1, ..., {indices - 1}: positions, not the indices you chose. "
+                f"SequentialSampler(indices) uses only len(indices) and counts 0..len-1 (it was made for a data set). "
+                "A plain list of the indices is a sampler that yields them in order.",
+            )
         both = sorted(set(t1) & set(v1))
         require(
             not both,
@@ -240,6 +247,12 @@ def bucket_sampler(sampler_cls: Any) -> None:
     longest = [max(lengths[i] for i in b) for b in epoch1]
     require(longest != sorted(longest) and longest != sorted(longest, reverse=True),
             f"{call}: the batches run from short to long: shuffle the order of the batches with the generator.")
+    per_bucket = 64 // 16
+    runs = [longest[k:k + per_bucket] for k in range(0, len(longest), per_bucket)]
+    require(not all(run == sorted(run) for run in runs) and not all(run == sorted(run, reverse=True) for run in runs),
+            f"{call}: the batches come bucket by bucket, each bucket's from short to long: every {per_bucket} batches "
+            "the length starts over. Step 4: collect the batches of all buckets, then yield them in a random order "
+            "(torch.randperm(len(batches), generator=self.generator)).")
     epoch2 = _batches(list(s), call)
     require(epoch2 != epoch1, "the second epoch repeats the first: draw the shuffle in __iter__ from self.generator, so "
             "that every epoch (every `for` over the sampler) gets new buckets and a new batch order.")

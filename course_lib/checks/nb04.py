@@ -120,15 +120,23 @@ def profile_stall(fn: Callable[..., Any]) -> None:
                 f"got {type(result).__name__}.")
         return float(result), batches.true_stall()  # the profiler's own start-up is not part of the epoch
 
-    share, truth = run(_TimedBatches(8, load_s=0.015), step_s=0.005)
-    require(profiled and all(profiled), "the steps did not run under torch.profiler: run the whole epoch inside "
-            "`with profile(activities=[ProfilerActivity.CPU]) as prof:`, and read the times from prof.")
-    require(share <= 1.0, f"profile_stall returned {share:.3g}, more than the whole epoch: divide the 'waiting' total by "
-            "the epoch's cpu_time_total (its whole duration), not by its self time or in other units.")
+    # On a busy machine one short epoch's ranges can be off by scheduling delays: a right answer agrees with the truth
+    # in one of three epochs, a wrong one in none of them.
+    for attempt in range(3):
+        share, truth = run(_TimedBatches(8, load_s=0.015), step_s=0.005)
+        require(profiled and all(profiled), "the steps did not run under torch.profiler: run the whole epoch inside "
+                "`with profile(activities=[ProfilerActivity.CPU]) as prof:`, and read the times from prof.")
+        require(share <= 1.0, f"profile_stall returned {share:.3g}, more than the whole epoch: divide the 'waiting' total "
+                "by the epoch's cpu_time_total (its whole duration), not by its self time or in other units.")
+        if abs(share - truth) < 0.1:
+            break
     require(abs(share - truth) < 0.1, f"your trace says {share:.0%} waiting where the loop waited {truth:.0%}: wrap every "
             "next() in record_function(\"waiting\") and the whole epoch in record_function(\"epoch\"), then divide "
             "the two ranges' cpu_time_total from prof.key_averages().")
-    share, truth = run(_TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
+    for attempt in range(3):
+        share, truth = run(_TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
+        if abs(share - truth) < 0.1:
+            break
     require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.08 s, as starting workers does) your trace says "
             f"{share:.0%} waiting, the truth is {truth:.0%}: put iter(loader) inside a 'waiting' range too.")
 

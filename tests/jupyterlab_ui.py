@@ -356,8 +356,12 @@ class Notebook:
         m = re.search(r"\[(\d+)\]", prompt or "")
         return int(m.group(1)) if m else None
 
-    def last_count(self) -> int:
-        return max((self.prompt_number(p) or 0 for p in self.state()["prompts"]), default=0)
+    def last_count(self, indices: list[int] | None = None) -> int:
+        """The highest execution count shown by cells ``indices`` (all: ``None``). Cells not run since the page
+        opened show the counts saved in the file."""
+        prompts = self.state()["prompts"]
+        return max((self.prompt_number(prompts[i]) or 0 for i in (range(len(prompts)) if indices is None else indices)),
+                   default=0)
 
     # -- evidence --------------------------------------------------------------------------------
 
@@ -410,11 +414,16 @@ class Notebook:
         self.finish_run(timeout)
         return time.monotonic() - start
 
-    def start_run_all(self) -> float:
+    def start_run_all(self, above: str | None = None) -> float:
         """Run > Run All Cells, and return once a cell runs (its clock time); :meth:`finish_run` waits for the rest.
-        Meanwhile other pages may run theirs: each notebook has its own kernel."""
+        Meanwhile other pages may run theirs: each notebook has its own kernel. ``above``: a text of a markdown cell;
+        then Run > Run All Above Selected Cell, with that cell selected."""
         start = time.monotonic()
-        self._start(lambda: self.menu("Run", "runmenu:run-all"))
+        if above is None:
+            self._start(lambda: self.menu("Run", "runmenu:run-all"))
+        else:
+            self.select(self.index(above, "markdown"))
+            self._start(lambda: self.menu("Run", "notebook:run-all-above"))
         return start
 
     def wait_idle(self, timeout: float, action: Callable[[], None] | None = None) -> None:
@@ -462,7 +471,8 @@ class Notebook:
         if skipped:
             problems.append("not run (after an error, Run All stops): " + ", ".join(self.describe(i) for i in skipped[:5]))
         if problems:
-            raise self.fail("\n".join(problems), (self.errors(indices) or [(skipped or [None])[0]])[0][0])
+            errors = self.errors(indices)
+            raise self.fail("\n".join(problems), errors[0][0] if errors else skipped[0])
 
     def select(self, first: int, last: int | None = None) -> None:
         """Select cell ``first`` (command mode), or ``first`` to ``last`` with a shift-click."""

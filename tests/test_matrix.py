@@ -161,13 +161,15 @@ def epoch_faults(gathered: list[dict], method: str, shard_of: dict[str, str]) ->
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_every_epoch_is_a_new_one_for_every_recipe(style: str, urls: str, image_shards, tmp_path: Path) -> None:
-    """2 ranks x 2 workers, 3 epochs of each recipe, fork workers under torchrun and spawn workers under srun: each epoch in a new order, every rank the same
-    number of steps, the exact recipes every sample once per epoch, resampled draws as many distinct shards as
-    drawing with replacement should."""
+    """2 ranks x 2 workers, 3 epochs of each recipe, fork workers under torchrun and forkserver workers under srun: each
+    epoch in a new order, every rank the same number of steps, the exact recipes every sample once per epoch,
+    resampled draws as many distinct shards as drawing with replacement should."""
     out = tmp_path / "epochs.json"
-    # torchrun with fork workers, srun with spawn workers (the pair that needs RANK exported): both launch styles and
-    # both start methods; the single-epoch matrix above runs every pair
-    methods = ["fork"] if style == "torchrun" else ["spawn"]
+    # torchrun with fork workers, srun with forkserver workers (a fresh interpreter per worker, like spawn: the pair
+    # that needs RANK exported, and Linux's default from Python 3.14; it starts workers from a preloaded server, 15
+    # loaders' worth in half spawn's time): both launch styles, and both kinds of start method; the single-epoch
+    # matrix above runs every pair, spawn included
+    methods = ["fork"] if style == "torchrun" else ["forkserver"]
     launch(str(EPOCHS_DRIVER), urls, image_shards.urls, str(out), "--methods", ",".join(methods), nproc=2, timeout=400,
            show=False, style=style)
     gathered = json.loads(out.read_text())

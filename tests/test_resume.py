@@ -185,17 +185,6 @@ def test_a_job_stopped_three_times_resumes_exactly(tmp_path):
 
 
 @pytest.mark.full
-@pytest.mark.timeout(120)
-def test_a_plain_loader_replays_the_epoch(tmp_path):
-    """The pitfall the notebook shows: the same stop with --loader plain trains half of epoch 0 twice."""
-    assert not _job(tmp_path, "plain", "--loader", "plain", "--stop-at", "6").ok
-    assert _job(tmp_path, "plain", "--loader", "plain").ok
-    epoch0 = [i for steps in resume.read_steps(tmp_path / "plain" / "steps").values()
-              for s in steps if s["epoch"] == 0 for i in s["indices"]]
-    assert len(epoch0) == 64 and len(set(epoch0)) == 32
-
-
-@pytest.mark.full
 @pytest.mark.timeout(240)
 def test_a_resized_job_goes_on_at_the_next_epoch(tmp_path):
     """3 ranks train epoch 0 (6 steps each) and end; 2 ranks take over at epoch 1 (8 steps each) from that checkpoint."""

@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 from course_lib.data import scratch_folder
 
-__all__ = ["IDENTITIES", "S3Server", "ServerError", "local_server", "remove_stale_sockets", "upload", "weed_command"]
+__all__ = ["IDENTITIES", "Proxy", "S3Server", "ServerError", "local_server", "remove_stale_sockets", "upload", "weed_command"]
 
 #: What each identity may do, in SeaweedFS's words (its ``-s3.config`` file).
 IDENTITIES = {"writer": ["Admin", "Read", "List", "Tagging", "Write"], "learner": ["Read", "List"]}
@@ -315,3 +315,125 @@ def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: st
         client.upload_file(str(path), bucket, key)
         urls.append(f"s3://{bucket}/{key}")
     return urls
+
+
+# ------------------------------------------------------------------------------------------------ a slow, faulty network
+
+
+class Proxy:
+    """An HTTP proxy on a free port of 127.0.0.1 in front of an S3 server, for what a real network does to requests:
+
+    * ``latency_s``: every request waits this long before it is passed on (a far-away region, say 20 ms);
+    * :meth:`fail_next` answers the next ``n`` requests with ``503 Slow Down``, as S3 does when it throttles;
+    * :meth:`cut_next` passes the next ``n`` requests on, and cuts each response's connection after ``after_bytes``
+      bytes of its body (a broken connection mid-object).
+
+    Clients sign each request for the host they talk to: the proxy passes the ``Host`` header on unchanged, so the
+    signature still matches. ``requests`` counts what reached it. Stop it with :meth:`stop` (it is a thread of this
+    process; nothing else runs)."""
+
+    def __init__(self, upstream: str, latency_s: float = 0.0) -> None:
+        import http.server
+        import threading
+
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self.upstream = upstream.removeprefix("http://")
+        self.latency_s = latency_s
+        self.requests = 0
+        self._fail = self._cut = 0
+        self._cut_after = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients expect
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _relay(self) -> None:
+                try:
+                    proxy._relay(self)
+                except (ConnectionError, TimeoutError):  # the client went away (it read what it wanted, or gave up)
+                    self.close_connection = True
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="course-s3-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def fail_next(self, n: int = 1) -> None:
+        with self._lock:
+            self._fail = n
+
+    def cut_next(self, n: int = 1, after_bytes: int = 65536) -> None:
+        with self._lock:
+            self._cut, self._cut_after = n, after_bytes
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "Proxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _relay(self, handler: Any) -> None:
+        import http.client
+
+        with self._lock:
+            self.requests += 1
+            fail = self._fail > 0
+            cut = not fail and self._cut > 0
+            self._fail -= fail
+            self._cut -= cut
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        if fail:
+            message = b"<Error><Code>SlowDown</Code><Message>injected by the course's proxy</Message></Error>"
+            handler.send_response(503, "Slow Down")
+            handler.send_header("Content-Type", "application/xml")
+            handler.send_header("Content-Length", str(len(message)))
+            handler.end_headers()
+            handler.wfile.write(message)
+            return
+        upstream = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            upstream.putrequest(handler.command, handler.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in handler.headers.items():
+                upstream.putheader(name, value)
+            upstream.endheaders(body)
+            response = upstream.getresponse()
+            handler.send_response(response.status, response.reason)
+            for name, value in response.getheaders():
+                if name.lower() not in ("connection", "keep-alive", "transfer-encoding"):
+                    handler.send_header(name, value)
+            chunked = response.getheader("Content-Length") is None and handler.command != "HEAD"
+            if chunked:
+                handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            sent = 0
+            while chunk := response.read(65536):
+                if cut and sent + len(chunk) > self._cut_after:
+                    handler.wfile.write(chunk[: max(0, self._cut_after - sent)])
+                    handler.wfile.flush()
+                    handler.close_connection = True
+                    handler.connection.shutdown(socket.SHUT_RDWR)  # the connection breaks mid-object
+                    return
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                sent += len(chunk)
+            if chunked:
+                handler.wfile.write(b"0\r\n\r\n")
+        finally:
+            upstream.close()

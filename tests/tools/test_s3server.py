@@ -158,3 +158,58 @@ def test_a_missing_weed_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tm
 def test_an_endpoint_before_start_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="call start"):
         S3Server(tmp_path).endpoint
+
+
+# ------------------------------------------------------------------------------------------------ the proxy
+
+
+def _learner_via(server: S3Server, endpoint: str, attempts: int = 1):
+    import boto3
+    import botocore.config
+
+    keys = server.keys["learner"]
+    session = boto3.session.Session(aws_access_key_id=keys.access_key, aws_secret_access_key=keys.secret_key,
+                                    region_name=s3server.REGION)
+    return session.client("s3", endpoint_url=endpoint,
+                          config=botocore.config.Config(retries={"total_max_attempts": attempts, "mode": "standard"}))
+
+
+@pytest.fixture(scope="module")
+def stored(server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    payload = os.urandom(1 << 20)
+    folder = tmp_path_factory.mktemp("payload")
+    (folder / "object.bin").write_bytes(payload)
+    s3server.upload(server, [folder / "object.bin"], "proxied")
+    return payload
+
+
+def test_the_proxy_passes_signed_requests_on_with_their_latency(server: S3Server, stored: bytes) -> None:
+    with s3server.Proxy(server.endpoint, latency_s=0.05) as proxy:
+        assert proxy.endpoint.startswith("http://127.0.0.1:")
+        client = _learner_via(server, proxy.endpoint)
+        began = time.monotonic()
+        for _ in range(4):
+            assert client.get_object(Bucket="proxied", Key="object.bin")["Body"].read() == stored
+        assert time.monotonic() - began >= 4 * 0.05
+        assert proxy.requests == 4
+
+
+def test_the_proxy_throttles_and_cuts_as_told(server: S3Server, stored: bytes) -> None:
+    import botocore.exceptions
+
+    with s3server.Proxy(server.endpoint) as proxy:
+        once = _learner_via(server, proxy.endpoint, attempts=1)
+        proxy.fail_next(1)
+        with pytest.raises(botocore.exceptions.ClientError) as throttled:
+            once.get_object(Bucket="proxied", Key="object.bin")
+        assert throttled.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        proxy.fail_next(1)  # boto3 retries a 503 by itself (standard mode: 3 attempts)
+        assert _learner_via(server, proxy.endpoint, attempts=3).get_object(
+            Bucket="proxied", Key="object.bin")["Body"].read() == stored
+        proxy.cut_next(1, after_bytes=100_000)
+        body = once.get_object(Bucket="proxied", Key="object.bin")["Body"]
+        with pytest.raises(botocore.exceptions.ResponseStreamingError, match="100000 bytes read"):
+            body.read()
+        assert once.get_object(Bucket="proxied", Key="object.bin")["Body"].read() == stored  # the next is whole
+    with pytest.raises(ValueError, match="latency_s must be >= 0"):
+        s3server.Proxy(server.endpoint, latency_s=-1)

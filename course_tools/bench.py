@@ -364,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--rounds", type=_at_least(1), default=3, help="passes per format; medians count (default: %(default)s)")
     f.add_argument("--seed", type=_at_least(0), default=0, help="seed of the generated set (default: %(default)s)")
     f.set_defaults(check=False)
+
+    from . import store_bench
+
+    s = sub.add_parser("store", help="shards from a real S3 server on this machine vs local disk, from a cache, and "
+                       "over 20 ms per request: raw GB/s")
+    store_bench.add_arguments(s, _at_least)
     return parser
 
 
@@ -374,11 +380,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
+    from .s3server import ServerError
+    from .store_bench import run_store_bench, store_report
+
     run, show = {"loader": (run_loader_bench, report), "highrate": (run_highrate_bench, highrate_report),
-                 "formats": (run_formats_bench, formats_report)}[args.command]
+                 "formats": (run_formats_bench, formats_report), "store": (run_store_bench, store_report)}[args.command]
     try:
         result = run(args, log=lambda line: print(line, flush=True))
-    except (DataNotFoundError, data.DataError, RawDataError, ShardError, FormatError) as exc:
+    except (DataNotFoundError, data.DataError, RawDataError, ShardError, FormatError, ServerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -424,7 +424,7 @@ class Proxy:
                 handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
             sent = 0
-            while chunk := response.read(65536):
+            while chunk := response.read(1 << 20):
                 if cut and sent + len(chunk) > self._cut_after:
                     handler.wfile.write(chunk[: max(0, self._cut_after - sent)])
                     handler.wfile.flush()

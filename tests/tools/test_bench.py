@@ -150,7 +150,8 @@ def test_bench_store_prints_its_three_goals_with_the_claims_rule() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "4 shards of 2 MiB (8 MiB in all), read whole as raw bytes (no decoding) by 2 DataLoader workers" in out
-    for reader in ("local disk", "S3 server", "S3, local cache", "S3 via proxy", "S3 via proxy, +20 ms"):
+    for reader in ("local disk", "local disk, page cache", "S3 server", "S3, local cache", "S3 via proxy",
+                   "S3 via proxy, +20 ms"):
         assert re.search(rf"^  {re.escape(reader)} +\d+\.\d\d GB/s", out, re.M), (reader, out)
     verdicts = re.findall(r"→ (holds|does not hold|inconclusive on this machine):", out)
     assert len(verdicts) == 3, out

@@ -453,3 +453,26 @@ def test_resumable_script_refuses_a_folder_it_did_not_write(resumable_job) -> No
     assert "ERROR: " in out and "holds files that are not this course's" in out, out
     assert (run_dir / "notes.txt").exists() and (run_dir / "ckpt" / "latest").exists()
     assert log.read_text() == ""  # stopped before training
+
+
+@pytest.mark.parametrize("where", ["SLURM_TMPDIR", "TMPDIR", "neither"])
+def test_staging_falls_back_from_slurm_tmpdir_to_tmpdir_to_tmp(tmp_path: Path, where: str) -> None:
+    """$SLURM_TMPDIR is a site convention, not set by Slurm itself: stage_data copies to it where it is set, else to
+    $TMPDIR, else to /tmp, and removes its copy when the script ends."""
+    data = tmp_path / "data"
+    (data / "shapes-tiny-seed0" / "train").mkdir(parents=True)
+    (data / "shapes-tiny-seed0" / "manifest.json").write_text("{}")
+    job = f"fallback{os.getpid()}{where}"
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "COURSE_DATA_DIR": str(data), "DATA_SIZE": "tiny",
+           "STAGE_DATA": "1", "SLURM_JOB_ID": job, "SLURM_NNODES": "1"}
+    if where != "neither":
+        env[where] = str(tmp_path / where.lower())
+        (tmp_path / where.lower()).mkdir()
+    script = 'set -euo pipefail; source "$1"; stage_data; echo "COURSE_DATA_DIR=$COURSE_DATA_DIR"; ls "$COURSE_DATA_DIR"'
+    done = subprocess.run(["/bin/bash", "-c", script, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    base = {"SLURM_TMPDIR": tmp_path / "slurm_tmpdir", "TMPDIR": tmp_path / "tmpdir", "neither": Path("/tmp")}[where]
+    assert f"COURSE_DATA_DIR={base}/course-data-{job}\n" in done.stdout
+    assert "shapes-tiny-seed0" in done.stdout.splitlines()
+    assert not (base / f"course-data-{job}").exists()  # removed when the script ended (its EXIT trap)

@@ -123,14 +123,17 @@ class S3Server:
     # -- start and stop -------------------------------------------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "S3Server":
+        """Start the server and wait until S3 answers. Started again after :meth:`stop`, it serves the same objects
+        on the same endpoint with the same keys (an outage, as clients see one)."""
         if self.running():
             return self
         weed = weed_command()
         remove_stale_sockets()
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "data").mkdir(exist_ok=True)
-        self._write_identities()
-        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+        if not self.ports:  # a first start; a restart keeps the ports, the keys and the data: clients reconnect
+            self._write_identities()
+            self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
         command = [weed, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                    "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    f"-s3.config={self.folder / 's3.json'}",

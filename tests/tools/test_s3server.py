@@ -211,3 +211,20 @@ def test_the_proxy_throttles_and_cuts_as_told(server: S3Server, stored: bytes) -
         assert once.get_object(Bucket="proxied", Key="object.bin")["Body"].read() == stored  # the next is whole
     with pytest.raises(ValueError, match="latency_s must be >= 0"):
         s3server.Proxy(server.endpoint, latency_s=-1)
+
+
+def test_a_restart_serves_the_same_objects_on_the_same_endpoint(tmp_path: Path) -> None:
+    """An outage as clients see one: stopped, then started again, with the same endpoint, keys and objects."""
+    (tmp_path / "kept.bin").write_bytes(b"kept")
+    with S3Server(tmp_path / "s3") as server:
+        s3server.upload(server, [tmp_path / "kept.bin"], "outage")
+        client = _learner_via(server, server.endpoint, attempts=1)
+        endpoint, keys = server.endpoint, dict(server.keys)
+        server.stop()
+        import botocore.exceptions
+
+        with pytest.raises(botocore.exceptions.EndpointConnectionError):
+            client.get_object(Bucket="outage", Key="kept.bin")
+        server.start()
+        assert (server.endpoint, server.keys) == (endpoint, keys)
+        assert client.get_object(Bucket="outage", Key="kept.bin")["Body"].read() == b"kept"  # the same client

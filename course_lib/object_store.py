@@ -1,0 +1,162 @@
+"""Notebook 10: shards in an object store (S3): open them for webdataset, read them back whole despite a bad
+network, and keep a local cache within a size budget.
+
+An object store has buckets and keys, not folders and files: a request lists keys under a prefix, or reads one
+object, whole or a byte range. Every request pays a round trip, which is why shards (a few large objects) beat
+many small ones there even more than on a file system. The clients here take the endpoint and the keys from the
+standard AWS variables (``AWS_ENDPOINT_URL``, a profile): the course's server sets them
+(``course_tools.s3server``), and so would a site's S3, MinIO or SeaweedFS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["ObjectReadError", "ShardCache", "list_objects", "open_s3", "read_object", "register_s3_scheme",
+           "s3_client", "split_url"]
+
+
+class ObjectReadError(RuntimeError):
+    """An object could not be read whole: the message names it, the attempts made and the last error."""
+
+    def __init__(self, url: str, attempts: int, error: BaseException) -> None:
+        super().__init__(f"{url}: not read whole after {attempts} attempt{'s' if attempts != 1 else ''}; the last "
+                         f"error: {type(error).__name__}: {error}")
+        self.url, self.attempts, self.error = url, attempts, error
+
+
+_CLIENTS: dict[tuple[int, str | None, str | None], Any] = {}
+
+
+def s3_client() -> Any:
+    """Notebook 10: a boto3 S3 client set up from the AWS variables, one per process (a client must not cross a
+    fork into DataLoader workers: each worker makes its own on first use), and a new one when the variables name
+    another server. It tries each request once: retrying is this module's job, so that every failure is seen and
+    counted."""
+    where = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_PROFILE"))
+    client = _CLIENTS.get(where)
+    if client is None:
+        import boto3
+        import botocore.config
+
+        config = botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5,
+                                        read_timeout=30)
+        client = _CLIENTS[where] = boto3.session.Session().client("s3", config=config)
+    return client
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """Notebook 10: ``s3://bucket/key`` → ``("bucket", "key")``."""
+    if not url.startswith("s3://") or "/" not in url[5:] or url.endswith("/"):
+        raise ValueError(f"expected s3://bucket/key, got {url!r}")
+    bucket, key = url[5:].split("/", 1)
+    return bucket, key
+
+
+def list_objects(url: str) -> list[tuple[str, int]]:
+    """Notebook 10: ``(s3 URL, size)`` of every object under the prefix ``s3://bucket/prefix``, sorted by key. A
+    listing shows only objects whose upload finished: a PUT is atomic."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"expected s3://bucket/prefix, got {url!r}")
+    bucket, _, prefix = url[5:].partition("/")
+    found = []
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found += [(f"s3://{bucket}/{o['Key']}", o["Size"]) for o in page.get("Contents", [])]
+    return sorted(found)
+
+
+def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> IO[bytes]:
+    """Notebook 10: ``s3://bucket/key`` opened for reading, as a stream of its bytes (one GET), for webdataset's
+    ``gopen``. A connection that breaks midway raises in the reader: webdataset then reports the shard."""
+    if mode != "rb":
+        raise ValueError(f"s3:// objects are opened for reading here (mode 'rb'), got mode {mode!r}")
+    bucket, key = split_url(url)
+    return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+
+
+def register_s3_scheme() -> None:
+    """Notebook 10: teach webdataset's ``gopen`` the ``s3://`` scheme; webdataset 1.0.2 has none. Its table of
+    schemes is ``webdataset.gopen.gopen_schemes``: note that ``wds.gopen`` is the function, not that module."""
+    import importlib
+
+    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = open_s3
+
+
+def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05) -> bytes:
+    """Notebook 10: the whole object at ``url``, read again after a failure (a refused or broken connection, a
+    ``503 Slow Down``, a body cut short), waiting ``backoff_s``, then twice that, and so on; after ``attempts``
+    failures, :class:`ObjectReadError`. Never fewer bytes than the object has: a short read is a failure."""
+    if attempts < 1 or backoff_s < 0:
+        raise ValueError(f"attempts must be >= 1 and backoff_s >= 0, got {attempts} and {backoff_s}")
+    bucket, key = split_url(url)
+    for attempt in range(1, attempts + 1):
+        try:
+            response = s3_client().get_object(Bucket=bucket, Key=key)
+            payload = response["Body"].read()
+            if len(payload) != response["ContentLength"]:
+                raise OSError(f"read {len(payload)} of {response['ContentLength']} bytes")
+            return payload
+        except Exception as exc:  # noqa: BLE001 - botocore's, urllib3's and the OS's errors alike; re-raised below
+            if _not_found(exc):
+                raise FileNotFoundError(f"{url}: no such object (check the bucket and key: list_objects)") from exc
+            if attempt == attempts:
+                raise ObjectReadError(url, attempts, exc) from exc
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+def _not_found(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None)  # botocore's ClientError has one; a broken stream has none
+    return isinstance(response, dict) and response.get("Error", {}).get("Code") in ("NoSuchKey", "NoSuchBucket", "404")
+
+
+class ShardCache:
+    """Notebook 10: whole shards kept in a local folder, at most ``budget_bytes`` of them; the least recently used
+    go first when a new one needs room. ``path(url)`` returns a local file for the shard, fetched with
+    :func:`read_object` the first time (written under a temporary name, then renamed: a reader never sees half a
+    file). ``hits``, ``misses`` and ``evicted`` count what happened. One cache per process: two processes sharing a
+    folder each keep their own accounts."""
+
+    def __init__(self, folder: str | os.PathLike[str], budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.folder, self.budget = Path(folder), int(budget_bytes)
+        if not self.folder.is_dir():
+            raise FileNotFoundError(f"the cache folder {self.folder} does not exist: create it first (mkdir)")
+        self._sizes: OrderedDict[Path, int] = OrderedDict()  # least recently used first
+        self.hits = self.misses = self.evicted = 0
+
+    @property
+    def used(self) -> int:
+        return sum(self._sizes.values())
+
+    def path(self, url: str) -> Path:
+        bucket, key = split_url(url)
+        local = self.folder / f"{bucket}__{key.replace('/', '__')}"
+        if local in self._sizes and local.exists():
+            self.hits += 1
+            self._sizes.move_to_end(local)
+            return local
+        self.misses += 1
+        payload = read_object(url)
+        if len(payload) > self.budget:
+            raise ValueError(f"{url} is {len(payload):,} bytes, more than the cache's whole budget of "
+                             f"{self.budget:,}: raise budget_bytes")
+        while self.used + len(payload) > self.budget:
+            oldest, _ = self._sizes.popitem(last=False)
+            oldest.unlink(missing_ok=True)
+            self.evicted += 1
+        tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_bytes(payload)
+            os.replace(tmp, local)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        self._sizes[local] = len(payload)
+        return local

@@ -1,0 +1,113 @@
+"""course_lib.object_store against a real S3 server (SeaweedFS on 127.0.0.1) and a proxy that fails as told."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from course_lib import object_store as store
+from course_tools import s3server
+
+pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
+
+
+def _shard(path: Path, keys: list[str]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for key in keys:
+            payload = key.encode() * 1000
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("store")
+    with s3server.S3Server(folder / "s3") as running:
+        paths = [_shard(folder / f"shard-{s:02d}.tar", [f"s{s:02d}k{k}" for k in range(3)]) for s in range(6)]
+        s3server.upload(running, paths, "course", "train/")
+        yield running
+
+
+@pytest.fixture
+def learner(server: s3server.S3Server, monkeypatch: pytest.MonkeyPatch) -> s3server.S3Server:
+    for name, value in server.environment("learner").items():
+        monkeypatch.setenv(name, value)
+    return server
+
+
+def _via(proxy: s3server.Proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+
+
+def test_list_and_read(learner: s3server.S3Server) -> None:
+    listed = store.list_objects("s3://course/train/")
+    assert [url for url, _ in listed] == [f"s3://course/train/shard-{s:02d}.tar" for s in range(6)]
+    assert len(store.read_object(listed[0][0])) == listed[0][1]
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        store.read_object("s3://course/train/missing.tar")
+    with pytest.raises(ValueError, match="expected s3://bucket/key"):
+        store.split_url("course/train/shard-00.tar")
+
+
+def test_webdataset_reads_the_bucket_through_the_registered_scheme(learner: s3server.S3Server) -> None:
+    import webdataset as wds
+
+    store.register_s3_scheme()
+    urls = [url for url, _ in store.list_objects("s3://course/train/")]
+    keys = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+    assert keys == [f"s{s:02d}k{k}" for s in range(6) for k in range(3)]
+
+
+def test_read_object_retries_a_503_and_a_cut_connection(learner: s3server.S3Server, monkeypatch) -> None:
+    url = "s3://course/train/shard-01.tar"
+    whole = store.read_object(url)
+    with s3server.Proxy(learner.endpoint) as proxy:
+        _via(proxy, monkeypatch)
+        proxy.fail_next(2)
+        assert store.read_object(url) == whole and proxy.requests == 3
+        proxy.cut_next(1, after_bytes=1000)
+        assert store.read_object(url) == whole and proxy.requests == 5
+        proxy.fail_next(10)
+        with pytest.raises(store.ObjectReadError, match=r"shard-01.tar: not read whole after 3 attempts; the last error"):
+            store.read_object(url, attempts=3, backoff_s=0.01)
+
+
+def test_an_outage_mid_epoch_reads_every_shard_exactly_once_or_names_the_shard(learner: s3server.S3Server) -> None:
+    urls = [url for url, _ in store.list_objects("s3://course/train/")]
+    read = []
+    for i, url in enumerate(urls):
+        if i == 2:  # the server goes down, and comes back 0.3 s later, while the reader waits between attempts
+            learner.stop()
+            threading.Timer(0.3, learner.start).start()
+        read.append(store.read_object(url, attempts=8, backoff_s=0.05))
+    assert [len(r) for r in read] == [size for _, size in store.list_objects("s3://course/train/")]
+    learner.stop()
+    try:
+        with pytest.raises(store.ObjectReadError, match=r"shard-03.tar: not read whole after 2 attempts"):
+            store.read_object(urls[3], attempts=2, backoff_s=0.01)
+    finally:
+        learner.start()
+
+
+def test_the_cache_keeps_its_budget_and_counts(learner: s3server.S3Server, tmp_path: Path) -> None:
+    urls = [url for url, size in store.list_objects("s3://course/train/")]
+    size = store.list_objects("s3://course/train/")[0][1]
+    with pytest.raises(FileNotFoundError, match="create it first"):
+        store.ShardCache(tmp_path / "missing", 10 * size)
+    cache = store.ShardCache(tmp_path, budget_bytes=3 * size)
+    for _ in range(2):  # two epochs over 4 shards, 3 fit: least recently used goes first
+        for url in urls[:4]:
+            assert cache.path(url).read_bytes() == store.read_object(url)
+    assert (cache.hits, cache.misses, cache.evicted) == (0, 8, 5)
+    assert cache.used <= 3 * size and len(list(tmp_path.iterdir())) == 3
+    cache.path(urls[3])
+    assert cache.hits == 1
+    with pytest.raises(ValueError, match="more than the cache's whole budget"):
+        store.ShardCache(tmp_path, budget_bytes=10).path(urls[0])

@@ -332,6 +332,7 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         with tempfile.TemporaryDirectory(prefix="doctor-s3-") as where, s3server.S3Server(where) as server:
             facts.s3_listeners = [f"{ip}:{port}" for ip, port in server.listeners()]
             facts.s3_seconds = server.seconds_to_start
+            server.stop(graceful=False)  # a probe: nothing to keep
     except Exception as exc:  # noqa: BLE001 - a finding, not a crash
         facts.s3_error = f"{type(exc).__name__}: {exc}"
     existing = _existing_ancestor(Path(folder).expanduser())

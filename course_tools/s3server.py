@@ -153,12 +153,15 @@ class S3Server:
         self.seconds_to_start = time.monotonic() - began
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, graceful: bool = True) -> None:
         """End the server by its pid and wait for it; its data stay in ``folder``. Stopping a stopped one does
-        nothing."""
+        nothing. ``graceful=False``: SIGKILL at once, for a server whose data are thrown away (SIGTERM lets it
+        flush, which takes it about 2 s)."""
         process, self.process = self.process, None
         if process is None:
             return
+        if process.poll() is None and not graceful:
+            process.kill()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:

@@ -199,7 +199,7 @@ def run_store_bench(args: argparse.Namespace, log: Callable[[str], None] = lambd
                                             for name, pair in loaders.items()}, rounds=args.rounds)
                 del loaders
         finally:
-            server.stop()
+            server.stop(graceful=False)  # its folder goes with the temporary directory
     slow = f"S3 via proxy, +{args.latency_ms:g} ms"
     verdicts = {
         "store": claims.claim(f"shards from the S3 server at least {GOALS['store']}× local disk, at {args.workers} workers",

@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    with S3Server(tmp_path_factory.mktemp("s3")) as running:
-        yield running
+    running = S3Server(tmp_path_factory.mktemp("s3")).start()
+    yield running
+    running.stop(graceful=False)
 
 
 def _gone(pid: int, timeout: float = 15.0) -> bool:
@@ -37,8 +38,13 @@ def _gone(pid: int, timeout: float = 15.0) -> bool:
 def test_every_listener_is_on_loopback(server: S3Server) -> None:
     """``-ip.bind=127.0.0.1`` keeps all of weed mini's listeners on 127.0.0.1 (without it, they bind every
     interface); the test reads them from the operating system, all addresses and ports."""
-    listening = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
-                 if c.pid == server.pid and c.status == psutil.CONN_LISTEN]
+    deadline = time.monotonic() + 20  # S3 answers before the last of its servers (admin, gRPC) listens
+    while True:
+        listening = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+                     if c.pid == server.pid and c.status == psutil.CONN_LISTEN]
+        if len(listening) >= len(s3server._PORT_FLAGS) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert len(listening) >= len(s3server._PORT_FLAGS), listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
     assert sorted(listening) == server.listeners()
@@ -95,10 +101,11 @@ def test_clients_find_it_from_the_environment_without_keys_in_it(server: S3Serve
         server.environment("root")
 
 
-def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path) -> None:
+@pytest.mark.parametrize("graceful", [True, False])
+def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bool) -> None:
     server = S3Server(tmp_path).start()
     pid, ports = server.pid, dict(server.ports)
-    server.stop()
+    server.stop(graceful=graceful)
     assert _gone(pid), f"weed mini {pid} still runs after stop()"
     assert not [p for port in ports.values() for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
     server.stop()  # a second stop does nothing

@@ -143,7 +143,9 @@ class S3Server:
         with open(self.folder / "weed.log", "ab") as log:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             cwd=self.folder, start_new_session=True,
-                                            preexec_fn=_die_with_parent)
+                                            # Linux sends the parent-death signal when the *thread* that started
+                                            # the server ends: only the main thread's servers get it
+                                            preexec_fn=_die_with_parent if _in_main_thread() else None)
         atexit.register(self.stop)
         try:
             self._wait_until_ready(timeout)
@@ -280,6 +282,12 @@ def remove_stale_sockets() -> list[Path]:
             finally:
                 probe.close()
     return removed
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _die_with_parent() -> None:

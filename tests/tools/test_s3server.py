@@ -235,3 +235,20 @@ def test_a_restart_serves_the_same_objects_on_the_same_endpoint(tmp_path: Path) 
         server.start()
         assert (server.endpoint, server.keys) == (endpoint, keys)
         assert client.get_object(Bucket="outage", Key="kept.bin")["Body"].read() == b"kept"  # the same client
+
+
+def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> None:
+    """Linux's parent-death signal follows the thread that forked: a server (re)started from a short-lived thread,
+    e.g. a timer that ends an outage, must not die with that thread."""
+    import threading
+
+    server = S3Server(tmp_path)
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join(60)
+    try:
+        time.sleep(1.0)
+        assert server.running(), "the server died with the thread that started it"
+        assert server.client("learner").list_buckets() is not None
+    finally:
+        server.stop(graceful=False)

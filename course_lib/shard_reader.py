@@ -35,6 +35,11 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
     """Notebook 09, section 7: this rank's WebLoader for ``epoch``: batches of ``(keys, labels, shard urls, worker ids)``."""
     import webdataset as wds
 
+    if "s3://" in args.urls:  # shards in an object store (notebook 10): webdataset 1.0.2 cannot open s3:// itself;
+        # registered here, in the rank, before its (forked) workers start
+        from .object_store import register_s3_scheme
+
+        register_s3_scheme()
     rng = np.random.default_rng([args.seed, epoch])  # from (seed, epoch), never the rank: alike on every rank
     if args.resampled:  # WebDataset(resampled=True) ignores seed= (webdataset 1.0.2): a seeded source instead, whose
         # draws depend on (rank, worker, this epoch's seed) only: reproducible, and different on every rank and worker

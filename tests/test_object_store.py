@@ -13,16 +13,16 @@ import pytest
 from course_lib import object_store as store
 from course_tools import s3server
 
-pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.full, pytest.mark.timeout(120)]
 
 
 def _shard(path: Path, keys: list[str]) -> Path:
     with tarfile.open(path, "w") as tar:
         for key in keys:
-            payload = key.encode() * 1000
-            info = tarfile.TarInfo(f"{key}.txt")
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
+            for ext, payload in (("txt", key.encode() * 1000), ("cls", key[-1].encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
     return path
 
 
@@ -111,3 +111,24 @@ def test_the_cache_keeps_its_budget_and_counts(learner: s3server.S3Server, tmp_p
     assert cache.hits == 1
     with pytest.raises(ValueError, match="more than the cache's whole budget"):
         store.ShardCache(tmp_path, budget_bytes=10).path(urls[0])
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_read_the_bucket_every_sample_once_per_epoch_each_epoch_new(learner: s3server.S3Server,
+                                                                              tmp_path: Path) -> None:
+    """A real 2-rank torchrun job, 2 workers per rank, reads the bucket for 3 epochs with notebook 09's reader: every
+    sample exactly once per epoch over both ranks, and each epoch in a new order on every rank."""
+    from course_lib.distributed import read_reports
+    from course_tools.launch import launch
+
+    urls = "s3://course/train/shard-{00..05}.tar"
+    launch("course_lib.shard_reader", "--urls", urls, "--workers", "2", "--batch-size", "3", "--epochs", "3",
+           "--buffer", "5", "--report", str(tmp_path / "r"), nproc=2, timeout=180, show=False)
+    reports = read_reports(tmp_path / "r")
+    everything = sorted(f"s{s:02d}k{k}" for s in range(6) for k in range(3))
+    orders = []
+    for epoch in range(3):
+        keys = [k for r in reports for ks in r["epochs"][epoch]["keys_by_worker"].values() for k in ks]
+        assert sorted(keys) == everything, f"epoch {epoch}: every sample exactly once"
+        orders.append([k for ks in reports[0]["epochs"][epoch]["keys_by_worker"].values() for k in ks])
+    assert len({tuple(o) for o in orders}) == 3, "rank 0 read two epochs alike"

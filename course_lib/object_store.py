@@ -17,8 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ObjectReadError", "ShardCache", "list_objects", "open_s3", "read_object", "register_s3_scheme",
-           "s3_client", "split_url"]
+__all__ = ["ObjectReadError", "ShardCache", "list_objects", "open_s3", "read_object", "register_in_worker",
+           "register_s3_scheme", "s3_client", "split_url"]
 
 
 class ObjectReadError(RuntimeError):
@@ -77,6 +77,13 @@ def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> IO[byt
         raise ValueError(f"s3:// objects are opened for reading here (mode 'rb'), got mode {mode!r}")
     bucket, key = split_url(url)
     return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+
+
+def register_in_worker(worker_id: int) -> None:
+    """Notebook 10: a ``worker_init_fn`` that registers ``s3://`` in each DataLoader worker. Forked workers inherit
+    the registration; ``spawn`` and ``forkserver`` workers start a fresh interpreter, whose webdataset knows no
+    ``s3://`` until this runs there."""
+    register_s3_scheme()
 
 
 def register_s3_scheme() -> None:

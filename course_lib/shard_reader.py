@@ -35,11 +35,13 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
     """Notebook 09, section 7: this rank's WebLoader for ``epoch``: batches of ``(keys, labels, shard urls, worker ids)``."""
     import webdataset as wds
 
+    init = None
     if "s3://" in args.urls:  # shards in an object store (notebook 10): webdataset 1.0.2 cannot open s3:// itself;
-        # registered here, in the rank, before its (forked) workers start
-        from .object_store import register_s3_scheme
+        # registered here, in the rank, and in each worker (a spawn or forkserver worker inherits nothing)
+        from .object_store import register_in_worker, register_s3_scheme
 
         register_s3_scheme()
+        init = register_in_worker
     rng = np.random.default_rng([args.seed, epoch])  # from (seed, epoch), never the rank: alike on every rank
     if args.resampled:  # WebDataset(resampled=True) ignores seed= (webdataset 1.0.2): a seeded source instead, whose
         # draws depend on (rank, worker, this epoch's seed) only: reproducible, and different on every rank and worker
@@ -58,7 +60,7 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
         wds.map(_tag_worker),
         wds.batched(args.batch_size),
     )
-    loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None)
+    loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None, worker_init_fn=init)
     # the workers' streams mixed: a batch holds samples of several shards
     loader = loader.unbatched().shuffle(args.buffer, seed=seed).batched(args.batch_size)
     if args.epoch_batches:

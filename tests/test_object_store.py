@@ -65,6 +65,26 @@ def test_webdataset_reads_the_bucket_through_the_registered_scheme(learner: s3se
     assert keys == [f"s{s:02d}k{k}" for s in range(6) for k in range(3)]
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_of_every_start_method_read_the_bucket(learner: s3server.S3Server, method: str) -> None:
+    """A spawn worker starts a fresh interpreter: without register_in_worker its webdataset knows no s3://."""
+    import torch.multiprocessing as mp
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    store.register_s3_scheme()
+    urls = [url for url, _ in store.list_objects("s3://course/train/")]
+    pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False, workersplitter=wds.split_by_worker).to_tuple(
+        "__key__")
+    loader = DataLoader(pipeline, batch_size=None, num_workers=2, worker_init_fn=store.register_in_worker,
+                        multiprocessing_context=mp.get_context(method))
+    assert sorted(key for (key,) in loader) == sorted(f"s{s:02d}k{k}" for s in range(6) for k in range(3))
+    if method == "spawn":  # the negative control: without it, a spawn worker's webdataset cannot open s3://
+        bare = DataLoader(pipeline, batch_size=None, num_workers=1, multiprocessing_context=mp.get_context(method))
+        with pytest.raises(Exception, match="s3"):
+            list(bare)
+
+
 def test_read_object_retries_a_503_and_a_cut_connection(learner: s3server.S3Server, monkeypatch) -> None:
     url = "s3://course/train/shard-01.tar"
     whole = store.read_object(url)

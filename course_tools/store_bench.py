@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import io
 import os
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -36,23 +34,14 @@ GOALS = {"store": 0.8, "cache": 0.95, "latency": 0.8}
 
 
 def write_shards(folder: Path, count: int, shard_mib: float, seed: int = 0) -> list[Path]:
-    """``count`` tar shards of about ``shard_mib`` MiB each, of 1 MiB members of random bytes (seeded)."""
-    import numpy as np
+    """``count`` WebDataset shards of about ``shard_mib`` MiB each: notebook 10's tensor shards (seeded float32
+    samples of about 1 MiB, :func:`course_lib.shards.write_tensor_shards`)."""
+    from course_lib.shards import write_tensor_shards
 
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    members = max(1, round(shard_mib))
-    for s in range(count):
-        path = folder / f"shard-{s:05d}.tar"
-        with tarfile.open(path, "w") as tar:
-            for m in range(members):
-                payload = rng.bytes(int(shard_mib * PIECE / members))
-                info = tarfile.TarInfo(f"{s:05d}{m:04d}.bin")
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-        paths.append(path)
-    return paths
+    per_shard = max(1, round(shard_mib))
+    sample_bytes = int(shard_mib * PIECE / per_shard) // 4 * 4
+    return list(write_tensor_shards(folder, count * per_shard, sample_bytes=sample_bytes, maxcount=per_shard,
+                                    seed=seed).paths)
 
 
 class ShardBytes(Dataset):

@@ -1,4 +1,4 @@
-"""Notebook 10: beyond WebDataset, the same images as MDS shards (mosaicml-streaming) and litdata chunks.
+"""Notebook 11: beyond WebDataset, the same images as MDS shards (mosaicml-streaming) and litdata chunks.
 
 The images are written in three streaming formats (WebDataset, MDS, litdata) and read through the same decoding and
 the same ``DataLoader``, so that measured differences are the formats' own. What worker processes must import lives
@@ -39,14 +39,14 @@ def _require(module: str, package: str) -> Any:
 
 
 def image_items(folder: str | os.PathLike[str], split: str = "train", limit: int | None = None) -> list[_Item]:
-    """Notebook 10, section 1: ``(path, class)`` of the images of a generated set's split, in file order (a picklable list)."""
+    """Notebook 11, section 1: ``(path, class)`` of the images of a generated set's split, in file order (a picklable list)."""
     ds = ImageFileDataset(folder, split)
     items = [(str(ds.folder / p), int(t)) for p, t in zip(ds.paths, ds.targets)]
     return items[:limit] if limit is not None else items
 
 
 def encoded_sample(item: _Item) -> dict[str, Any]:
-    """Notebook 10, section 3: one sample as stored, the JPEG bytes as they are (no re-encoding) and the class number.
+    """Notebook 11, section 3: one sample as stored, the JPEG bytes as they are (no re-encoding) and the class number.
 
     ``litdata.optimize`` calls this in its worker processes, which is why it is a module-level
     function and not a lambda or a notebook cell.
@@ -77,14 +77,14 @@ def _decode_pair(sample: tuple[bytes, bytes]) -> tuple[torch.Tensor, int]:
 
 
 def webdataset_images(urls: str) -> IterableDataset:
-    """Notebook 10, section 4: tar shards (notebook 09) read by webdataset, decoded by :func:`~course_lib.datasets.image_tensor`."""
+    """Notebook 11, section 4: tar shards (notebook 09) read by webdataset, decoded by :func:`~course_lib.datasets.image_tensor`."""
     import webdataset as wds
 
     return wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple("jpg", "cls").map(_decode_pair)
 
 
 def mds_dataset(**kwargs: Any) -> Any:
-    """Notebooks 10 and 12: ``streaming.StreamingDataset(**kwargs)``, released by :func:`release_mds`.
+    """Notebooks 11 and 13: ``streaming.StreamingDataset(**kwargs)``, released by :func:`release_mds`.
 
     Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
@@ -103,7 +103,7 @@ def mds_dataset(**kwargs: Any) -> Any:
 
 
 def mds_images(local: str | os.PathLike[str], batch_size: int) -> IterableDataset:
-    """Notebook 10, section 2: MDS shards in a local folder, read by ``streaming.StreamingDataset(local=..., remote=None)``.
+    """Notebook 11, section 2: MDS shards in a local folder, read by ``streaming.StreamingDataset(local=..., remote=None)``.
 
     No download: ``remote=None`` reads the folder in place. ``batch_size`` must be the DataLoader's: the dataset deals
     whole batches to workers and ranks, and refuses to iterate without it.
@@ -135,7 +135,7 @@ def _shared_memory_of(dataset: Any) -> list[Any]:
 
 
 def release_mds(*datasets: Any) -> int:
-    """Notebook 10, section 2: unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
+    """Notebook 11, section 2: unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
 
     Each creates named segments in ``/dev/shm`` and unlinks them at interpreter exit, which a stopped Jupyter
     kernel may never reach. Call this when done with ``datasets`` (wrapped or not) and every dataset
@@ -149,7 +149,7 @@ def release_mds(*datasets: Any) -> int:
 
 
 def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
-    """Notebook 10, section 3: litdata chunks in a local folder, read by ``litdata.StreamingDataset``."""
+    """Notebook 11, section 3: litdata chunks in a local folder, read by ``litdata.StreamingDataset``."""
     litdata = _require("litdata", "litdata")
     if not (Path(folder) / "index.json").is_file():
         raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first")
@@ -170,7 +170,7 @@ def _samples_per_second(make_loader: Callable[[], Iterable[Any]], expected: int 
 
 def compare_formats(datasets: dict[str, Callable[[], IterableDataset]], samples: int, batch_size: int = 32,
                     num_workers: int = 2, rounds: int = 3, seed: int = 0) -> dict[str, list[float]]:
-    """Notebook 10, section 4: ``{format: [samples/s per round]}``, each dataset through the same ``DataLoader`` settings.
+    """Notebook 11, section 4: ``{format: [samples/s per round]}``, each dataset through the same ``DataLoader`` settings.
 
     Formats take turns within every round, so drift of the machine hits them alike; each pass builds a fresh loader
     (start-up counted, as in an epoch with non-persistent workers) and must yield exactly ``samples`` samples.
@@ -186,12 +186,12 @@ def compare_formats(datasets: dict[str, Callable[[], IterableDataset]], samples:
 
 
 def folder_bytes(folder: str | os.PathLike[str]) -> int:
-    """Notebook 10, section 4: bytes of the files in a folder (not in subfolders), what a format costs on disk."""
+    """Notebook 11, section 4: bytes of the files in a folder (not in subfolders), what a format costs on disk."""
     return sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file())
 
 
 def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "The same images, three formats") -> Any:
-    """Notebook 10, section 4: bars of the median samples/s of each format, relative to the first."""
+    """Notebook 11, section 4: bars of the median samples/s of each format, relative to the first."""
     from .viz import _relative_bars
 
     med = medians(results)
@@ -201,7 +201,7 @@ def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "
 
 
 def dali_available() -> bool:
-    """Notebook 10, section 5: True where NVIDIA DALI is importable and a CUDA GPU is present (its decoder runs on the GPU)."""
+    """Notebook 11, section 5: True where NVIDIA DALI is importable and a CUDA GPU is present (its decoder runs on the GPU)."""
     if not torch.cuda.is_available():
         return False
     try:

@@ -15,14 +15,15 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
-__all__ = ["ObjectReadError", "ShardCache", "list_objects", "open_s3", "read_object", "register_in_worker",
-           "register_s3_scheme", "s3_client", "split_url"]
+__all__ = ["ObjectReadError", "ShardCache", "list_objects", "read_many", "read_object",
+           "register_in_worker", "register_s3_scheme", "s3_client", "split_url", "using_endpoint"]
 
 
 class ObjectReadError(RuntimeError):
-    """An object could not be read whole: the message names it, the attempts made and the last error."""
+    """Notebook 10, section 5: an object could not be read whole; the message names it, the attempts made and the last
+    error."""
 
     def __init__(self, url: str, attempts: int, error: BaseException) -> None:
         super().__init__(f"{url}: not read whole after {attempts} attempt{'s' if attempts != 1 else ''}; the last "
@@ -50,6 +51,21 @@ def s3_client() -> Any:
     return client
 
 
+@contextlib.contextmanager
+def using_endpoint(url: str) -> Iterator[None]:
+    """Notebook 10, section 3: in this block, every S3 client made by this process (and by the processes it starts)
+    talks to ``url``, e.g. a proxy in front of the server; the previous endpoint comes back afterwards."""
+    before = os.environ.get("AWS_ENDPOINT_URL")
+    os.environ["AWS_ENDPOINT_URL"] = url
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("AWS_ENDPOINT_URL", None)
+        else:
+            os.environ["AWS_ENDPOINT_URL"] = before
+
+
 def split_url(url: str) -> tuple[str, str]:
     """Notebook 10: ``s3://bucket/key`` → ``("bucket", "key")``."""
     if not url.startswith("s3://") or "/" not in url[5:] or url.endswith("/"):
@@ -70,7 +86,7 @@ def list_objects(url: str) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> IO[bytes]:
+def _open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> IO[bytes]:
     """Notebook 10: ``s3://bucket/key`` opened for reading, as a stream of its bytes (one GET), for webdataset's
     ``gopen``. A connection that breaks midway raises in the reader: webdataset then reports the shard."""
     if mode != "rb":
@@ -91,7 +107,7 @@ def register_s3_scheme() -> None:
     schemes is ``webdataset.gopen.gopen_schemes``: note that ``wds.gopen`` is the function, not that module."""
     import importlib
 
-    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = open_s3
+    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = _open_s3
 
 
 def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05) -> bytes:
@@ -115,6 +131,17 @@ def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05) -> bytes:
                 raise ObjectReadError(url, attempts, exc) from exc
             time.sleep(backoff_s * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
+
+
+def read_many(urls: list[str], in_flight: int = 8) -> list[bytes]:
+    """Notebook 10, section 3: every object of ``urls``, whole and in order, with up to ``in_flight`` requests
+    waiting on the network at once. Threads suffice: a thread waiting for a reply holds no lock (no GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+        return list(pool.map(read_object, urls))
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -167,3 +194,26 @@ class ShardCache:
                 tmp.unlink()
         self._sizes[local] = len(payload)
         return local
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course_lib.object_store cat s3://bucket/key``: the object's bytes on standard output, for a
+    webdataset ``pipe:`` URL (notebook 10, section 5)."""
+    import argparse
+    import shutil
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m course_lib.object_store",
+                                     description="write an S3 object to standard output (for webdataset's pipe:)")
+    parser.add_argument("command", choices=["cat"])
+    parser.add_argument("url", help="s3://bucket/key")
+    args = parser.parse_args(argv)
+    bucket, key = split_url(args.url)
+    body = s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+    shutil.copyfileobj(body, sys.stdout.buffer, 1 << 16)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,7 +36,7 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
     import webdataset as wds
 
     init = None
-    if "s3://" in args.urls:  # shards in an object store (notebook 10): webdataset 1.0.2 cannot open s3:// itself;
+    if "s3://" in args.urls:  # shards in an object store (notebook 11): webdataset 1.0.2 cannot open s3:// itself;
         # registered here, in the rank, and in each worker (a spawn or forkserver worker inherits nothing)
         from .object_store import register_in_worker, register_s3_scheme
 

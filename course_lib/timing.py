@@ -1,4 +1,4 @@
-"""Notebooks 02-11: measure how long things take, robustly enough to print ratios in a notebook.
+"""Notebooks 02-12: measure how long things take, robustly enough to print ratios in a notebook.
 
 Absolute times depend on the machine; ratios measured in the same run mostly do not, so the
 notebooks print ratios (and CI's sanitize file masks their digits).
@@ -36,5 +36,5 @@ def format_seconds(s: float) -> str:
 
 
 def medians(results: dict[str, list[float]]) -> dict[str, float]:
-    """Notebook 10, section 4: the median of each list of measurements (one per round), by name."""
+    """Notebook 11, section 4: the median of each list of measurements (one per round), by name."""
     return {name: statistics.median(values) for name, values in results.items()}

@@ -8,7 +8,7 @@ each run once and measured, so that an instructor (or CI on a GPU machine) sees 
   as a share of the pinned copy bandwidth;
 * ``nccl``: a one-rank NCCL process group (what ``course_lib.train``/``capstone`` use on GPUs) and an all-reduce;
 * ``jpeg decode``: torchvision's ``decode_jpeg`` on the GPU (nvJPEG) against Pillow on the CPU;
-* ``dali``: NVIDIA DALI's GPU decode (notebook 10), where ``nvidia-dali`` is installed.
+* ``dali``: NVIDIA DALI's GPU decode (notebook 11), where ``nvidia-dali`` is installed.
 
 Without a CUDA GPU every item says "not run" and the command exits 0; with ``--require-gpu`` it exits
 1 instead. An item that fails on a GPU prints its error and makes the exit code 1.
@@ -135,7 +135,7 @@ def dali_decode(torch: Any) -> Item:
 
     if not dali_available():
         return Item("dali", NOT_RUN, "nvidia-dali is not installed (pip install nvidia-dali-cuda120 or -cuda130)", {})
-    return Item("dali", RUN, "nvidia-dali imports and sees the GPU; notebook 10 section 5 runs its pipeline", {})
+    return Item("dali", RUN, "nvidia-dali imports and sees the GPU; notebook 11 section 5 runs its pipeline", {})
 
 
 def run_checklist(mb: int = 64) -> list[Item]:

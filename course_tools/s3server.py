@@ -186,7 +186,8 @@ class S3Server:
                 f.write(text)
 
     def _wait_until_ready(self, timeout: float) -> None:
-        """Until S3 lists the buckets for the writer (SeaweedFS answers HTTP a moment before it can store)."""
+        """Until S3 lists the buckets for the writer and serves an object (SeaweedFS answers HTTP a moment before it
+        can store or read)."""
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -198,7 +199,7 @@ class S3Server:
                 urllib.request.urlopen(self.endpoint, timeout=1).close()
             except urllib.error.HTTPError:  # 403 without keys: S3 answers
                 try:
-                    self.client("writer").list_buckets()
+                    self._can_read(self.client("writer"))
                     return
                 except Exception as exc:  # noqa: BLE001 - not ready yet; reported on timeout
                     last = exc
@@ -207,6 +208,17 @@ class S3Server:
             time.sleep(0.1)
         raise ServerError(f"the S3 server did not answer on {self.endpoint} within {timeout:.0f} s ({last}); its "
                           f"log:\n{self.log_tail()}")
+
+    @staticmethod
+    def _can_read(client: Any) -> None:
+        """Raises unless the server lists its buckets and, after a restart, serves a stored object: the volume
+        servers register with the master a moment after S3 answers, and until then a GET fails."""
+        for bucket in client.list_buckets().get("Buckets", []):
+            listed = client.list_objects_v2(Bucket=bucket["Name"], MaxKeys=1).get("Contents", [])
+            if listed:
+                if listed[0]["Size"]:
+                    client.get_object(Bucket=bucket["Name"], Key=listed[0]["Key"], Range="bytes=0-0")["Body"].read()
+                return
 
     # -- what clients need ----------------------------------------------------------------------------------------
 
@@ -305,15 +317,20 @@ def local_server(identity: str = "learner") -> S3Server:
 # ------------------------------------------------------------------------------------------------ writing objects
 
 
-def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "") -> list[str]:
-    """Put each file into ``bucket`` (created if need be) under ``prefix`` + its name, as the writer identity;
-    returns the objects' ``s3://`` URLs."""
+def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "",
+           names: Iterable[str] | None = None) -> list[str]:
+    """Put each file into ``bucket`` (created if need be) under ``prefix`` + its name (or the matching one of
+    ``names``), as the writer identity; returns the objects' ``s3://`` URLs."""
     client = server.client("writer")
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
         client.create_bucket(Bucket=bucket)
+    files = [Path(f) for f in files]
+    names = [f.name for f in files] if names is None else list(names)
+    if len(names) != len(files):
+        raise ValueError(f"upload got {len(files)} files and {len(names)} names: give one name per file")
     urls = []
-    for path in map(Path, files):
-        key = f"{prefix}{path.name}"
+    for path, name in zip(files, names):
+        key = f"{prefix}{name}"
         client.upload_file(str(path), bucket, key)
         urls.append(f"s3://{bucket}/{key}")
     return urls
@@ -331,7 +348,7 @@ class Proxy:
       bytes of its body (a broken connection mid-object).
 
     Clients sign each request for the host they talk to: the proxy passes the ``Host`` header on unchanged, so the
-    signature still matches. ``requests`` counts what reached it. Stop it with :meth:`stop` (it is a thread of this
+    signature still matches. ``requests`` counts what reached it, ``peak_in_flight`` the most requests it held at once. Stop it with :meth:`stop` (it is a thread of this
     process; nothing else runs)."""
 
     def __init__(self, upstream: str, latency_s: float = 0.0) -> None:
@@ -342,7 +359,7 @@ class Proxy:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self.upstream = upstream.removeprefix("http://")
         self.latency_s = latency_s
-        self.requests = 0
+        self.requests = self.in_flight = self.peak_in_flight = 0
         self._fail = self._cut = 0
         self._cut_after = 0
         self._lock = threading.Lock()
@@ -350,6 +367,7 @@ class Proxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients expect
+            disable_nagle_algorithm = True  # else each small reply waits for the client's delayed ACK (~40 ms)
 
             def log_message(self, *args: object) -> None:  # quiet
                 pass
@@ -362,14 +380,25 @@ class Proxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that hung up
+                    super().handle_error(request, client_address)
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="course-s3-proxy", daemon=True)
         self._thread.start()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def reset_counts(self) -> None:
+        """Start counting ``requests`` and ``peak_in_flight`` afresh."""
+        with self._lock:
+            self.requests, self.peak_in_flight = 0, self.in_flight
 
     def fail_next(self, n: int = 1) -> None:
         with self._lock:
@@ -390,14 +419,23 @@ class Proxy:
         self.stop()
 
     def _relay(self, handler: Any) -> None:
-        import http.client
-
         with self._lock:
             self.requests += 1
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             fail = self._fail > 0
             cut = not fail and self._cut > 0
             self._fail -= fail
             self._cut -= cut
+        try:
+            self._answer(handler, fail, cut)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _answer(self, handler: Any, fail: bool, cut: bool) -> None:
+        import http.client
+
         if self.latency_s:
             time.sleep(self.latency_s)
         length = int(handler.headers.get("Content-Length") or 0)

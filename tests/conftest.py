@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 10 in
+    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 11 in
     one scope, one after the other. mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free
     number and then creating it, so two kernels that build a StreamingDataset at the same moment can pick the same
     name, and the slower one fails with FileExistsError."""

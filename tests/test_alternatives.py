@@ -112,7 +112,7 @@ def test_the_formats_extra_is_in_requirements() -> None:
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["formats"]
     reqs = (ROOT / "requirements.txt").read_text().splitlines()
     for dep in extra:
-        assert dep in reqs, dep  # CI installs requirements.txt only: notebook 10 needs these
+        assert dep in reqs, dep  # CI installs requirements.txt only: notebook 11 needs these
         assert re.match(r"[a-z-]+>=", dep)
 
 

@@ -1,177 +1,279 @@
-"""The checks of notebook 10: right answers pass, stubs are 'not attempted', wrong ones get a specific hint."""
+"""The checks of notebook 10 (object storage), against a real S3 server and the course's proxy: right answers pass,
+stubs are 'not attempted', and each wrong answer gets its own hint."""
 
 from __future__ import annotations
 
-import itertools
-import os
+import io
+import random
+import tarfile
 import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import boto3
+import numpy as np
 import pytest
-import torch
-from torch.utils.data import DataLoader
 
-from course_lib import alternatives as alt
-from course_lib import data
-from course_lib.further import highrate
+from course_lib import object_store
 from course_lib.checks import Status, nb10
-from exercise_status import right_and_stubs, status
-from course_tools.bench import write_mds
+from course_tools import s3server
+from exercise_status import status
 
-pytestmark = pytest.mark.quick
+pytestmark = [pytest.mark.full, pytest.mark.timeout(180)]
 
-N = 40
+
+def _shard(path: Path, keys: list[str]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for key in keys:
+            for ext, payload in (("txt", key.encode() * 3000), ("cls", b"1")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+KEYS = [[f"s{s}k{k}" for k in range(3)] for s in range(5)]
 
 
 @pytest.fixture(scope="module")
-def mds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    items = alt.image_items(data.prepare_data(progress=False), "train", limit=N)
-    return write_mds(items, tmp_path_factory.mktemp("mds") / "mds", size_limit=20_000)
+def store(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("nb10")
+    with s3server.S3Server(folder / "s3") as server:
+        paths = [_shard(folder / f"shard-{s}.tar", keys) for s, keys in enumerate(KEYS)]
+        urls = s3server.upload(server, paths[:4], "course", "shards/")
+        s3server.upload(server, paths[:3], "course", "growing/")
+        server.client("writer").put_object(Bucket="course", Key="growing/index.json", Body=b"{}")
+        with s3server.Proxy(server.endpoint) as proxy:
+            yield server, urls, paths, proxy
+        server.stop(graceful=False)
 
 
-@pytest.mark.timeout(120)
-def test_mds_loader(mds: Path) -> None:
-    def right(folder, batch_size):
-        return DataLoader(alt.mds_images(folder, batch_size), batch_size=batch_size, num_workers=2)
-
-    def mismatched(folder, batch_size):
-        return DataLoader(alt.mds_images(folder, 4), batch_size=batch_size, num_workers=2)
-
-    def no_workers(folder, batch_size):
-        return DataLoader(alt.mds_images(folder, batch_size), batch_size=batch_size)
-
-    def stub(folder, batch_size):
-        raise NotImplementedError
-
-    assert nb10.mds_loader.evaluate(right, mds, N).passed
-    result = nb10.mds_loader.evaluate(mismatched, mds, N)
-    assert result.status is Status.WRONG and "same number" in result.message
-    assert "num_workers=0" in nb10.mds_loader.evaluate(no_workers, mds, N).message
-    assert "DataLoader" in nb10.mds_loader.evaluate(lambda f, b: list(right(f, b)), mds, N).message
-    assert nb10.mds_loader.evaluate(stub, mds, N).status is Status.NOT_ATTEMPTED
-    assert nb10.mds_loader.evaluate(..., mds, N).status is Status.NOT_ATTEMPTED
+@pytest.fixture
+def learner(store, monkeypatch: pytest.MonkeyPatch):
+    server, urls, paths, proxy = store
+    for name, value in server.environment("learner").items():
+        monkeypatch.setenv(name, value)
+    return store
 
 
-@pytest.mark.timeout(120)
-def test_first_batches() -> None:
-    def right(loader, n):
-        return [b.clone() for b in itertools.islice(loader, n)]
-
-    def views(loader, n):
-        return list(itertools.islice(loader, n))
-
-    def too_few(loader, n):
-        return right(loader, n - 1)
-
-    assert nb10.first_batches.evaluate(right).passed
-    result = nb10.first_batches.evaluate(views)
-    assert result.status is Status.WRONG and "clone" in result.message
-    assert "got 3" in nb10.first_batches.evaluate(too_few).message
-    assert nb10.first_batches.evaluate(...).status is Status.NOT_ATTEMPTED
+def _stub(*args, **kwargs):
+    raise NotImplementedError
 
 
-def test_ring_bytes() -> None:
-    def right(b, s, w, slots):
-        return (slots or 2 * w + 1) * b * s
-
-    assert nb10.ring_bytes.evaluate(right).passed
-    assert "training loop" in nb10.ring_bytes.evaluate(lambda b, s, w, slots: 2 * w * b * s).message
-    assert "one batch" in nb10.ring_bytes.evaluate(lambda b, s, w, slots: b * s).message
-    assert "slots=2 was given" in nb10.ring_bytes.evaluate(lambda b, s, w, slots: (2 * w + 1) * b * s).message
-    assert "whole" in nb10.ring_bytes.evaluate(lambda b, s, w, slots: right(b, s, w, slots) + 0.5).message
-    assert nb10.ring_bytes.evaluate(...).status is Status.NOT_ATTEMPTED
+def _wrong(check, answer, words, *args) -> None:
+    outcome, message = status(check, answer, *args)
+    assert outcome is Status.WRONG and words in message, (words, message)
 
 
-def mapped_right(path, record_bytes, batch_size, shuffle=True, seed=0):
-    return highrate.MappedBatches(path, record_bytes, batch_size, shuffle, seed)
+# -- 10.1 --------------------------------------------------------------------------------------------------------
 
 
-class _Mapped:
-    """A learner's MappedBatches with one knob turned wrong."""
-
-    def __init__(self, path, record_bytes, batch_size, shuffle=True, seed=0, wrong=""):
-        self.n, self.len = os.path.getsize(path) // record_bytes, record_bytes // 4
-        self.records = torch.from_file(str(path), size=self.n * self.len).view(self.n, self.len)
-        self.buffer = torch.empty(batch_size, self.len)
-        self.batch_size, self.shuffle, self.seed, self.epoch, self.wrong = batch_size, shuffle, seed, 0, wrong
-
-    def __len__(self):
-        return self.n // self.batch_size if self.wrong == "drop_last" else -(-self.n // self.batch_size)
-
-    def __iter__(self):
-        seed = self.seed if self.wrong == "same_order" else self.seed + self.epoch
-        g = torch.Generator().manual_seed(seed)
-        order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
-        self.epoch += 1
-        for start in range(0, self.n, self.batch_size):
-            rows = order[start:start + self.batch_size]
-            if self.wrong == "fresh":
-                yield self.records[rows]
-            elif self.wrong == "numpy":
-                yield self.records[rows].numpy()
-            elif self.wrong == "offset":
-                yield torch.index_select(self.records, 0, (rows + 1) % self.n, out=self.buffer[: len(rows)])
-            elif self.wrong == "drop_last" and len(rows) < self.batch_size:
-                return
-            else:
-                yield torch.index_select(self.records, 0, rows, out=self.buffer[: len(rows)])
+def open_s3(url, mode="rb", bufsize=8192, **kwargs):
+    bucket, key = object_store.split_url(url)
+    return object_store.s3_client().get_object(Bucket=bucket, Key=key)["Body"]
 
 
-def wrong_mapped(kind):
-    return lambda *args, **kw: _Mapped(*args, **kw, wrong=kind)
+def test_open_s3(learner) -> None:
+    _, urls, _, _ = learner
+    keys = [k for keys in KEYS[:4] for k in keys]
+    assert status(nb10.open_s3, open_s3, urls, keys)[0] is Status.SOLVED
+    assert status(nb10.open_s3, ..., urls, keys)[0] is Status.NOT_ATTEMPTED
+    assert status(nb10.open_s3, _stub, urls, keys)[0] is Status.NOT_ATTEMPTED
+
+    def response(url, mode="rb", bufsize=8192, **kwargs):
+        bucket, key = object_store.split_url(url)
+        return object_store.s3_client().get_object(Bucket=bucket, Key=key)
+
+    def whole_key(url, mode="rb", bufsize=8192, **kwargs):
+        return object_store.s3_client().get_object(Bucket="course", Key=url)["Body"]
+
+    def ranged(url, mode="rb", bufsize=8192, **kwargs):
+        bucket, key = object_store.split_url(url)
+        return object_store.s3_client().get_object(Bucket=bucket, Key=key, Range="bytes=1024-")["Body"]
+
+    wrong = {
+        "returned bytes": lambda url, mode="rb", bufsize=8192, **kw: open_s3(url).read(),
+        "whole response": response,
+        "split": whole_key,
+        "handler(url, mode='rb', bufsize=8192)": lambda url: open_s3(url),
+        "from its first byte": ranged,
+    }
+    for words, fn in wrong.items():
+        _wrong(nb10.open_s3, fn, words, urls, keys)
 
 
-@pytest.mark.timeout(60)
-def test_mapped_batches() -> None:
-    def stub(path, record_bytes, batch_size, shuffle=True, seed=0):
-        raise NotImplementedError
-
-    right_and_stubs(nb10.mapped_batches, mapped_right, stub)
-    assert status(nb10.mapped_batches, wrong_mapped(""))[0] is Status.SOLVED
-    expected = {"fresh": "Allocate one buffer", "same_order": "seed + epoch", "numpy": "torch tensors",
-                "offset": "file order", "drop_last": "len() is 6"}
-    for kind, words in expected.items():
-        outcome, message = status(nb10.mapped_batches, wrong_mapped(kind))
-        assert outcome is Status.WRONG and words in message, (kind, message)
+# -- 10.2 --------------------------------------------------------------------------------------------------------
 
 
-def measure_right(make_batches, nbytes, step):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    seen = 0
-    for batch in make_batches():
-        step(batch)
-        seen += batch.numel() * batch.element_size()
-    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    if seen != nbytes:
-        raise RuntimeError(f"{seen} bytes delivered, {nbytes} expected")
-    return nbytes / wall / 1e9, cpu / (nbytes / 1e9)
+def read_all(urls, in_flight):
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+        return list(pool.map(object_store.read_object, urls))
 
 
-@pytest.mark.timeout(60)
-def test_measure() -> None:
-    def stub(make_batches, nbytes, step):
-        raise NotImplementedError
+def test_read_all(learner) -> None:
+    _, urls, _, proxy = learner
+    urls = urls * 3  # 12 reads
+    assert status(nb10.read_all, read_all, urls, proxy)[0] is Status.SOLVED
+    assert status(nb10.read_all, ..., urls, proxy)[0] is Status.NOT_ATTEMPTED
+    assert status(nb10.read_all, _stub, urls, proxy)[0] is Status.NOT_ATTEMPTED
 
-    def gib(make_batches, nbytes, step):
-        rate, cpu = measure_right(make_batches, nbytes, step)
-        return rate * 1e9 / 2**30, cpu
+    def completed(urls, in_flight):
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            futures = [pool.submit(object_store.read_object, u) for u in urls]
+            done = [f.result() for f in as_completed(futures)]
+        random.Random(0).shuffle(done)  # as_completed's order, made certain to differ
+        return done
 
-    def wall_for_cpu(make_batches, nbytes, step):
-        start = time.perf_counter()
-        rate, _ = measure_right(make_batches, nbytes, step)
-        return rate, (time.perf_counter() - start) / (nbytes / 1e9)
+    def unbounded(urls, in_flight):
+        return read_all(urls, len(urls))
 
-    def no_step(make_batches, nbytes, step):
-        return measure_right(make_batches, nbytes, lambda batch: None)
+    def streams(urls, in_flight):
+        return [object_store.s3_client().get_object(Bucket="course", Key=object_store.split_url(u)[1])["Body"]
+                for u in urls]
 
-    def unchecked(make_batches, nbytes, step):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        for batch in make_batches():
-            step(batch)
-        return nbytes / (time.perf_counter() - start) / 1e9, (time.process_time() - start_cpu) / (nbytes / 1e9)
+    wrong = {
+        "one after the other": lambda urls, in_flight: [object_store.read_object(u) for u in urls],
+        "not in the order of urls": completed,
+        "at most in_flight": unbounded,
+        "return each object's bytes": streams,
+    }
+    for words, fn in wrong.items():
+        _wrong(nb10.read_all, fn, words, urls, proxy)
 
-    right_and_stubs(nb10.measure, measure_right, stub)
-    expected = {gib: "GiB/s", wall_for_cpu: "process_time", no_step: "step ran 0 times", unchecked: "no error"}
-    for wrong, words in expected.items():
-        outcome, message = status(nb10.measure, wrong)
-        assert outcome is Status.WRONG and words in message, (wrong.__name__, message)
+
+# -- 10.3 --------------------------------------------------------------------------------------------------------
+
+
+class Cache:
+    """Exercise 10.3's answer; ``lru``, ``unlink`` and ``count_hits`` switch its parts off, for the wrong answers."""
+
+    lru = unlink = count_hits = evict = True
+
+    def __init__(self, folder, budget_bytes):
+        self.folder, self.budget = Path(folder), budget_bytes
+        self.sizes = OrderedDict()
+        self.hits = self.misses = self.evicted = 0
+
+    def path(self, url):
+        local = self.folder / url.removeprefix("s3://").replace("/", "__")
+        if local in self.sizes:
+            self.hits += self.count_hits
+            if self.lru:
+                self.sizes.move_to_end(local)
+            return local
+        self.misses += 1
+        payload = object_store.read_object(url)
+        while self.evict and self.sizes and sum(self.sizes.values()) + len(payload) > self.budget:
+            oldest, _ = self.sizes.popitem(last=False)
+            if self.unlink:
+                oldest.unlink()
+            self.evicted += 1
+        local.write_bytes(payload)
+        self.sizes[local] = len(payload)
+        return local
+
+
+def test_shard_cache(learner, tmp_path: Path) -> None:
+    _, urls, _, _ = learner
+    assert status(nb10.shard_cache, Cache, urls, tmp_path)[0] is Status.SOLVED
+    assert status(nb10.shard_cache, ..., urls, tmp_path)[0] is Status.NOT_ATTEMPTED
+
+    class Stub(Cache):
+        def path(self, url):
+            raise NotImplementedError
+
+    assert status(nb10.shard_cache, Stub, urls, tmp_path)[0] is Status.NOT_ATTEMPTED
+    wrong = {
+        "over its budget": type("NoEviction", (Cache,), {"evict": False}),
+        "delete the evicted file": type("NoUnlink", (Cache,), {"unlink": False}),
+        "most recently used": type("Fifo", (Cache,), {"lru": False}),
+        "a shard already in the folder is a hit": type("NoHits", (Cache,), {"count_hits": False}),
+    }
+    for words, cls in wrong.items():
+        _wrong(nb10.shard_cache, cls, words, urls, tmp_path)
+
+
+# -- 10.4 --------------------------------------------------------------------------------------------------------
+
+
+def retrying(url, attempts, backoff_s, client=None, check_length=True, name=True, wait=True, give_up=True):
+    """Exercise 10.4's answer with the defaults; the keywords make its wrong forms."""
+    bucket, key = object_store.split_url(url)
+    for attempt in range(1, attempts + 1):
+        try:
+            response = (client or object_store.s3_client()).get_object(Bucket=bucket, Key=key)
+            payload = response["Body"].read()
+            if check_length and len(payload) != response["ContentLength"]:
+                raise OSError("short")
+            return payload
+        except Exception as error:
+            if attempt == attempts:
+                if not give_up:
+                    return b""
+                raise (object_store.ObjectReadError(url, attempts, error) if name else RuntimeError("failed"))
+            if wait:
+                time.sleep(backoff_s * 2 ** (attempt - 1))
+
+
+def test_read_with_retries(learner) -> None:
+    _, urls, _, proxy = learner
+    assert status(nb10.read_with_retries, retrying, urls[0], proxy)[0] is Status.SOLVED
+    assert status(nb10.read_with_retries, ..., urls[0], proxy)[0] is Status.NOT_ATTEMPTED
+    assert status(nb10.read_with_retries, _stub, urls[0], proxy)[0] is Status.NOT_ATTEMPTED
+
+    def once(url, attempts, backoff_s):
+        bucket, key = object_store.split_url(url)
+        return object_store.s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    wrong = {
+        "retries by itself": lambda u, a, b: retrying(u, a, b, client=boto3.client("s3")),
+        "yet your function returned": lambda u, a, b: retrying(u, a, b, give_up=False),
+        "name the object": lambda u, a, b: retrying(u, a, b, name=False),
+        "wait backoff_s": lambda u, a, b: retrying(u, a, b, wait=False),
+        "SlowDown": once,  # no retry at all: the 503 reaches the check
+    }
+    for words, fn in wrong.items():
+        _wrong(nb10.read_with_retries, fn, words, urls[0], proxy)
+
+
+# -- 10.5 --------------------------------------------------------------------------------------------------------
+
+
+def epoch_shards(prefix, epoch, seed, rank_in_seed=False, keep_all=False, epoch_in_seed=True, pairs=False):
+    import os
+
+    listed = object_store.list_objects(prefix)
+    kept = [(u, s) for u, s in listed if keep_all or u.endswith(".tar")]
+    key = [seed, epoch] if epoch_in_seed else [seed]
+    key += [int(os.environ.get("RANK", 0))] if rank_in_seed else []
+    order = np.random.default_rng(key).permutation(len(kept))
+    return [kept[i] if pairs else kept[i][0] for i in order]
+
+
+def test_epoch_shards(learner) -> None:
+    server, _, paths, _ = learner
+    writer = server.client("writer")
+    added = iter(range(10, 100))
+
+    def add_shard():
+        i = next(added)
+        writer.upload_file(str(paths[4]), "course", f"growing/shard-{i}.tar")
+        return f"s3://course/growing/shard-{i}.tar"
+
+    prefix = "s3://course/growing/"
+    assert status(nb10.epoch_shards, epoch_shards, prefix, add_shard)[0] is Status.SOLVED
+    assert status(nb10.epoch_shards, ..., prefix, add_shard)[0] is Status.NOT_ATTEMPTED
+    assert status(nb10.epoch_shards, _stub, prefix, add_shard)[0] is Status.NOT_ATTEMPTED
+    first = epoch_shards(prefix, 0, 0)
+
+    wrong = {
+        "list the bucket inside the function": lambda p, e, s: [first[i] for i in np.random.default_rng([s, e]).permutation(len(first))],
+        "not shards": lambda p, e, s: epoch_shards(p, e, s, keep_all=True),
+        "rank 1 got another order": lambda p, e, s: epoch_shards(p, e, s, rank_in_seed=True),
+        "put the epoch": lambda p, e, s: epoch_shards(p, e, s, epoch_in_seed=False),
+        "return s3:// URLs": lambda p, e, s: epoch_shards(p, e, s, pairs=True),
+        "different orders": lambda p, e, s: random.sample(epoch_shards(p, e, s), len(epoch_shards(p, e, s))),
+    }
+    for words, fn in wrong.items():
+        _wrong(nb10.epoch_shards, fn, words, prefix, add_shard)

@@ -124,7 +124,7 @@ def test_stale_temp_of_a_live_process_is_kept(tmp_path: Path) -> None:
 SCRATCH_SCRIPT = """
 import os, sys
 from course_lib import data
-print(data.scratch_folder("10"), flush=True)
+print(data.scratch_folder("11"), flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)  # what nbval does to a kernel: no atexit, no cleanup
 """
@@ -142,7 +142,7 @@ def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
     exited = Path(run("exit").stdout.strip())
     assert not exited.exists(), "a kernel that exits removes its own folder"
     assert not killed.exists(), "the next call removes the folder of the killed kernel"
-    foreign = tmp_path / "course10-notours"  # same name pattern, no owner file: not the course's
+    foreign = tmp_path / "course11-notours"  # same name pattern, no owner file: not the course's
     foreign.mkdir()
     other_host = tmp_path / "course09-otherhost"  # a dead pid, but written on another host (a shared /tmp)
     other_host.mkdir()

@@ -152,3 +152,37 @@ def test_two_ranks_read_the_bucket_every_sample_once_per_epoch_each_epoch_new(le
         assert sorted(keys) == everything, f"epoch {epoch}: every sample exactly once"
         orders.append([k for ks in reports[0]["epochs"][epoch]["keys_by_worker"].values() for k in ks])
     assert len({tuple(o) for o in orders}) == 3, "rank 0 read two epochs alike"
+
+
+def test_read_many_keeps_the_order_and_its_requests_in_flight(learner: s3server.S3Server) -> None:
+    urls = [url for url, _ in store.list_objects("s3://course/train/")] * 2
+    expected = [store.read_object(url) for url in urls]
+    with s3server.Proxy(learner.endpoint, latency_s=0.02) as proxy, store.using_endpoint(proxy.endpoint):
+        assert store.read_many(urls, in_flight=4) == expected
+        assert proxy.peak_in_flight == 4 and proxy.requests == len(urls)
+        proxy.reset_counts()
+        assert store.read_many(urls, in_flight=1) == expected and proxy.peak_in_flight == 1
+    with pytest.raises(ValueError, match="in_flight must be >= 1"):
+        store.read_many(urls, in_flight=0)
+
+
+def test_using_endpoint_restores_the_endpoint(learner: s3server.S3Server) -> None:
+    import os
+
+    before = os.environ["AWS_ENDPOINT_URL"]
+    with store.using_endpoint("http://127.0.0.1:9"):
+        assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    assert os.environ["AWS_ENDPOINT_URL"] == before
+
+
+def test_cat_writes_the_object_for_a_pipe_url(learner: s3server.S3Server) -> None:
+    import subprocess
+    import sys
+
+    url = "s3://course/train/shard-02.tar"
+    done = subprocess.run([sys.executable, "-m", "course_lib.object_store", "cat", url], capture_output=True,
+                          timeout=60, check=True)
+    assert done.stdout == store.read_object(url)
+    missing = subprocess.run([sys.executable, "-m", "course_lib.object_store", "cat", "s3://course/train/no.tar"],
+                             capture_output=True, timeout=60)
+    assert missing.returncode != 0 and b"NoSuchKey" in missing.stderr

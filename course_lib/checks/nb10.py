@@ -1,202 +1,262 @@
-"""Checks for notebook 10 (beyond WebDataset).
+"""Checks for notebook 10 (object storage).
 
-10.1 runs the learner's MDS loader on real MDS shards; 10.2 runs their batch-keeping code on a
-real :class:`~course_lib.further.highrate.RingLoader` (whose slots are overwritten, so kept batches must
-be copies); 10.3 compares their shared-memory arithmetic with what a RingLoader allocates; 10.4 runs their
-memory-mapped batch reader over a real raw file for two epochs; 10.5 times their rate meter against loops whose
-wall and CPU time are known.
+Every check runs the learner's code against the course's real S3 server. The faults come from the notebook's proxy
+(``course_tools.s3server.Proxy``, passed in: this library never imports the tools above it), which the checks make
+slow, throttle (503) or cut as each test needs, and which counts the requests it saw and how many it held at once.
 """
 
 from __future__ import annotations
 
-import gc
-import tempfile
+import contextlib
+import importlib
+import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-import numpy as np
-import torch
-
-from ._core import Hint, attempted, exercise, require, whole_number
+from .. import object_store
+from ._core import Hint, attempted, exercise, require
 
 
-@exercise("10.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
-def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_size: int = 16) -> None:
-    """``fn(folder, batch_size)`` returns a DataLoader of ``(images, labels)`` over the MDS shards in ``folder``."""
-    from torch.utils.data import DataLoader
-
-    attempted(fn)
-    loader = fn(folder, batch_size)
-    attempted(loader)
-    require(isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader.")
-    require(loader.num_workers >= 1, "the DataLoader has num_workers=0: give it worker processes (num_workers=2).")
-    inner = getattr(loader.dataset, "inner", loader.dataset)
-    ds_batch = getattr(inner, "batch_size", None)
-    require(ds_batch is not None, "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
-            "Pass batch_size to alternatives.mds_images(folder, batch_size).")
-    require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
-    require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
-            f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
-            "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
-            "mid-epoch points at the wrong samples). Use the same number for both.")
-    gc.collect()
-    labels: list[int] = []
-    for images, ys in loader:
-        require(isinstance(images, torch.Tensor) and images.dim() == 4, "each batch should be (images [B, 3, H, W], labels).")
-        labels += [int(y) for y in ys]
-    require(len(labels) == samples, f"{len(labels)} samples came out of {samples} in the shards.")
-
-
-@exercise("10.2", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
-def first_batches(fn: Callable[[Any, int], Any]) -> None:
-    """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
-    from ..further.highrate import RingLoader, write_raw_tensors
-
-    attempted(fn)
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "raw.f32", 24, sample_bytes=4096, seed=9)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(24, -1))
-        with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
-            got = fn(ring, 4)
-            attempted(got)
-            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
-            require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
-            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
-            if len(same) < 4:
-                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
-                           "batches overwrite. Keep batch.clone().")
-            for i, batch in enumerate(got):
-                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
-                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
-                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
-            again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
-            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
-
-
-RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
-
-
-@exercise("10.3", "slots × batch_size × sample bytes, allocated once: (2 × workers + 1) slots unless given.")
-def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
-    """``fn(batch_size, sample_bytes, num_workers, slots)``: bytes of shared memory a RingLoader allocates."""
-    attempted(fn)
-    for batch, sample, workers, slots in RING_CASES:
-        call = f"ring_bytes({batch}, {sample}, {workers}, slots={slots})"
-        got = whole_number(fn(batch, sample, workers, slots), call, "a number of bytes is whole.")
-        n_slots = slots or 2 * workers + 1
-        truth = n_slots * batch * sample
-        if got == truth:
-            continue
-        if slots is None and got == 2 * workers * batch * sample:
-            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
-                       "(the batch it is working on).")
-        if got == batch * sample:
-            raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
-        if slots is not None and got == (2 * workers + 1) * batch * sample:
-            raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
-        raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
-
-
-def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
-    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
-    where = {float(v): i for i, v in enumerate(truth[:, 0])}
-    found = []
-    for batch in batches:
-        for row in batch:
-            i = where.get(float(row[0]))
-            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
-                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
-            found.append(i)
-    return found
-
-
-@exercise("10.4", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
-                  "batch gathered into one buffer allocated once.")
-def mapped_batches(cls: Any) -> None:
-    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
-    from ..further.highrate import write_raw_tensors
-
-    attempted(cls)
-    n, size, batch = 50, 256, 8
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
-        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
-        attempted(reader)
-        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
-        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
-        for _ in range(2):
-            got, sizes = [], []
-            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
-                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
-                        "which a training step takes (torch.from_file gives one).")
-                held.append(b)
-                sizes.append(b.shape[0])
-                got.append(b.clone())
-            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
-                    "short batch: slice the buffer to its length).")
-            epochs.append(_rows_to_index(got, truth))
-        for e, order in enumerate(epochs):
-            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
-                    f"records of {n}: every record once per epoch.")
-        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
-        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
-        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
-        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
-                "torch.Generator with seed + epoch rather than using the global random state.")
-        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
-        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
-        buffers = len({b.untyped_storage().data_ptr() for b in held})
-        if buffers > 1:
-            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
-                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
-                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
-
-
-def _busy(seconds: float) -> None:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-
-
-@exercise("10.5", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
-def measure(fn: Callable[..., Any]) -> None:
-    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
-    attempted(fn)
-    batch = torch.zeros(250_000)  # 1 MB
-    stepped: list[int] = []
-
-    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
-        for _ in range(4):
-            time.sleep(0.05)
-            yield batch
-
-    def busy():  # 4 MB in about 0.2 s of CPU
-        for _ in range(4):
-            _busy(0.05)
-            yield batch
-
-    start = time.perf_counter()
-    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
-    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
-    attempted(got)
-    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
-    rate, cpu = float(got[0]), float(got[1])
-    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
-    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
-        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
-    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
-            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
-            "seconds (time.perf_counter()).")
-    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
-            "time.process_time(), not the wall clock.")
-    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
-    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
-            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
+@contextlib.contextmanager
+def _proxy(proxy: Any, latency_s: float = 0.0) -> Iterator[Any]:
+    """``proxy`` with ``latency_s`` per request and fresh counts, in front of every client made in the block."""
+    before = proxy.latency_s
+    proxy.latency_s = latency_s
+    proxy.fail_next(0)
+    proxy.cut_next(0)
+    proxy.reset_counts()
     try:
-        fn(sleepy, 8_000_000, lambda b: None)
-    except Exception:  # noqa: BLE001 - any clear error will do
-        return
-    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
-               "against nbytes, or a short pass passes for a fast one.")
+        with object_store.using_endpoint(proxy.endpoint):
+            yield proxy
+    finally:
+        proxy.latency_s = before
+        proxy.fail_next(0)
+        proxy.cut_next(0)
+
+
+def _client_error(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+@exercise("10.1", "webdataset reads the bucket through your s3:// handler: every sample of every shard, in order.")
+def open_s3(fn: Callable[..., Any], urls: list[str], keys: list[str]) -> None:
+    """``fn(url, mode="rb", bufsize=8192)`` opens an ``s3://bucket/key`` object as a stream of bytes; ``keys`` are
+    the sample keys of the shards at ``urls``, in order."""
+    import webdataset as wds
+
+    attempted(fn)
+    try:
+        stream = fn(urls[0], mode="rb", bufsize=8192)
+    except TypeError as exc:
+        raise Hint(f"webdataset calls the handler as handler(url, mode='rb', bufsize=8192): give your function "
+                   f"those parameters, `def open_s3(url, mode=\"rb\", bufsize=8192, **kwargs)` ({exc}).") from None
+    except Exception as exc:  # noqa: BLE001 - any client error: say which request it was
+        code = _client_error(exc)
+        if code in ("NoSuchKey", "NoSuchBucket", "InvalidBucketName"):
+            raise Hint(f"the server answered {code}: split {urls[0]} into the bucket (before the first / after "
+                       f"s3://) and the key (everything after it), e.g. object_store.split_url(url).") from None
+        raise
+    require(stream is not None, "open_s3 returned None: return the object's stream, response[\"Body\"].")
+    require(not isinstance(stream, dict),
+            "open_s3 returned the whole response (a dict): the object's bytes are its \"Body\", a stream.")
+    require(not isinstance(stream, (bytes, bytearray)),
+            "open_s3 returned bytes: the whole object read into memory first. Return the stream, response[\"Body\"], "
+            "so that webdataset reads the shard piece by piece as it arrives.")
+    require(hasattr(stream, "read"), f"open_s3 returned a {type(stream).__name__}, which has no read(): return "
+                                     "response[\"Body\"].")
+    with contextlib.suppress(Exception):
+        stream.close()
+    schemes = importlib.import_module("webdataset.gopen").gopen_schemes
+    before = schemes.get("s3")
+    schemes["s3"] = fn
+    try:
+        read = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+    except Exception as exc:  # noqa: BLE001 - webdataset's tar reader on what the handler gave it
+        raise Hint(f"webdataset could not read the shards through your handler ({type(exc).__name__}: "
+                   f"{str(exc)[:80]}): return the whole object's stream, from its first byte (no Range).") from None
+    finally:
+        if before is None:
+            schemes.pop("s3", None)
+        else:
+            schemes["s3"] = before
+    require(len(read) == len(keys), f"webdataset read {len(read)} samples through your handler, the shards hold "
+                                    f"{len(keys)}: return the whole object's stream, from its first byte.")
+    require(read == keys, "the samples came in another order than the shards hold them: open the object named by "
+                          "the url, from its first byte (no Range).")
+
+
+@exercise("10.2", "every object whole and in order, with exactly in_flight requests on their way at once.")
+def read_all(fn: Callable[[list[str], int], list[bytes]], urls: list[str], proxy: Any) -> None:
+    """``fn(urls, in_flight)`` returns every object's bytes in the order of ``urls``, keeping ``in_flight`` requests
+    going at once. Checked through ``proxy`` with 20 ms per request, which sees how many it holds at once."""
+    attempted(fn)
+    urls = list(urls)[:12]
+    expected = [object_store.read_object(url) for url in urls]
+    for in_flight in (4, 1):
+        with _proxy(proxy, latency_s=0.02):
+            got = fn(urls, in_flight)
+            peak = proxy.peak_in_flight
+        require(got is not None, "read_all returned None: return the list of the objects' bytes.")
+        got = list(got)
+        require(len(got) == len(urls), f"read_all returned {len(got)} items for {len(urls)} urls: one per url.")
+        require(all(isinstance(b, (bytes, bytearray)) for b in got),
+                f"read_all returned {type(got[0]).__name__} items: return each object's bytes "
+                "(object_store.read_object(url) gives them).")
+        if sorted(got) == sorted(expected) and got != expected:
+            raise Hint("every object came back, but not in the order of urls (as_completed gives them as they "
+                       "finish): pool.map(read_object, urls) keeps the order.")
+        require(got == expected, "some objects came back different from what the bucket holds: read each one whole.")
+        if in_flight == 4:
+            require(peak > 1, "the proxy never saw more than one request at a time: the reads ran one after the "
+                              "other. Run them in a ThreadPoolExecutor(max_workers=in_flight).")
+            require(peak <= 4, f"the proxy held {peak} requests at once for in_flight=4: keep at most in_flight going "
+                               "(ThreadPoolExecutor(max_workers=in_flight)).")
+            require(peak == 4, f"at most {peak} requests were on their way at once for in_flight=4: start in_flight "
+                               "of them together.")
+        else:
+            require(peak == 1, f"in_flight=1 still sent {peak} requests at once: use in_flight as the pool's size.")
+
+
+@exercise("10.4", "it survives 503s and cut connections, waits longer after each failure, and gives up loudly, "
+                  "naming the object and the attempts.")
+def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: Any) -> None:
+    """``fn(url, attempts, backoff_s)`` returns the object's bytes, trying at most ``attempts`` times and waiting
+    ``backoff_s``, ``2 * backoff_s``, ... between tries; after the last failure it raises, naming the url and the
+    number of attempts."""
+    attempted(fn)
+    whole = object_store.read_object(url)
+    with _proxy(proxy) as p:
+        p.fail_next(2)
+        got = fn(url, 4, 0.01)
+        sent = p.requests
+    require(got == whole, "after two 503 Slow Down answers, your function did not return the whole object: try "
+                          "again (up to attempts times) until a read succeeds.")
+    require(sent <= 3, f"two 503s then a success took {sent} requests, not 3: your client retries by itself "
+                       "(boto3's default does). Use object_store.s3_client(), which tries once, so that your loop "
+                       "counts every attempt.")
+    with _proxy(proxy) as p:
+        p.cut_next(1, after_bytes=1000)
+        got = fn(url, 4, 0.01)
+    require(got == whole, f"with the connection cut after 1,000 bytes, your function returned {len(got):,} of "
+                          f"{len(whole):,} bytes: a short body is a failed attempt (read it inside the try, and "
+                          "compare its length with response[\"ContentLength\"]).")
+    with _proxy(proxy) as p:
+        p.fail_next(100)
+        began = time.monotonic()
+        try:
+            fn(url, 3, 0.05)
+        except Exception as exc:  # noqa: BLE001 - what the learner raises is theirs to choose
+            message = str(exc)
+        else:
+            raise Hint("every request failed, yet your function returned: after the last attempt, raise an error "
+                       "(e.g. object_store.ObjectReadError(url, attempts, error)).")
+        elapsed = time.monotonic() - began
+        sent = p.requests
+    require(sent <= 3, f"with attempts=3 the proxy saw {sent} requests: your client retries by itself (boto3's "
+                       "default does, up to 5 tries a request). Use object_store.s3_client(), which tries once, so that "
+                       "your loop counts every attempt.")
+    require(sent == 3, f"with attempts=3 the proxy saw {sent} requests: try exactly `attempts` times in all.")
+    require(url in message and "3" in message,
+            f"the error says {message[:160]!r}: name the object ({url}) and the number of attempts (3) in it, so the "
+            "log says which shard failed and how hard it was tried.")
+    require(elapsed >= 0.14, f"three attempts with backoff_s=0.05 took {elapsed:.2f} s: wait backoff_s after the "
+                             "first failure and twice that after the second (0.05 + 0.1 s), time.sleep(backoff_s * "
+                             "2 ** (attempt - 1)).")
+
+
+@exercise("10.3", "a cache within its budget: least recently used shards go first, files and counts agree.")
+def shard_cache(cache_class: Callable[[Path, int], Any], urls: list[str], folder: Path) -> None:
+    """``cache_class(folder, budget_bytes)`` makes a cache whose ``path(url)`` returns a local file with the object's
+    bytes, fetching it on a miss and evicting the least recently used files beyond the budget; it counts ``hits``,
+    ``misses`` and ``evicted``."""
+    attempted(cache_class)
+    urls = list(urls)[:4]
+    payloads = {url: object_store.read_object(url) for url in urls}
+    budget = 3 * max(len(p) for p in payloads.values())
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():
+        if old.is_file():
+            old.unlink()
+    cache = cache_class(folder, budget)
+
+    def fetch(url: str) -> None:
+        local = cache.path(url)
+        require(local is not None, "path(url) returned None: return the local file's path.")
+        local = Path(local)
+        require(local.is_file(), f"path(url) returned {local}, which is not a file: write the object there first.")
+        require(local.read_bytes() == payloads[url], f"the file for {url} does not hold the object's bytes.")
+        files = [f for f in folder.iterdir() if f.is_file()]
+        used = sum(f.stat().st_size for f in files)
+        if used > budget and getattr(cache, "evicted", 0):
+            raise Hint(f"the cache folder holds {used:,} bytes, over its budget of {budget:,}, although you counted "
+                       f"{cache.evicted} eviction(s): delete the evicted file from disk (Path.unlink), not only from "
+                       "your table.")
+        require(used <= budget, f"the cache folder holds {used:,} bytes, over its budget of {budget:,}: evict the "
+                                "least recently used files before you write a new one.")
+
+    a, b, c, d = urls
+    for url in (a, b, c):
+        fetch(url)
+    require((cache.hits, cache.misses) == (0, 3), f"three new shards gave hits={cache.hits}, misses={cache.misses}: "
+                                                  "count a miss for every shard fetched from the store.")
+    fetch(a)
+    require(cache.hits == 1, f"reading a cached shard again gave hits={cache.hits}: a shard already in the folder "
+                             "is a hit, returned without a request.")
+    fetch(d)  # over budget: b is now the least recently used
+    left = {Path(f).name for f in folder.iterdir() if f.is_file()}
+    require(len(left) == 3, f"after the fourth shard the folder holds {len(left)} files, not 3: delete the evicted "
+                            "file from disk (Path.unlink), not only from your table.")
+    before = cache.misses
+    fetch(a)
+    require(cache.misses == before, "shard a was evicted although it had just been read: a hit makes a shard the "
+                                    "most recently used (OrderedDict.move_to_end), and eviction takes the least "
+                                    "recently used, not the first written.")
+    require(cache.evicted == 1, f"evicted={cache.evicted} after one shard had to go: count each eviction.")
+    fetch(b)
+    require((cache.hits, cache.misses, cache.evicted) == (2, 5, 2),
+            f"after a b c a d a b: hits={cache.hits}, misses={cache.misses}, evicted={cache.evicted}; expected 2, 5, "
+            "2. Count every path() call as one hit or one miss.")
+
+
+@exercise("10.5", "each epoch lists the bucket anew, keeps the complete shards, and orders them by (seed, epoch), "
+                  "the same on every rank.")
+def epoch_shards(fn: Callable[[str, int, int], list[str]], prefix: str, add_shard: Callable[[], str]) -> None:
+    """``fn(prefix, epoch, seed)`` lists ``prefix``, keeps the ``.tar`` objects and returns their URLs in an order
+    drawn from ``(seed, epoch)``. ``add_shard()`` puts one more shard under ``prefix`` and returns its URL."""
+    attempted(fn)
+    listed = [url for url, _ in object_store.list_objects(prefix)]
+    tars = sorted(url for url in listed if url.endswith(".tar"))
+    got = fn(prefix, 0, 0)
+    require(got is not None, "epoch_shards returned None: return the list of shard URLs.")
+    got = list(got)
+    require(all(isinstance(u, str) and u.startswith("s3://") for u in got),
+            f"epoch_shards returned {got[:2]!r}...: return s3:// URLs, as object_store.list_objects gives them "
+            "(its items are (url, size) pairs).")
+    require(not any(not u.endswith(".tar") for u in got),
+            "the list has objects that are not shards (e.g. the producer's index.json): keep only keys ending in .tar.")
+    require(sorted(got) == tars, f"{len(got)} shards returned, the bucket lists {len(tars)} under {prefix}: list "
+                                 "the prefix every time, and keep each shard once.")
+    require(fn(prefix, 0, 0) == got, "two calls with the same (seed, epoch) gave different orders: draw the order "
+                                     "from np.random.default_rng([seed, epoch]), not from global random state.")
+    rank = os.environ.get("RANK")
+    os.environ["RANK"] = "1"
+    try:
+        other_rank = fn(prefix, 0, 0)
+    finally:
+        if rank is None:
+            os.environ.pop("RANK", None)
+        else:
+            os.environ["RANK"] = rank
+    require(other_rank == got, "rank 1 got another order than rank 0: every rank must see the same list, so that "
+                               "split_by_node gives each its own shards. Do not put the rank into the seed.")
+    orders = {tuple(fn(prefix, epoch, 0)) for epoch in range(6)}
+    require(len(orders) >= 3, f"six epochs gave {len(orders)} different order(s) of {len(got)} shards: put the epoch "
+                              "into the seed.")
+    new = add_shard()
+    grown = fn(prefix, 3, 0)
+    require(new in grown, "a shard put into the bucket after the first call is missing from the next epoch: list "
+                          "the bucket inside the function, at every epoch, not once outside it.")
+    require(sorted(grown) == sorted(tars + [new]), "the next epoch's list is not the grown bucket's shards.")

@@ -1,298 +1,202 @@
-"""Checks for notebook 11 (the capstone).
+"""Checks for notebook 11 (beyond WebDataset).
 
-The measurements differ from machine to machine, so the checks never compare with stored numbers:
-they recompute the right answer from the learner's own measurement (as 04.4 does) and parse the
-Slurm script the learner wrote.
+11.1 runs the learner's MDS loader on real MDS shards; 11.2 runs their batch-keeping code on a
+real :class:`~course_lib.further.highrate.RingLoader` (whose slots are overwritten, so kept batches must
+be copies); 11.3 compares their shared-memory arithmetic with what a RingLoader allocates; 11.4 runs their
+memory-mapped batch reader over a real raw file for two epochs; 11.5 times their rate meter against loops whose
+wall and CPU time are known.
 """
 
 from __future__ import annotations
 
-import itertools
-import numbers
-import os
-import subprocess
+import gc
 import tempfile
 import time
-import re
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+import torch
 
-from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
-from ..shards import simulated_reader
-from ..instrument import EpochRecord
-from ..workers import cpu_count
 from ._core import Hint, attempted, exercise, require, whole_number
-from .nb09 import _labelled_shards
-
-#: Exercise 11.5's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
-NODES, GPUS_PER_NODE, CPUS_PER_NODE = 2, 4, 32
-CLUSTER_SHARDS = "/scratch/$USER/course-shards"
 
 
-def _validate_results(results: Any) -> dict[int, EpochRecord]:
-    """``results`` is a sweep over num_workers measured with the capstone's workload."""
-    require(
-        isinstance(results, dict) and results and all(isinstance(r, EpochRecord) for r in results.values()),
-        "results should be a dict num_workers -> EpochRecord, as capstone.sweep(urls, 'num_workers', [...]) returns.",
-    )
-    require(all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in results),
-            "the keys of results should be numbers of workers: sweep over 'num_workers'.")
-    require(all(r.num_workers == k for k, r in results.items()),
-            "each key of results should be the num_workers its record was measured with.")
-    for k, r in results.items():
-        decode, step = r.settings.get("decode_ms"), r.settings.get("step_ms")
-        require(decode == DECODE_MS and step == STEP_MS,
-                f"num_workers={k} was measured with decode_ms={decode}, step_ms={step}: measure every setting with the "
-                f"capstone's workload (decode_ms={DECODE_MS}, step_ms={STEP_MS}, the defaults of capstone.measure).")
-        require(len(r.batches) >= 8, f"num_workers={k} was measured over {len(r.batches)} batches: use at least 8.")
-    require(len({r.settings.get("batch_size") for r in results.values()}) == 1, "measure every setting with the same batch size.")
-    return results
+@exercise("11.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
+def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_size: int = 16) -> None:
+    """``fn(folder, batch_size)`` returns a DataLoader of ``(images, labels)`` over the MDS shards in ``folder``."""
+    from torch.utils.data import DataLoader
 
-
-def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL_TARGET) -> int:
-    """Exercise 11.2's rule: the fewest workers whose measured steady stall is under ``target``, counting at most one
-    worker per core but the main process's (``workers.cpu_count() - 1``, at least 1) unless only more get there; where
-    none gets there (a busy machine), that budget of workers, or the most measured if fewer."""
-    budget = max(1, cpu_count() - 1)
-    under = sorted(w for w, r in results.items() if r.steady_stall_fraction < target)
-    return ([w for w in under if w <= budget] or under or [min(budget, max(results))])[0]
-
-
-# --------------------------------------------------------------------------- 11.1: the pipeline, assembled
-
-
-def _reader(fn: Callable[..., Any], urls: list[str], rank: int, worker: int, take: int, seed: int = 0,
-            decode_ms: float = 0.0, epochs: int = 1) -> list[list[tuple[Any, ...]]]:
-    """The first ``take`` samples of each epoch that reader (rank ``rank`` of 2, worker ``worker`` of 2) gets from one
-    ``fn(urls, seed, decode_ms)``, iterated once per epoch as a persistent worker iterates its pipeline."""
-    with simulated_reader(rank, 2, worker, 2):
-        pipeline = fn(urls, seed, decode_ms)
-        require(pipeline is not None, "my_build_dataset returned None: return the wds.DataPipeline.")
-        return [list(itertools.islice(iter(pipeline), take)) for _ in range(epochs)]
-
-
-def _shard(item: tuple[Any, ...]) -> int:
-    return int(item[1]) // 100  # the check's shards label their samples shard * 100 + i
-
-
-@exercise("11.1", "every epoch the shards are dealt anew; each of 4 readers cycles through its own endlessly, a new "
-                  "order each pass, decoded to (image, label, key), with the simulated decode cost.")
-def build_dataset(fn: Callable[..., Any]) -> None:
-    """``fn(urls, seed, decode_ms)``: the capstone's pipeline (notebook 11, section 1), assembled by the learner."""
     attempted(fn)
-    with tempfile.TemporaryDirectory(prefix="course11-") as folder:
-        urls = _labelled_shards(folder, shards=16, per_shard=2)  # 2 ranks x 2 workers: 4 shards, 8 samples per reader
-        first = _reader(fn, urls, 0, 0, 1)[0]
-        require(len(first) == 1, "the pipeline yielded nothing for rank 0's worker 0.")
-        image, *rest = first[0]
-        require(len(rest) == 2 and hasattr(image, "shape") and tuple(image.shape)[0] == 3 and image.is_floating_point(),
-                f"each sample should be (image, label, key), the image a float tensor [3, H, W]: wds.decode(\"torchrgb\") "
-                f"before wds.to_tuple(\"jpg\", \"cls\", \"__key__\"); got {tuple(type(v).__name__ for v in first[0])}.")
-        streams = {(r, w): _reader(fn, urls, r, w, 48, epochs=2) for r in range(2) for w in range(2)}
-        for epoch in range(2):
-            read = {reader: {_shard(item) for item in items[epoch]} for reader, items in streams.items()}
-            require(read[(0, 0)] != read[(1, 0)], "ranks 0 and 1 read the same shards: split them between the ranks "
-                    "with wds.split_by_node, right after capstone.RotatingShardList(urls, seed).")
-            require(read[(0, 0)] != read[(0, 1)], "the two workers of a rank read the same shards: split the rank's "
-                    "shards between its workers with wds.split_by_worker, after wds.split_by_node.")
-            for (r, w), items in streams.items():
-                _one_reader(items[epoch], f"rank {r}'s worker {w}", epoch)
-            readers = [sorted(s) for s in read.values()]
-            require(len(set().union(*read.values())) == 16, f"in epoch {epoch} two readers read the same shards "
-                    f"({readers}): the shard list must be shuffled alike on every rank and worker, from seed and epoch "
-                    "only (capstone.RotatingShardList(urls, seed)), and then split by node and by worker.")
-        require(any({_shard(i) for i in items[0]} != {_shard(i) for i in items[1]} for items in streams.values()),
-                "every reader read the same shards in epochs 0 and 1: deal the shards anew every epoch, "
-                "capstone.RotatingShardList(urls, seed) in place of wds.SimpleShardList(urls).")
-        again = _reader(fn, urls, 1, 1, 12, epochs=2)
-        require([[item[2] for item in e] for e in again] == [[item[2] for item in e[:12]] for e in streams[(1, 1)]],
-                "the same seed gave another order: give the seed you are given to every seeded stage "
-                "(RotatingShardList, EndlessShardCycle, and a shuffle buffer's: capstone.ShuffleBuffer(size, seed)).")
-        require([item[2] for item in _reader(fn, urls, 1, 1, 48, seed=1)[0]] != [item[2] for item in streams[(1, 1)][0]],
-                "seeds 0 and 1 gave the same order: give the seed you are given to RotatingShardList(urls, seed) and "
-                "EndlessShardCycle(seed).")
-        start = time.perf_counter()
-        _reader(fn, urls, 0, 0, 4, decode_ms=40.0)
-        require(time.perf_counter() - start > 0.1, "4 samples with decode_ms=40 took no time: end the pipeline with "
-                "wds.map(capstone.SimulatedDecode(decode_ms)).")
+    loader = fn(folder, batch_size)
+    attempted(loader)
+    require(isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader.")
+    require(loader.num_workers >= 1, "the DataLoader has num_workers=0: give it worker processes (num_workers=2).")
+    inner = getattr(loader.dataset, "inner", loader.dataset)
+    ds_batch = getattr(inner, "batch_size", None)
+    require(ds_batch is not None, "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
+            "Pass batch_size to alternatives.mds_images(folder, batch_size).")
+    require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
+    require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
+            f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
+            "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
+            "mid-epoch points at the wrong samples). Use the same number for both.")
+    gc.collect()
+    labels: list[int] = []
+    for images, ys in loader:
+        require(isinstance(images, torch.Tensor) and images.dim() == 4, "each batch should be (images [B, 3, H, W], labels).")
+        labels += [int(y) for y in ys]
+    require(len(labels) == samples, f"{len(labels)} samples came out of {samples} in the shards.")
 
 
-def _one_reader(items: list[tuple[Any, ...]], reader: str, epoch: int) -> None:
-    """One reader's first 48 samples of an epoch: 6 passes over its 4 shards of 2 samples, or their mix by a buffer."""
-    require(len(items) == 48, f"{reader} stopped after {len(items)} samples in epoch {epoch}, its shards' 8: an endless "
-            "stream needs capstone.EndlessShardCycle(seed) after the splitters.")
-    shards = sorted({_shard(item) for item in items})
-    require(len(shards) == 4, f"{reader} read shards {shards} in epoch {epoch}; each of the 4 readers should read 4 "
-            "of the 16: wds.split_by_node, then wds.split_by_worker, right after capstone.RotatingShardList(urls, seed).")
-    labels = [int(item[1]) for item in items]
-    if any(labels[k] // 100 != labels[k + 1] // 100 for k in range(0, 48, 2)):
-        return  # a shuffle buffer mixes samples of several shards (and of one pass with the next): passes blur
-    passes = [labels[k:k + 8] for k in range(0, 48, 8)]
-    require(all(len(set(p)) == 8 for p in passes), f"{reader} got a sample twice within one pass over its shards "
-            f"in epoch {epoch}: cycle through them (EndlessShardCycle), do not draw shards with replacement.")
-    require(len({tuple(p) for p in passes}) > 1, f"{reader} read its shards in the same order every pass: "
-            "EndlessShardCycle(seed) draws a new order each pass.")
+@exercise("11.2", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
+def first_batches(fn: Callable[[Any, int], Any]) -> None:
+    """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
+    from ..further.highrate import RingLoader, write_raw_tensors
 
-
-@exercise("11.2", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
-                  "from your own measurement, at most one per core but the main process's unless only more get there.")
-def tuned_workers(answer: Any, results: Any) -> None:
-    """``answer`` is the smallest num_workers in ``results`` with a steady stall under the target."""
-    attempted(answer, results)
-    results = _validate_results(results)
-    require(isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
-            f"answer should be a number of workers (an int), got {answer!r}.")
-    require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
-    missing = [w for w in range(answer) if w not in results]
-    require(not missing, f"measure every smaller setting too ({', '.join(map(str, missing))}) to be sure {answer} is the fewest.")
-    best = smallest_under_target(results)
-    if answer == best:
-        return
-    stall = results[answer].steady_stall_fraction
-    require(answer > best, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
-                           f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.")
-    budget = max(1, cpu_count() - 1)
-    if answer > budget:
-        require(False, f"{answer} workers is more than your {cpu_count()} cores leave for workers ({budget}: one core is the "
-                f"main process's); more take turns on the same cores, and where they seem to win, the machine was busier "
-                f"while the smaller settings ran. By your sweep the answer is {best}"
-                + ("." if results[best].steady_stall_fraction < STALL_TARGET else
-                   f": no setting within {budget} got under {STALL_TARGET * 100:.0f} %, so the most with a core of their own."))
-    require(False, f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
-                   f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
-
-
-#: The shards s0..s7 each reader of the check's job (worker w of rank r: reader 2r + w) reads in epochs 0 and 1:
-#: dealt anew every epoch, as the capstone's pipeline does.
-DEALS = [[[0, 1], [2, 3], [4, 5], [6, 7]], [[5, 2], [7, 0], [3, 6], [1, 4]]]
-
-
-def _job_reports(fault: str = "") -> tuple[list[dict], dict[str, str]]:
-    """Reports of a 2-rank, 2-worker, 2-epoch job over shards s0..s7 of 4 samples each, right or with one ``fault``.
-
-    Each epoch deals the shards anew (:data:`DEALS`), and each reader reads 2 samples of each of its 2 shards, so
-    in epoch 1 shards and samples are read again, by other readers: right, and an audit across epochs would call
-    it a fault."""
-    shard_of = {f"s{s}-{i}": f"s{s}" for s in range(8) for i in range(4)}
-    reports = []
-    for rank in range(2):
-        epochs = []
-        for epoch in range(2):
-            readers = {str(w): [f"s{s}-{i}" for s in DEALS[epoch][2 * rank + w] for i in range(2)] for w in range(2)}
-            batches = 4
-            if fault == "steps" and rank == 1 and epoch == 1:
-                batches = 3
-            if fault == "shared shard" and rank == 1 and epoch == 1:
-                readers["1"] = readers["1"][:-1] + ["s5-3"]  # rank 0's worker 0 reads shard s5 in epoch 1
-            if fault == "repeat" and rank == 0 and epoch == 1:
-                readers["0"] = readers["0"][:-1] + [readers["0"][0]]
-            if fault == "idle reader" and rank == 1 and epoch == 0:
-                readers["1"] = []
-            stall = 0.4 if fault == "stall" and rank == 1 else 0.05
-            epochs.append({"batches": batches, "keys_by_worker": readers, "steady_stall": stall})
-        digest = "b" * 64 if fault == "weights" and rank == 1 else "a" * 64
-        reports.append({"rank": rank, "epochs": epochs, "weights_sha256": digest})
-    return reports, shard_of
-
-
-JOB_FAULTS = {
-    "steps": "rank 1 took 3 batches in epoch 1, rank 0 took 4: a collective would hang",
-    "shared shard": "shard s5 read by readers of two ranks in epoch 1",
-    "repeat": "a sample read twice in epoch 1",
-    "idle reader": "worker 1 of rank 1 read nothing in epoch 0",
-    "weights": "the ranks' weights differ",
-    "stall": "rank 1 waits 40 % of the time in the last epoch",
-}
-
-
-@exercise("11.3", "one problem for each fault, none for a right job: equal steps, no idle reader, disjoint shards and "
-                  "no sample twice within each epoch, identical weights, and every rank's stall under the target.")
-def audit_job(fn: Callable[..., Any]) -> None:
-    """``fn(reports, shard_of, stall_target)``: a list of problems found in a job's rank reports, empty if it was right."""
     attempted(fn)
-    reports, shard_of = _job_reports()
-    got = fn(reports, shard_of, 0.15)
-    attempted(got)
-    require(isinstance(got, (list, tuple)), f"audit_job should return a list of problems, got {type(got).__name__}.")
-    if got:
-        raise Hint(f"a right job (equal steps, busy readers, disjoint shards, no repeats within an epoch, same weights, low stall) "
-                   f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 the shards are dealt anew and "
-                   "every sample is read again: compare shards and samples within one epoch, not across epochs.")
-    for fault, what in JOB_FAULTS.items():
-        reports, shard_of = _job_reports(fault)
-        found = list(fn(reports, shard_of, 0.15))
-        require(len(found) >= 1, f"a job where {what} passed your audit with no problem.")
-        require(len(found) == 1, f"a job where only {what} got {len(found)} problems: {found}. Report each fault once.")
+    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "raw.f32", 24, sample_bytes=4096, seed=9)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(24, -1))
+        with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
+            got = fn(ring, 4)
+            attempted(got)
+            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
+            require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
+            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
+            if len(same) < 4:
+                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
+                           "batches overwrite. Keep batch.clone().")
+            for i, batch in enumerate(got):
+                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
+                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
+                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
+            again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
+            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
 
 
-@exercise("11.4", "ranks per node × (workers + 1): every rank's training process needs a core besides its workers.")
-def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
-    """``fn(ranks_per_node, num_workers)`` is the ``--cpus-per-task`` of a one-task-per-node job."""
+RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
+
+
+@exercise("11.3", "slots × batch_size × sample bytes, allocated once: (2 × workers + 1) slots unless given.")
+def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
+    """``fn(batch_size, sample_bytes, num_workers, slots)``: bytes of shared memory a RingLoader allocates."""
     attempted(fn)
-    for ranks, workers in [(4, 7), (1, 0), (2, 2), (8, 3), (1, 5), (4, 0)]:
-        call = f"cpus_per_task({ranks}, {workers})"
-        got = whole_number(fn(ranks, workers), call, "a number of CPUs is a whole number.")
-        want = ranks * (workers + 1)
-        if got == want:
+    for batch, sample, workers, slots in RING_CASES:
+        call = f"ring_bytes({batch}, {sample}, {workers}, slots={slots})"
+        got = whole_number(fn(batch, sample, workers, slots), call, "a number of bytes is whole.")
+        n_slots = slots or 2 * workers + 1
+        truth = n_slots * batch * sample
+        if got == truth:
             continue
-        if got == ranks * workers:
-            raise Hint(f"{call} = {got}: that counts the workers only; each rank's training process needs a core too.")
-        if got == workers + 1:
-            raise Hint(f"{call} = {got}: that is one rank's share; the node's one task runs torchrun with all {ranks} ranks.")
-        if got == ranks + workers:
-            raise Hint(f"{call} = {got}: every rank has its own {workers} workers, so the counts multiply.")
-        raise Hint(f"{call} = {got}, expected {want}: {ranks} rank{'s' if ranks > 1 else ''}, each 1 training process "
-                   f"+ {workers} worker{'s' if workers != 1 else ''}.")
+        if slots is None and got == 2 * workers * batch * sample:
+            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
+                       "(the batch it is working on).")
+        if got == batch * sample:
+            raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
+        if slots is not None and got == (2 * workers + 1) * batch * sample:
+            raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
+        raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
 
 
-@exercise("11.5", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
-def slurm_script(path: Any, results: Any) -> None:
-    """The script at ``path`` trains on NODES × GPUS_PER_NODE with the workers ``results`` call for."""
-    attempted(path, results)
-    require(isinstance(path, (str, os.PathLike)), f"pass the path of the script you wrote, got {path!r}: "
-                                                  "write_slurm_script(...) returns it.")
-    path = Path(path)
-    require(path.is_file(), f"there is no file {path}: run the cell that writes it first.")
-    require(path.parts[-3:-1] == ("runs", "capstone"), f"write the script into runs/capstone/ next to the notebook, not {path.parent}.")
-    text = path.read_text()
-    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
-    require(done.returncode == 0, f"bash cannot parse the script: {done.stderr.strip()[:200]}")
-    workers = smallest_under_target(_validate_results(results))
-    options, settings = sbatch_options(text), script_settings(text)
-    require(options.get("nodes") == str(NODES), f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.")
-    require(options.get("gres") == f"gpu:{GPUS_PER_NODE}" and settings.get("GPUS_PER_NODE", "").endswith(f"{GPUS_PER_NODE}}}\""),
-            f"the nodes have {GPUS_PER_NODE} GPUs, one rank each: gpus_per_node={GPUS_PER_NODE}.")
-    require(settings.get("WORKERS") == str(workers),
-            f"the script runs {settings.get('WORKERS')} workers per rank, but your measurement calls for {workers} "
-            "(the answer of 11.2): num_workers=tuned.")
-    want_cpus = GPUS_PER_NODE * (workers + 1)
-    require(options.get("cpus-per-task") == str(want_cpus),
-            f"--cpus-per-task is {options.get('cpus-per-task')}, expected {want_cpus}.")
-    require(want_cpus <= CPUS_PER_NODE, "unreachable: the nodes have enough CPUs")
-    require(f'SHARDS="${{SHARDS:-{CLUSTER_SHARDS}}}"' in text,
-            f"the shards on the cluster are at {CLUSTER_SHARDS} (shards=...); the notebook's own are in a temporary folder "
-            "that the cluster cannot see.")
-    require("CHANGE_ME" in text, "keep the account and partition placeholders (CHANGE_ME) for the cluster's own values.")
-
-
-# --------------------------------------------------------------------------- reading a Slurm script
-def sbatch_options(text: str) -> dict[str, str]:
-    """The ``#SBATCH --name=value`` options of a script (comments after them dropped)."""
-    options = {}
-    for line in text.splitlines():
-        m = re.match(r"^#SBATCH\s+--([\w-]+)(?:[= ](\S+))?", line)
-        if m:
-            options[m.group(1)] = m.group(2) or ""
-    return options
-
-
-def script_settings(text: str) -> dict[str, str]:
-    """The ``NAME=value`` assignments at the start of a script's lines, as written (``WORKERS=2``
-    gives ``{"WORKERS": "2"}``; a trailing ``# comment`` is dropped)."""
-    found = {}
-    for line in text.splitlines():
-        m = re.match(r"^([A-Z_]+)=(\S*)", line)
-        if m:
-            found[m.group(1)] = m.group(2)
+def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
+    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
+    where = {float(v): i for i, v in enumerate(truth[:, 0])}
+    found = []
+    for batch in batches:
+        for row in batch:
+            i = where.get(float(row[0]))
+            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
+                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
+            found.append(i)
     return found
+
+
+@exercise("11.4", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
+                  "batch gathered into one buffer allocated once.")
+def mapped_batches(cls: Any) -> None:
+    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
+    from ..further.highrate import write_raw_tensors
+
+    attempted(cls)
+    n, size, batch = 50, 256, 8
+    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
+        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
+        attempted(reader)
+        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
+        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
+        for _ in range(2):
+            got, sizes = [], []
+            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
+                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
+                        "which a training step takes (torch.from_file gives one).")
+                held.append(b)
+                sizes.append(b.shape[0])
+                got.append(b.clone())
+            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
+                    "short batch: slice the buffer to its length).")
+            epochs.append(_rows_to_index(got, truth))
+        for e, order in enumerate(epochs):
+            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
+                    f"records of {n}: every record once per epoch.")
+        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
+        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
+        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
+        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
+                "torch.Generator with seed + epoch rather than using the global random state.")
+        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
+        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
+        buffers = len({b.untyped_storage().data_ptr() for b in held})
+        if buffers > 1:
+            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
+                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
+                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
+
+
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@exercise("11.5", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
+def measure(fn: Callable[..., Any]) -> None:
+    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
+    attempted(fn)
+    batch = torch.zeros(250_000)  # 1 MB
+    stepped: list[int] = []
+
+    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
+        for _ in range(4):
+            time.sleep(0.05)
+            yield batch
+
+    def busy():  # 4 MB in about 0.2 s of CPU
+        for _ in range(4):
+            _busy(0.05)
+            yield batch
+
+    start = time.perf_counter()
+    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
+    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
+    attempted(got)
+    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
+    rate, cpu = float(got[0]), float(got[1])
+    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
+    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
+        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
+    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
+            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
+            "seconds (time.perf_counter()).")
+    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
+            "time.process_time(), not the wall clock.")
+    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
+    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
+            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
+    try:
+        fn(sleepy, 8_000_000, lambda b: None)
+    except Exception:  # noqa: BLE001 - any clear error will do
+        return
+    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
+               "against nbytes, or a short pass passes for a fast one.")

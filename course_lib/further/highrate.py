@@ -1,4 +1,4 @@
-"""Notebook 10, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
+"""Notebook 11, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
 Can PyTorch feed a loop at 300-600 MB/s of raw float32 samples, GIL and all? :func:`compare` reads the same bytes
 every way in one run (a raw read, a plain ``DataLoader`` with workers, :class:`RingLoader`'s reused shared-memory
@@ -34,7 +34,7 @@ SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
 
 
 class RawDataError(RuntimeError):
-    """Notebook 10, section 7: a raw tensor file is missing, truncated or does not match its description."""
+    """Notebook 11, section 7: a raw tensor file is missing, truncated or does not match its description."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int
 
 
 def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _Float32Samples:
-    """Notebook 10, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
+    """Notebook 11, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
     Same arguments, same bytes. Written to a temporary name and renamed, the ``.json`` sidecar last, so a
     killed run never leaves a file that looks complete."""
@@ -121,7 +121,7 @@ def _read_into(fd: int, view: memoryview, offset: int) -> None:
 
 
 class RawTensorDataset(Dataset):
-    """Notebook 10, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
+    """Notebook 11, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
 
     Each call reads 1 sample with ``os.preadv`` into a **fresh** array. Each process opens the file itself:
     a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none."""
@@ -183,7 +183,7 @@ def _touch(batch: torch.Tensor) -> float:
 
 
 def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samples:
-    """Notebook 10, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
+    """Notebook 11, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
     Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample ``i``
     is ``sample_bytes`` contiguous bytes at ``locations[i]``. Reads only the headers; anything but same-sized
@@ -272,7 +272,7 @@ def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: An
 
 
 class RingLoader:
-    """Notebook 10, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
+    """Notebook 11, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
 
     ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared memory. Workers
     read each batch's samples straight into a free slot; the main process yields a tensor that **is** the
@@ -390,7 +390,7 @@ def _count_records(path: str | os.PathLike[str], record_bytes: int) -> int:
 
 
 class MappedBatches:
-    """Notebook 10, section 10: batches of fixed-size float32 records, gathered from a memory-mapped file.
+    """Notebook 11, section 10: batches of fixed-size float32 records, gathered from a memory-mapped file.
 
     The file is mapped, not read: the OS brings pages in from its cache as they are touched. Each batch is one
     ``index_select`` into a buffer allocated once, valid until the next batch is requested (clone what you keep,
@@ -426,7 +426,7 @@ def _sum_step(batch: torch.Tensor) -> float:
 
 def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
          step: Callable[[torch.Tensor], Any] = _touch) -> float:
-    """Notebook 10, section 7: GB/s (10^9 bytes per second) of one pass, each batch given to ``step`` (:func:`_touch`).
+    """Notebook 11, section 7: GB/s (10^9 bytes per second) of one pass, each batch given to ``step`` (:func:`_touch`).
 
     With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): what the
     training loop's own process paid, as opposed to waiting for workers."""
@@ -466,7 +466,7 @@ def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]
 
 def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Notebook 10, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
+    """Notebook 11, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
     Returns ``{method: [GB/s per round]}``, the limit (fastest raw read) first; ``cpu`` receives the main process's CPU
     seconds per GB per method and round. Workers persist across rounds: start-up is not counted."""
@@ -488,7 +488,7 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
 
 def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Notebook 10, section 9: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
+    """Notebook 11, section 9: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
     limit's read: under 1 % more bytes); webdataset against a :class:`RingLoader` at :func:`index_tensor_shards`' offsets."""
     paths = [str(p) for p in paths]
     if len(paths) < workers:
@@ -507,7 +507,7 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
 def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] = (4096, 65536, 1 << 20),
                     total_bytes: int = 128 << 20, batch_bytes: int = 4 << 20, workers: int = 2, rounds: int = 3,
                     cpu: dict[int, dict[str, list[float]]] | None = None) -> dict[int, dict[str, list[float]]]:
-    """Notebook 10, section 11: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
+    """Notebook 11, section 11: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
 
     Batches of ``batch_bytes``; every loop runs :func:`_sum_step` on each batch (the main process's own CPU work).
     Returns ``{record_bytes: {method: [GB/s per round]}}``, each led by the fastest raw read (the limit)."""
@@ -534,7 +534,7 @@ def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] 
 
 
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
-    """Notebook 10, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
+    """Notebook 11, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
     In one process costs add up, so neighbouring methods' differences isolate them; with workers, the main process's own CPU."""
     wall = {k: 1 / v for k, v in medians(results).items()}
@@ -556,7 +556,7 @@ def _colour(name: str) -> str:
 
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
-    """Notebook 10, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
+    """Notebook 11, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
     from ..viz import _relative_bars
 
     med = medians(results)
@@ -567,7 +567,7 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
 
 def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
                       title: str = "Where the training loop's process spends its time") -> Any:
-    """Notebook 10, section 8: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
+    """Notebook 11, section 8: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
     import matplotlib.pyplot as plt
 
     med, busy = medians(results), medians(cpu)

@@ -304,6 +304,8 @@ RULES = [
     # a table cell that ends in notebook numbers: | 07 | 3 | ..., | 07, 08 |, | here (briefly), 04, 05 |
     _rule("table cell", rf"\|(?:[^|\n]*?,)??[ \t]*(?P<ref>{NN}(?:,[ \t]*{NN})*)[ \t]*(?=\|)", markdown_only=True),
     _rule("quoted NN", rf"(?P<q>[\"'])(?P<ref>{_RANGE})(?P=q)", files=_QUOTED),  # LearnerPath("07", ...)
+    # a path or pattern without the name: r"^notebooks/solutions/(07_)", notebooks/07_*.ipynb
+    _rule("notebook path", rf"\bnotebooks/(?:solutions/)?\(?(?P<ref>{NN})_(?![A-Za-z])"),
 ]
 
 

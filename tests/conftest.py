@@ -61,7 +61,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class NotebookScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return re.sub(r"^notebooks/solutions/(09_)", r"notebooks/\1", super()._split_scope(nodeid))
+            return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", super()._split_scope(nodeid))
 
     return NotebookScopes(config, log)
 

@@ -216,6 +216,9 @@ HELPERS = '''"""Notebooks 02–03: helpers shared by the loaders and the shards 
 def batches(n=10, seed=11):
     """Notebook 02, section 1: ``n`` batches of 02 items (not a notebook number)."""
     return scratch_folder("02"), n, seed
+
+
+SCOPE = r"^notebooks/solutions/(02_)"  # a regular expression naming both versions of notebook 02
 '''
 DECK = '''# Level 1
 
@@ -282,7 +285,8 @@ def test_renumber_insert_moves_and_rewrites_everything_together(tmp_path: Path, 
         "`loaders` (02), `shards` (03)", "`loaders` (03), `shards` (04)").replace("build 02", "build 03")
     assert "n[02-03] and gpu02 are not notebooks, nor are 12.5× or version 02.1" in text["README.md"]
     assert text["course_lib/helpers.py"] == HELPERS.replace("Notebooks 02–03", "Notebooks 03–04").replace(
-        "(notebook 03)", "(notebook 04)").replace("Notebook 02,", "Notebook 03,").replace('scratch_folder("02")', 'scratch_folder("03")')
+        "(notebook 03)", "(notebook 04)").replace("Notebook 02,", "Notebook 03,").replace('scratch_folder("02")', 'scratch_folder("03")').replace(
+        "solutions/(02_)", "solutions/(03_)").replace("versions of notebook 02", "versions of notebook 03")
     assert text["slides/decks/level1.md"] == DECK.replace("01, 02 and 03", "01, 03 and 04").replace(
         "notebook:02#", "notebook:03#").replace("| 01, 02 |", "| 01, 03 |")
 

@@ -85,6 +85,7 @@ class Facts:
     s3_seconds: float | None = None
     s3_listeners: list[str] = field(default_factory=list)
     s3_error: str | None = None
+    interpreter: str = "with the GIL"  # or "free-threaded, GIL off" / "free-threaded build, GIL on": interpreter()
 
 
 # --------------------------------------------------------------------------- versions
@@ -286,6 +287,18 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
+def interpreter() -> str:
+    """Whether this Python runs threads in parallel: a free-threaded build (3.13t, 3.14t: ``Py_GIL_DISABLED``)
+    with its GIL off, such a build whose GIL came back on (``PYTHON_GIL=1``, or an extension module that needs
+    it), or an ordinary build, with the GIL (notebook 05's threads vs processes)."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "with the GIL"
+    gil_on = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return "free-threaded build, GIL on" if gil_on else "free-threaded, GIL off"
+
+
 def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     """Read this machine: versions, limits (via :func:`course_lib.workers.limits`), disk, data, GPU."""
     facts = Facts(
@@ -293,6 +306,7 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         versions={name: _version(name) for name in versions.CHECKED if name != "python"},
         workers=workers,
         system=f"{platform.system()} {platform.machine()}",
+        interpreter=interpreter(),
     )
     try:  # torch may be missing or broken: the version checks say so, the other checks go on
         from course_lib import workers as _workers
@@ -390,7 +404,8 @@ def report(results: list[Result], facts: Facts | None = None) -> str:
     width = max(len(r.name) for r in results)
     lines = ["Workshop doctor: is this environment ready for the course \"Feeding PyTorch with data\"?"]
     if facts is not None:
-        lines.append(f"({facts.system}, Python {facts.python}, {facts.workers} planned workers per process, data folder {facts.data_folder})")
+        lines.append(f"({facts.system}, Python {facts.python} {facts.interpreter}, {facts.workers} planned workers per process, "
+                     f"data folder {facts.data_folder})")
     lines.append("")
     lines += [f"  {MARKS[r.status]}  {r.name:<{width}}  {r.finding}" for r in results]
     todo = [r for r in results if r.status != OK and r.fix]

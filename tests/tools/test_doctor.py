@@ -349,3 +349,18 @@ def test_cores_follow_planned_workers() -> None:
     done = doctor_cli("--workers", str(cpus + 3), "--json")
     cores = {r["name"]: r for r in json.loads(done.stdout)["results"]}["cores"]
     assert cores["status"] == WARN and f"num_workers={cpus if cpus > 1 else 0}" in cores["fix"]
+
+
+def test_the_report_says_whether_python_is_free_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):  # the tested Pythons (3.11) are ordinary builds
+        assert doctor.interpreter() == "with the GIL"
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert doctor.interpreter() == "free-threaded, GIL off"
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
+    assert doctor.interpreter() == "free-threaded build, GIL on"
+    text = doctor.report(doctor.run_checks(healthy()), healthy(interpreter="free-threaded, GIL off"))
+    assert "free-threaded, GIL off, 2 planned workers" in text.splitlines()[1]

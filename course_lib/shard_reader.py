@@ -4,8 +4,9 @@ Each rank reads the shards split by node and by worker, records which keys each 
 meets the other ranks in an ``all_reduce`` after every batch, as DDP would. Every epoch is a new one: the shard
 list is permuted by ``(seed, epoch)`` before it is split (alike on every rank, so the ranks still share it out
 exactly), and shuffle buffers seeded by ``(seed, epoch)`` mix the samples of several shards into each batch.
-``--resampled --epoch-batches N`` and ``--no-nodesplitter`` reproduce notebook 09's other cases. The whole program
-is this file: each rank's loader, its loop and report, then the command line.
+``--resampled --epoch-batches N`` and ``--no-nodesplitter`` reproduce notebook 09's other cases. ``s3://`` URLs
+(notebook 10) work too. The whole program is this file: each rank's loader, its loop and report, then the command
+line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from . import distributed
 from ._programs import run_on_one_rank
 from .iterable import worker_slot
+from .object_store import register_s3_scheme
 
 __all__ = ["build_loader"]
+
+# webdataset 1.0.2 cannot open s3:// URLs (notebook 10): registered when this module is imported, which is in every
+# rank, and in every spawn or forkserver worker too, since each imports this module to unpickle the pipeline
+register_s3_scheme()
 
 
 def _tag_worker(sample: tuple) -> tuple:
@@ -35,13 +41,6 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
     """Notebook 09, section 7: this rank's WebLoader for ``epoch``: batches of ``(keys, labels, shard urls, worker ids)``."""
     import webdataset as wds
 
-    init = None
-    if "s3://" in args.urls:  # shards in an object store (notebook 11): webdataset 1.0.2 cannot open s3:// itself;
-        # registered here, in the rank, and in each worker (a spawn or forkserver worker inherits nothing)
-        from .object_store import register_in_worker, register_s3_scheme
-
-        register_s3_scheme()
-        init = register_in_worker
     rng = np.random.default_rng([args.seed, epoch])  # from (seed, epoch), never the rank: alike on every rank
     if args.resampled:  # WebDataset(resampled=True) ignores seed= (webdataset 1.0.2): a seeded source instead, whose
         # draws depend on (rank, worker, this epoch's seed) only: reproducible, and different on every rank and worker
@@ -60,7 +59,7 @@ def build_loader(args: argparse.Namespace, epoch: int = 0):
         wds.map(_tag_worker),
         wds.batched(args.batch_size),
     )
-    loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None, worker_init_fn=init)
+    loader = wds.WebLoader(dataset, num_workers=args.workers, batch_size=None)
     # the workers' streams mixed: a batch holds samples of several shards
     loader = loader.unbatched().shuffle(args.buffer, seed=seed).batched(args.batch_size)
     if args.epoch_batches:

@@ -129,11 +129,8 @@ class S3Server:
                    *(f"-{flag}={port}" for flag, port in self.ports.items())]
         began = time.monotonic()
         with open(self.folder / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            cwd=self.folder, start_new_session=True,
-                                            # Linux sends the parent-death signal when the *thread* that started
-                                            # the server ends: only the main thread's servers get it
-                                            preexec_fn=_die_with_parent if _in_main_thread() else None)
+            self.process = _start_for_good(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           cwd=self.folder, start_new_session=True)
         atexit.register(self.stop)
         try:
             self._wait_until_ready(timeout)
@@ -284,10 +281,38 @@ def remove_stale_sockets() -> list[Path]:
     return removed
 
 
-def _in_main_thread() -> bool:
+_LAUNCHER: dict[str, Any] = {}  # the thread that starts servers, and its queue
+
+
+def _start_for_good(command: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(command, **popen)`` with the parent-death signal set, from a thread that lasts as long as
+    this process. Linux sends that signal when the *thread* that started the child ends, not the process: a server
+    started from a short-lived thread (a timer that ends an outage, a cell run in a worker thread) would die with it,
+    and one started without the signal outlives a killed kernel. So every server is started by one daemon thread that
+    waits for work until the process exits."""
+    import queue
     import threading
 
-    return threading.current_thread() is threading.main_thread()
+    if "thread" not in _LAUNCHER or not _LAUNCHER["thread"].is_alive():
+        tasks: queue.Queue = queue.Queue()
+
+        def serve() -> None:
+            while True:
+                args, kwargs, answer = tasks.get()
+                try:
+                    answer.put(subprocess.Popen(args, preexec_fn=_die_with_parent, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 - handed back to the caller, raised there
+                    answer.put(exc)
+
+        _LAUNCHER["tasks"] = tasks
+        _LAUNCHER["thread"] = threading.Thread(target=serve, name="course-s3-launcher", daemon=True)
+        _LAUNCHER["thread"].start()
+    answer: queue.Queue = queue.Queue()
+    _LAUNCHER["tasks"].put((command, popen, answer))
+    started = answer.get(timeout=60)
+    if isinstance(started, BaseException):
+        raise started
+    return started
 
 
 def _die_with_parent() -> None:

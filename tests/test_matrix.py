@@ -87,7 +87,7 @@ def faults(gathered: list[dict], setting: str) -> list[str]:
 def test_every_sample_once_under_every_launch_style_start_method_and_worker_count(
         style: str, ranks: int, urls: str, tmp_path: Path) -> None:
     settings = CELLS[ranks]
-    gathered = run(style, ranks, tmp_path / "matrix.json", "--cells", ",".join(settings), urls=urls)
+    gathered = run(style, ranks, tmp_path / "matrix.json", "--cells=" + ",".join(settings), urls=urls)  # "-/0" is no option
     assert sorted(gathered[0]["cells"]) == sorted(settings)
     problems = {s: faults(gathered, s) for s in settings}
     assert not any(problems.values()), {s: p for s, p in problems.items() if p}

@@ -112,10 +112,14 @@ def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bo
     assert (tmp_path / "data").is_dir() and (tmp_path / "weed.log").exists()  # its data stay where they were
 
 
-def test_a_killed_kernel_takes_its_server_along(tmp_path: Path) -> None:
-    """A kernel killed with SIGKILL runs no exit handler: Linux's parent-death signal stops its server."""
-    code = ("import sys, time; from course_tools.s3server import S3Server; "
-            f"s = S3Server({str(tmp_path)!r}).start(); print(s.pid, flush=True); time.sleep(120)")
+@pytest.mark.parametrize("where", ["main thread", "a thread that ended"])
+def test_a_killed_kernel_takes_its_server_along(tmp_path: Path, where: str) -> None:
+    """A kernel killed with SIGKILL runs no exit handler: Linux's parent-death signal stops its server, also one
+    (re)started from a thread that has ended since (a timer ending an outage: notebook 10's restart)."""
+    start = ("s.start()" if where == "main thread" else
+             "t = threading.Thread(target=s.start); t.start(); t.join()")
+    code = ("import sys, threading, time; from course_tools.s3server import S3Server; "
+            f"s = S3Server({str(tmp_path)!r}); {start}; print(s.pid, flush=True); time.sleep(120)")
     kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(kernel.stdout.readline())

@@ -452,13 +452,20 @@ class Proxy:
             cut = not fail and self._cut > 0
             self._fail -= fail
             self._cut -= cut
-        try:
-            self._answer(handler, fail, cut)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
+        released = []
 
-    def _answer(self, handler: Any, fail: bool, cut: bool) -> None:
+        def release() -> None:  # the request is answered: no longer held (before the client can read the answer
+            if not released:  # and send its next request, which would otherwise count twice)
+                released.append(True)
+                with self._lock:
+                    self.in_flight -= 1
+
+        try:
+            self._answer(handler, fail, cut, release)
+        finally:
+            release()
+
+    def _answer(self, handler: Any, fail: bool, cut: bool, release: Any) -> None:
         import http.client
 
         if self.latency_s:
@@ -466,6 +473,7 @@ class Proxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         if fail:
+            release()
             message = b"<Error><Code>SlowDown</Code><Message>injected by the course's proxy</Message></Error>"
             handler.send_response(503, "Slow Down")
             handler.send_header("Content-Type", "application/xml")
@@ -480,6 +488,7 @@ class Proxy:
                 upstream.putheader(name, value)
             upstream.endheaders(body)
             response = upstream.getresponse()
+            release()
             handler.send_response(response.status, response.reason)
             for name, value in response.getheaders():
                 if name.lower() not in ("connection", "keep-alive", "transfer-encoding"):

@@ -87,15 +87,16 @@ def open_s3(fn: Callable[..., Any], urls: list[str], keys: list[str]) -> None:
                           "the url, from its first byte (no Range).")
 
 
-@exercise("10.2", "every object whole and in order, with exactly in_flight requests on their way at once.")
+@exercise("10.2", "every object whole and in order, with up to in_flight requests on their way at once.")
 def read_all(fn: Callable[[list[str], int], list[bytes]], urls: list[str], proxy: Any) -> None:
     """``fn(urls, in_flight)`` returns every object's bytes in the order of ``urls``, keeping ``in_flight`` requests
-    going at once. Checked through ``proxy`` with 20 ms per request, which sees how many it holds at once."""
+    going at once. Checked through ``proxy`` with 50 ms per request, which sees how many it holds at once (how many
+    overlap depends on the machine's load, so the check asks for more than one and at most ``in_flight``)."""
     attempted(fn)
     urls = list(urls)[:12]
     expected = [object_store.read_object(url) for url in urls]
     for in_flight in (4, 1):
-        with _proxy(proxy, latency_s=0.02):
+        with _proxy(proxy, latency_s=0.05):
             got = fn(urls, in_flight)
             peak = proxy.peak_in_flight
         require(got is not None, "read_all returned None: return the list of the objects' bytes.")
@@ -113,8 +114,6 @@ def read_all(fn: Callable[[list[str], int], list[bytes]], urls: list[str], proxy
                               "other. Run them in a ThreadPoolExecutor(max_workers=in_flight).")
             require(peak <= 4, f"the proxy held {peak} requests at once for in_flight=4: keep at most in_flight going "
                                "(ThreadPoolExecutor(max_workers=in_flight)).")
-            require(peak == 4, f"at most {peak} requests were on their way at once for in_flight=4: start in_flight "
-                               "of them together.")
         else:
             require(peak == 1, f"in_flight=1 still sent {peak} requests at once: use in_flight as the pool's size.")
 

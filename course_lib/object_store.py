@@ -17,6 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from ._support import write_atomic
+
 __all__ = ["ObjectReadError", "ShardCache", "list_objects", "read_many", "read_object",
            "register_in_worker", "register_s3_scheme", "s3_client", "split_url", "using_endpoint"]
 
@@ -185,13 +187,7 @@ class ShardCache:
             oldest, _ = self._sizes.popitem(last=False)
             oldest.unlink(missing_ok=True)
             self.evicted += 1
-        tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_bytes(payload)
-            os.replace(tmp, local)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        write_atomic(local, payload)
         self._sizes[local] = len(payload)
         return local
 

@@ -85,7 +85,7 @@ def _remove_dead_temps(final: Path) -> None:
 
 
 def scratch_folder(notebook: str) -> Path:
-    """Notebooks 07-12: this kernel's scratch folder in the temporary directory, removed when the kernel exits or
+    """Notebooks 07-13: this kernel's scratch folder in the temporary directory, removed when the kernel exits or
     calls again for the same notebook. A killed kernel (nbval, a JupyterHub) cannot remove its own: each call first
     removes the folders of this host's dead kernels, found by the owner file that only this function writes."""
     if notebook in _SCRATCH:  # the notebook's first cell, run again: start afresh

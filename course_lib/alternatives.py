@@ -84,7 +84,7 @@ def webdataset_images(urls: str) -> IterableDataset:
 
 
 def mds_dataset(**kwargs: Any) -> Any:
-    """Notebooks 11 and 13: ``streaming.StreamingDataset(**kwargs)``, released by :func:`release_mds`.
+    """Notebooks 11 and 14: ``streaming.StreamingDataset(**kwargs)``, released by :func:`release_mds`.
 
     Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).

@@ -1,4 +1,4 @@
-"""Notebook 12, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
+"""Notebook 13, the capstone: a small CNN trained under DDP over WebDataset shards, its data stall measured on every rank.
 
 One pipeline (:func:`build_dataset`): every epoch the shard list is dealt out anew between the readers (the workers
 of all ranks), every reader cycles through its own share and mixes its samples in a buffer, and every rank takes the
@@ -53,7 +53,7 @@ SHUFFLE_BUFFER = 100
 # per epoch. The three seeded stages below count those iterations as epochs (``first_epoch``: where a resumed job
 # starts), so each epoch's stream depends on (seed, epoch, rank, worker) only, not on what earlier epochs consumed.
 class RotatingShardList(IterableDataset):
-    """Notebook 12, section 1: pipeline source: all the shards, in a new order each epoch, drawn from (seed, epoch).
+    """Notebook 13, section 1: pipeline source: all the shards, in a new order each epoch, drawn from (seed, epoch).
 
     The order is the same on every rank and worker (no rank in the seed), so ``split_by_node`` and ``split_by_worker``
     after it still give every reader shards of its own, but other shards every epoch (notebook 09, exercise 09.5).
@@ -75,7 +75,7 @@ class RotatingShardList(IterableDataset):
 
 
 class EndlessShardCycle:
-    """Notebook 12, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
+    """Notebook 13, section 1: pipeline stage: this reader's shards, over and over, in a new seeded order each pass.
 
     After ``split_by_node`` and ``split_by_worker`` it sees this epoch's share of this reader only; its orders are
     drawn from ``seed``, rank, worker and epoch: reproducible, and different on every reader.
@@ -102,7 +102,7 @@ class EndlessShardCycle:
 
 
 class ShuffleBuffer:
-    """Notebook 12, section 1: pipeline stage: samples mixed in a buffer of ``size``, so that a batch mixes shards.
+    """Notebook 13, section 1: pipeline stage: samples mixed in a buffer of ``size``, so that a batch mixes shards.
 
     Once the buffer is full, each new sample takes the place of a random one, which goes on. A round over the
     reader's shards ends where a sample's key comes again: the buffer is emptied then, in random order, so every
@@ -140,7 +140,7 @@ class ShuffleBuffer:
 
 
 class SimulatedDecode:
-    """Notebook 12, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
+    """Notebook 13, section 1: pipeline stage: ``ms`` of simulated work per sample, standing in for a heavier decode.
 
     Paid in sleeps of at least ``chunk_ms``, counting the time actually slept: on a busy machine every wake-up
     comes late, and a sleep per sample would add up those delays instead of the cost asked for.
@@ -168,7 +168,7 @@ def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
 
 def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0,
                   buffer: int = SHUFFLE_BUFFER):
-    """Notebook 12, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader,
+    """Notebook 13, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader,
     its shards dealt anew every epoch (``first_epoch``: the epoch a resumed job starts at)."""
     import webdataset as wds
 
@@ -188,7 +188,7 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
 def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
                 decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False,
                 first_epoch: int = 0) -> InstrumentedLoader:
-    """Notebook 12, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent, and each
+    """Notebook 13, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent, and each
     ``iter(loader)`` starts the next epoch of the pipeline's seeded stages in them. ``seed`` must be the same on every
     rank: it deals out the shards."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
@@ -203,7 +203,7 @@ def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor
 
 
 def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], None]) -> tuple[EpochRecord, list]:
-    """Notebook 12, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
+    """Notebook 13, section 2: take exactly ``batches`` batches from an endless ``loader``, calling ``step`` on each.
     Returns the epoch's record and the batches' worker ids. Closing the iterator at the end ends
     the last step's timing (the loop never asks for a batch after it)."""
     if batches < 1:
@@ -221,7 +221,7 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
 
 def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
             step_ms: float = STEP_MS, decode_ms: float = DECODE_MS, batch_size: int = BATCH_SIZE, seed: int = 0) -> EpochRecord:
-    """Notebook 12, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
+    """Notebook 13, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
     record.settings.update(decode_ms=decode_ms, step_ms=step_ms)  # the workload, for the checks
@@ -231,14 +231,14 @@ def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: in
 
 
 def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: Any) -> dict[int, EpochRecord]:
-    """Notebook 12, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
+    """Notebook 13, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
     if name not in ("num_workers", "prefetch_factor"):
         raise ValueError(f"sweep over 'num_workers' or 'prefetch_factor', not {name!r}")
     return {v: measure(urls, **{**fixed, name: v}) for v in values}
 
 
 def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
-    """Notebook 12, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
+    """Notebook 13, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
     much as a long job's warm-up) of each setting as bars, green under ``target``, and the target line."""
     import matplotlib.pyplot as plt
 
@@ -260,7 +260,7 @@ def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, na
 
 # --------------------------------------------------------------------------- before a job starts
 def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int) -> list[Path]:
-    """Notebook 12, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
+    """Notebook 13, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
     paths = _find_shards(shards)  # ShardError naming what is missing
@@ -278,7 +278,7 @@ def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int)
 
 # --------------------------------------------------------------------------- the Slurm script
 def cpus_per_task(ranks_per_node: int, num_workers: int) -> int:
-    """Notebook 12, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
+    """Notebook 13, section 5: CPUs for one node's task (torchrun and all its ranks): each rank runs 1 training process
     and ``num_workers`` DataLoader workers, each of which keeps one core busy when it must."""
     if ranks_per_node < 1 or num_workers < 0:
         raise ValueError(f"need ranks_per_node >= 1 and num_workers >= 0, got {ranks_per_node} and {num_workers}")

@@ -1,4 +1,4 @@
-"""Notebooks 01-13: a measured claim that holds, or says that this machine cannot tell.
+"""Notebooks 01-14: a measured claim that holds, or says that this machine cannot tell.
 
 A notebook that prints "2 workers beat 0 workers: True" from one timing prints False when a browser or another
 learner takes a core. So every claim a notebook prints from a measurement goes through one rule:
@@ -74,7 +74,7 @@ def _our_seconds() -> float:
 
 
 class LoadWatch:
-    """Notebooks 04-13: measures, while a ``with`` block runs, how much CPU *other* processes used, in cores.
+    """Notebooks 04-14: measures, while a ``with`` block runs, how much CPU *other* processes used, in cores.
 
     ``others_cores`` is 0 on an idle machine, about 1 while another program keeps a core busy. The count is this
     process's CPUs only (``sched_getaffinity``), so a busy neighbour on a core this job may not use does not count.
@@ -122,7 +122,7 @@ class _Rounds:
 
 
 def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> _Rounds:
-    """Notebooks 01-13: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
+    """Notebooks 01-14: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
 
     The order alternates (A B C, then C B A, ...), so that a machine growing busier or warmer during the
     measurement does not favour the variant that happens to run first. Other processes' CPU is watched meanwhile.
@@ -198,7 +198,7 @@ class _Claim:
 
 def claim(statement: str, values: Sequence[float], *, above: float | None = None, below: float | None = None,
           load: Any = None, unit: str = "×") -> _Claim:
-    """Notebooks 01-13: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
+    """Notebooks 01-14: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
     ``below`` a threshold, by the rule in this module's docstring.
 
     ``load`` is what measured the other processes' CPU meanwhile (a :class:`_Rounds` or a :class:`LoadWatch`);

@@ -1,4 +1,4 @@
-"""Notebooks 01-12: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
+"""Notebooks 01-13: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 13: a training run that survives being stopped, ``torchrun --nproc-per-node=N -m course_lib.resume``.
+"""Notebook 14: a training run that survives being stopped, ``torchrun --nproc-per-node=N -m course_lib.resume``.
 
 Every rank trains notebook 07's SmallCNN under DDP on its ``DistributedSampler`` share, with a random
 augmentation whose draws come from (seed, epoch, sample index), a fixed number of steps per epoch, and appends
@@ -12,7 +12,7 @@ is refused with a message (:func:`resume_point`).
 ``--stop-at S`` practises an ending after step S: rank 0 and its workers get SIGKILL (a lost node) or torchrun
 SIGTERM (a scheduler's notice).
 
-The file reads top to bottom: the pieces notebook 13 teaches, then the program (one rank's loop, the command line).
+The file reads top to bottom: the pieces notebook 14 teaches, then the program (one rank's loop, the command line).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ __all__ = ["EpochKeys", "ResumableShuffle", "ResumableStream", "ResumeError", "S
 
 
 def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
-    """Notebook 13, section 2: torchdata's ``StatefulDataLoader``, a ``DataLoader`` with ``state_dict()`` and
+    """Notebook 14, section 2: torchdata's ``StatefulDataLoader``, a ``DataLoader`` with ``state_dict()`` and
     ``load_state_dict()``. torchdata 0.11 calls ``torch.set_vital``, which torch 2.14 deprecates; that one warning
     is silenced here."""
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -59,7 +59,7 @@ def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
 
 
 class ResumableShuffle(Sampler[int]):
-    """Notebook 13, section 3 (the reference for exercise 13.2): a new order each epoch from ``(seed, epoch)``,
+    """Notebook 14, section 3 (the reference for exercise 14.2): a new order each epoch from ``(seed, epoch)``,
     that remembers how far it got, so a loader can resume it mid-epoch."""
 
     def __init__(self, n: int, seed: int = 0) -> None:
@@ -87,7 +87,7 @@ class ResumableShuffle(Sampler[int]):
 
 
 class ResumableStream(IterableDataset):
-    """Notebook 13, section 4 (the reference for exercise 13.3): samples ``0..n-1``, every worker its own share,
+    """Notebook 14, section 4 (the reference for exercise 14.3): samples ``0..n-1``, every worker its own share,
     each worker's position in its share saved and restored by the ``StatefulDataLoader``, in that worker."""
 
     def __init__(self, n: int) -> None:
@@ -112,7 +112,7 @@ class ResumableStream(IterableDataset):
 
 
 class EpochKeys(Sampler):
-    """Notebook 13, section 6: a sampler's indices as ``(epoch, index)`` keys, the epoch read when a pass starts.
+    """Notebook 14, section 6: a sampler's indices as ``(epoch, index)`` keys, the epoch read when a pass starts.
 
     Wrap a sampler that has ``set_epoch`` (``DistributedSampler``, :class:`ResumableShuffle`); the dataset then
     knows which epoch each sample is drawn for, and can derive its random draws from it."""
@@ -133,7 +133,7 @@ class EpochKeys(Sampler):
 
 
 class SeededAugmentation(Dataset):
-    """Notebook 13, section 6: ``dataset[index]`` randomly flipped, shifted and brightened, by ``(epoch, index)`` key.
+    """Notebook 14, section 6: ``dataset[index]`` randomly flipped, shifted and brightened, by ``(epoch, index)`` key.
 
     Every random draw comes from a generator seeded with ``(seed, epoch, index)``, not from the worker's random
     state: a sample gets the same augmentation in the same epoch on any run, in any worker, after any restart,
@@ -157,7 +157,7 @@ class SeededAugmentation(Dataset):
 
 
 class StopFlag:
-    """Notebook 13, section 5: remember that SIGTERM or SIGUSR1 arrived; the training loop looks at the end of a step.
+    """Notebook 14, section 5: remember that SIGTERM or SIGUSR1 arrived; the training loop looks at the end of a step.
 
     ``agreed()`` is a collective: every rank stops after the same step when any rank got the signal. Its tensor
     lives on ``device``, the rank's device: NCCL refuses a CPU tensor ("No backend type associated with device
@@ -180,12 +180,12 @@ class StopFlag:
 
 
 class ResumeError(RuntimeError):
-    """Notebook 13, section 7: a checkpoint this job cannot resume from; the message says what to do."""
+    """Notebook 14, section 7: a checkpoint this job cannot resume from; the message says what to do."""
 
 
 def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any],
                     shared: dict[str, Any] | None = None) -> Path:
-    """Notebook 13, section 5: the checkpoint after ``step``: this rank's own ``state`` (its loader's position, its
+    """Notebook 14, section 5: the checkpoint after ``step``: this rank's own ``state`` (its loader's position, its
     random state) as ``stepN/rankR.pt``, and, from rank 0, what all ranks share (the model and optimizer, which DDP
     keeps identical) once, as ``stepN/shared.pt``. Every file is written to a temporary name, flushed to the disk
     (fsync) and renamed. Once every rank has written its part, rank 0 points ``latest`` at the step and removes
@@ -210,7 +210,7 @@ def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state:
 
 
 def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
-    """Notebook 13, section 5: the latest complete checkpoint in ``folder`` as this rank sees it, or ``None``.
+    """Notebook 14, section 5: the latest complete checkpoint in ``folder`` as this rank sees it, or ``None``.
 
     Returns the shared part (the model and optimizer, where rank 0 saved them) with this rank's own part on top;
     ``"rank_part"`` says whether this rank had one (a job started with more ranks than the one that saved has
@@ -233,7 +233,7 @@ def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any]
 
 
 def resume_point(saved: dict[str, int], world_size: int, steps_per_epoch: int) -> tuple[int, int]:
-    """Notebook 13, section 7: where a job of ``world_size`` ranks, ``steps_per_epoch`` steps each, resumes from a
+    """Notebook 14, section 7: where a job of ``world_size`` ranks, ``steps_per_epoch`` steps each, resumes from a
     checkpoint saved after ``saved["step"]`` steps by ``saved["world_size"]`` ranks of ``saved["steps_per_epoch"]``.
 
     Returns ``(epoch, step)`` in the new job's counting. With as many ranks, anywhere. With another number of ranks
@@ -254,7 +254,7 @@ def resume_point(saved: dict[str, int], world_size: int, steps_per_epoch: int) -
 
 
 def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
-    """Notebook 13, section 1: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
+    """Notebook 14, section 1: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
     did a step again, its line replaces the earlier one: what is left is what trained the final model."""
     runs: dict[int, list[dict[str, Any]]] = {}
     for path in sorted(Path(folder).glob("rank*.steps.jsonl")):
@@ -270,7 +270,7 @@ def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """Notebook 13, section 5: a ``worker_init_fn`` for DataLoader workers. torchrun and Slurm send their notice to
+    """Notebook 14, section 5: a ``worker_init_fn`` for DataLoader workers. torchrun and Slurm send their notice to
     the whole process group, workers too, and torch's workers die of SIGTERM; ignoring it lets the rank finish its
     step with them (they still stop with the rank)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -106,7 +106,7 @@ def _expand_urls(urls: str) -> list[str]:
 
 
 def _find_shards(location: _StrPath) -> list[Path]:
-    """Notebook 12, section 4: the existing shard files a folder, a brace pattern or a glob names, sorted; a
+    """Notebook 13, section 4: the existing shard files a folder, a brace pattern or a glob names, sorted; a
     :class:`ShardError` saying how to write shards if there are none, or if the pattern names missing files."""
     how = "Write shards first (course_lib.shards.write_image_shards(folder) for the shapes images), or check the path."
     text = str(location)

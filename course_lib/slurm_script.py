@@ -1,10 +1,10 @@
-"""Notebook 12, section 5: the capstone's Slurm script, written from the settings tuned in the notebook.
+"""Notebook 13, section 5: the capstone's Slurm script, written from the settings tuned in the notebook.
 
 :func:`write_slurm_script` fills ``templates/capstone.sbatch`` (a bash script with ``@NAME@`` placeholders) with
 the settings a learner tuned, in the style of ``hpc/train_1node.sbatch``: one task per node runs ``torchrun``,
 which starts that node's ranks of ``python -m course_lib.capstone train``; ``--cpus-per-task`` is derived from
 the number of DataLoader workers (:func:`course_lib.capstone.cpus_per_task`), never the other way round. The job
-requeues itself before its time limit and resumes at its last finished epoch (notebook 13).
+requeues itself before its time limit and resumes at its last finished epoch (notebook 14).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def render_slurm_script(
     time_limit: str = "00:20:00",
     job_name: str = "course-capstone",
 ) -> str:
-    """Notebook 12, section 5: a Slurm batch script that trains ``course_lib.capstone`` with these settings.
+    """Notebook 13, section 5: a Slurm batch script that trains ``course_lib.capstone`` with these settings.
 
     One task per node runs torchrun (as in ``hpc/train_1node.sbatch``; with several nodes they meet
     at a c10d rendezvous on the first, as in ``hpc/train_multinode.sbatch``). ``--cpus-per-task``
@@ -96,7 +96,7 @@ def _fill_template(text: str, values: dict[str, Any]) -> str:
 
 
 def write_slurm_script(path: str | os.PathLike[str], **settings: Any) -> Path:
-    """Notebook 12, section 5: render the script (see :func:`render_slurm_script`) and write it to ``path``,
+    """Notebook 13, section 5: render the script (see :func:`render_slurm_script`) and write it to ``path``,
     creating its folder; written to a temporary name first, so a reader never finds half a script."""
     text = render_slurm_script(**settings)
     path = Path(path)

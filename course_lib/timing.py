@@ -1,4 +1,4 @@
-"""Notebooks 02-12: measure how long things take, robustly enough to print ratios in a notebook.
+"""Notebooks 02-13: measure how long things take, robustly enough to print ratios in a notebook.
 
 Absolute times depend on the machine; ratios measured in the same run mostly do not, so the
 notebooks print ratios (and CI's sanitize file masks their digits).

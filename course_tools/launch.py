@@ -1,6 +1,6 @@
 """Start a ``torchrun`` job from a notebook or a test, with a timeout, and collect each rank's output.
 
-Process plumbing, not a lesson: notebooks 07, 09 and 12 call :func:`launch` to run the course's
+Process plumbing, not a lesson: notebooks 07, 09 and 13 call :func:`launch` to run the course's
 training scripts as real ``torchrun`` jobs. The rendezvous listens on 127.0.0.1 only; each rank's
 output is shown in rank order when the job ends; a failed rank raises :class:`LaunchError` with
 that rank's own error line; a job still running at the timeout is killed, every rank and every

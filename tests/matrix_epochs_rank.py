@@ -9,7 +9,7 @@ start method given, reads ``--epochs`` epochs of each recipe in real DataLoader 
   node and worker split, samples mixed in shuffle buffers (notebook 09);
 * ``resampled``: the same loader with ``--resampled`` and ``--epoch-batches`` (notebook 09, section 8), and the shard
   draws of its source alone, many of them, to count how many distinct shards k draws reach;
-* ``capstone``: ``capstone.make_loader``'s persistent pipeline, a fixed number of steps per epoch (notebook 12).
+* ``capstone``: ``capstone.make_loader``'s persistent pipeline, a fixed number of steps per epoch (notebook 13).
 
 Rank 0 gathers every rank's epochs and writes them as JSON to ``out``; tests/test_matrix.py checks them.
 """

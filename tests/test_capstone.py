@@ -258,7 +258,7 @@ def test_plot_stall_draws_one_bar_per_setting_and_the_target() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from test_checks_nb12 import sweep  # synthetic records of a known stall
+    from test_checks_nb13 import sweep  # synthetic records of a known stall
 
     fig = capstone.plot_stall(sweep())
     ax = fig.axes[0]

@@ -1,4 +1,4 @@
-"""course_lib.checks: the machinery, and notebooks 08-09; notebooks 01-07 and 11-13 have a test file each."""
+"""course_lib.checks: the machinery, and notebooks 08-09; notebooks 01-07 and 11-14 have a test file each."""
 
 from __future__ import annotations
 

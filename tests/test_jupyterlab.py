@@ -148,16 +148,16 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04", "12"]  # learner notebooks run with Run All Cells, once each: notebooks 01, 04, and 12, whose
+RUN_ALL = ["01", "04", "13"]  # learner notebooks run with Run All Cells, once each: notebooks 01, 04, and 13, whose
 # exercise answer (the tuned workers) a later cell uses
-RUN_ABOVE = {"05": "## 4 · ", "10": "## 4 · ", "13": "## 2 · "}  # notebooks run with Run All Above Selected Cell,
+RUN_ABOVE = {"05": "## 4 · ", "10": "## 4 · ", "14": "## 2 · "}  # notebooks run with Run All Above Selected Cell,
 # the markdown cell holding this text selected: up to the end of the section whose exercise a later cell uses (05: the
 # module spawn workers import; 13: the count of samples trained twice), or, for 10, through what a browser adds to the
 # notebook: its S3 server started from a JupyterLab kernel, the bucket read by forkserver workers and by s3torchconnector,
 # and the proxy's latency. nbval runs all of their cells in both versions; here they
 # are run as far as their learner paths need, which keeps the stage to about 4 minutes.
 OPENED = RUN_ALL + list(RUN_ABOVE)
-SIDE_BY_SIDE = ["04", "12"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
+SIDE_BY_SIDE = ["04", "13"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
 # (notebook 01 runs alone, first: it prepares the data and shows the progress bar)
 RUN_ALL_TIMEOUT = 300.0  # seconds for one notebook's Run All (notebook 04 needs ~70 s here, ~200 s under heavy load);
 # then a cell at [*] is stuck
@@ -247,22 +247,22 @@ LEARNER_PATHS = [
                              stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
                              wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
                  id="04.3"),
-    # 12.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
-    pytest.param(LearnerPath("12", ("## 4 · ", "### Pitfall: fewer shards"), "12.2", cell="tuned = ...", stub="tuned = ...",
+    # 13.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
+    pytest.param(LearnerPath("13", ("## 4 · ", "### Pitfall: fewer shards"), "13.2", cell="tuned = ...", stub="tuned = ...",
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
-                 id="12.2"),
+                 id="13.2"),
     # 05.2: the module's seed_worker seeds every worker alike (a constant seed); the section after it imports the
     # module, already imported with the stub in this kernel, and runs it in spawn workers, which read the file anew.
     pytest.param(LearnerPath("05", ("### Exercise 05.2", "## 4 · "), "05.2", cell="%%writefile scratch/my_workers.py",
                              check='check.worker_module(scratch / "my_workers.py")',
                              wrong=WORKER_MODULE.format(seed="0"), right=WORKER_MODULE.format(seed="info.seed")),
                  id="05.2"),
-    # 13.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
-    pytest.param(LearnerPath("13", ("### Exercise 13.1", "## 2 · "), "13.1", cell="def seen_twice_and_never(",
+    # 14.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
+    pytest.param(LearnerPath("14", ("### Exercise 14.1", "## 2 · "), "14.1", cell="def seen_twice_and_never(",
                              stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),
                              right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n')),
-                 id="13.1"),
+                 id="14.1"),
 ]
 
 
@@ -395,7 +395,7 @@ def test_run_all_shows_no_error(number: str, stage: Stage) -> None:
 
 
 @pytest.mark.timeout(STAGE_TIMEOUT)
-@pytest.mark.parametrize("number", ["01", "04", "05", "12"])  # those with a figure in the cells the stage runs
+@pytest.mark.parametrize("number", ["01", "04", "05", "13"])  # those with a figure in the cells the stage runs
 def test_figures_are_images(number: str, stage: Stage) -> None:
     """Every cell run whose committed outputs have a picture shows one: an image that decoded."""
     notebook = stage.ran(number)

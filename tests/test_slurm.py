@@ -1,4 +1,4 @@
-"""The hpc/ job scripts and notebook 12's Slurm script, submitted to a real Slurm cluster.
+"""The hpc/ job scripts and notebook 13's Slurm script, submitted to a real Slurm cluster.
 
 tests/test_hpc.py runs the scripts against a fake ``srun``; this stage starts Debian's Slurm 22.05
 and munge on this machine (tests/slurm_cluster.py: 2 to 4 nodes, each a slurmd of its own, private
@@ -192,7 +192,7 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
                TRAIN_ARGS=TRAIN_ARGS, SLURM_TMPDIR=str(node_local),
                PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])))
     common = ["-A", "course", "-p", slurm.partition, "--gres=none", f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out"]
-    # notebook 12's shards, written as on a login node (in the background: the other jobs start meanwhile)
+    # notebook 13's shards, written as on a login node (in the background: the other jobs start meanwhile)
     writing = subprocess.Popen([sys.executable, "-m", "course_lib.capstone", "shards", "--out", str(shards),
                                 "--size", "tiny", "--data", str(tiny_root), "--maxcount", str(SHARD_SIZE)],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -213,7 +213,7 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
     ]
     try:
         for job in jobs:
-            if job.key == "capstone":  # notebook 12's script, as the notebook writes it, once its shards exist
+            if job.key == "capstone":  # notebook 13's script, as the notebook writes it, once its shards exist
                 try:
                     written = writing.communicate(timeout=120)[0]
                 except subprocess.TimeoutExpired:
@@ -611,7 +611,7 @@ CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 10
 
 def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slurm: Cluster, tiny_root: Path,
                                                                            tmp_path: Path, record_property) -> None:
-    """Notebook 12's generated script has notebook 13's --signal=B:USR1@120, --requeue and trap. The capstone's
+    """Notebook 13's generated script has notebook 14's --signal=B:USR1@120, --requeue and trap. The capstone's
     shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the
     checkpoint of the last finished epoch (tests/test_capstone.py proves that equals an uninterrupted run)."""
     from course_lib.shards import write_image_shards

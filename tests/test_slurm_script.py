@@ -1,4 +1,4 @@
-"""course_lib.slurm_script: notebook 12's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
+"""course_lib.slurm_script: notebook 13's Slurm script, rendered from the tuned settings and valid (tests/test_slurm.py runs it on a real cluster)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import slurm_script as slurm
-from course_lib.checks.nb12 import sbatch_options, script_settings
+from course_lib.checks.nb13 import sbatch_options, script_settings
 
 pytestmark = pytest.mark.quick
 
@@ -32,7 +32,7 @@ def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) 
     assert 'SHARDS="${SHARDS:-/scratch/$USER/shards}"' in text and "/dev/shm" in text
     assert ("--standalone" in text) == (nodes == 1) and ("--rdzv-endpoint" in text) == (nodes > 1)
     assert "-m course_lib.capstone train" in text and "course_lib.capstone check" in text
-    # notebook 13: the time-limit notice, a requeue, one log for every run, a checkpoint at every epoch's end
+    # notebook 14: the time-limit notice, a requeue, one log for every run, a checkpoint at every epoch's end
     assert options["signal"] == "B:USR1@120" and options["open-mode"] == "append" and "requeue" in options
     assert '--ckpt "$CKPT_DIR"' in text and "trap 'on_notice USR1' USR1" in text and "scontrol requeue Incomplete" in text
 

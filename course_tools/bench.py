@@ -13,7 +13,10 @@ through a plain ``DataLoader`` with 0
 and N workers, and through :class:`~course_lib.further.highrate.RingLoader` (reused shared-memory
 slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.further.highrate`). With
 ``--source shards`` the same samples are ``.npy`` members of tar shards (a folder, written first
-if missing): webdataset with workers against a RingLoader reading by an index of the shards.
+if missing): webdataset with workers against a RingLoader reading by an index of the shards. On a raw
+file it then compares threads with processes (:mod:`course_lib.further.threads`: SPDL, torchdata.nodes and a
+thread pool against DataLoader and RingLoader workers) on work that releases the GIL and work that holds it:
+GB/s, CPU seconds per GB of the main process and in total, and PSS.
 
 ``formats`` writes the train split of a generated set as WebDataset shards,
 MDS shards and litdata chunks under ``--out`` and reads each through the same decoding and
@@ -154,6 +157,11 @@ def report(result: dict[str, Any]) -> list[str]:
     if result["scaling"]:
         lines.append("worker scaling (plain loader):")
         lines += [f"  {_workers(w)}: {s:.2f}× the throughput of 0" for w, s in result["scaling"].items()]
+    for kind, rows in result.get("threads", {}).items():
+        lines += ["", f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
+                  "(with its worker processes), PSS MB of the main process and its workers:"]
+        lines += [f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
+                  f"{r['pss_mb']:.0f} MB" for name, r in rows.items()]
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
     return lines
@@ -196,7 +204,17 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
         f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
         f"RingLoader >= {GOAL_RING_SHARE:.0%} of the fastest raw read ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
     }
-    return {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals}
+    out = {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals, "threads": {}}
+    if args.source == "raw":  # threads against processes, on both kinds of work (notebook 12, section 6)
+        from course_lib.further import threads
+
+        for kind, work in threads.WORK.items():
+            log(f"threads and processes, {kind} ...")
+            rows = threads.compare_threads(raw, work, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
+            out["threads"][kind] = {name: {"gbps": statistics.median(r.gbps), "main_cpu": statistics.median(r.main_cpu),
+                                           "total_cpu": statistics.median(r.total_cpu), "pss_mb": statistics.median(r.pss_mb)}
+                                    for name, r in rows.items()}
+    return out
 
 
 def highrate_report(result: dict[str, Any]) -> list[str]:
@@ -205,6 +223,11 @@ def highrate_report(result: dict[str, Any]) -> list[str]:
         cpu = result["cpu"].get(name)  # none for "fastest raw read": the best of the raw reads, not a run of its own
         lines.append(f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
                      + (f"{cpu:.3f} CPU s/GB" if cpu is not None else "(the best raw read of each round)"))
+    for kind, rows in result.get("threads", {}).items():
+        lines += ["", f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
+                  "(with its worker processes), PSS MB of the main process and its workers:"]
+        lines += [f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
+                  f"{r['pss_mb']:.0f} MB" for name, r in rows.items()]
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
     return lines

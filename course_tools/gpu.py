@@ -6,8 +6,11 @@ each run once and measured, so that an instructor (or CI on a GPU machine) sees 
 * ``pinned copy``: host-to-device GB/s from pageable vs pinned memory (``pin_memory`` + ``non_blocking``, notebook 04);
 * ``loader to device``: a ``DataLoader`` with ``pin_memory=True`` feeding batches into device memory,
   as a share of the pinned copy bandwidth;
+* ``copy stage``: notebook 12's ``Prefetcher`` (reused pinned buffers, copies on a side CUDA stream) moving
+  pinned batches into device memory, as a share of the pinned copy bandwidth measured beside it (goal: 0.8);
 * ``nccl``: a one-rank NCCL process group (what ``course_lib.train``/``capstone`` use on GPUs) and an all-reduce;
-* ``jpeg decode``: torchvision's ``decode_jpeg`` on the GPU (nvJPEG) against Pillow on the CPU;
+* ``jpeg decode``: nvJPEG on the GPU against Pillow on the CPU, through notebook 12's ``gpu_decode``: torchcodec's
+  decoder where it is installed and works, else torchvision's ``decode_jpeg``, with the deprecation it warns of;
 * ``dali``: NVIDIA DALI's GPU decode (notebook 11), where ``nvidia-dali`` is installed.
 
 Without a CUDA GPU every item says "not run" and the command exits 0; with ``--require-gpu`` it exits
@@ -17,7 +20,6 @@ Without a CUDA GPU every item says "not run" and the command exits 0; with ``--r
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -87,6 +89,16 @@ def loader_to_device(torch: Any, mb: int, pinned_gbps: float) -> Item:
                 f"{share:.2f}× the pinned copy bandwidth", {"gbps": gbps, "share_of_pinned": share})
 
 
+def copy_stage(torch: Any, mb: int) -> Item:
+    from course_lib.further.gpu_feed import copy_stage as measure
+
+    batch_mb, batches = max(1, mb // 4), 8
+    figures = measure(batch_mb=batch_mb, batches=batches)
+    return Item("copy stage", RUN, f"Prefetcher, {batches} pinned batches of {batch_mb} MiB into device memory: "
+                f"{figures['copy_gbps']:.2f} GB/s, {figures['share']:.2f}× the pinned copy bandwidth "
+                f"({figures['pinned_gbps']:.1f} GB/s; goal 0.8)", figures)
+
+
 def nccl_one_rank(torch: Any) -> Item:
     import datetime
 
@@ -109,25 +121,14 @@ def nccl_one_rank(torch: Any) -> Item:
 
 
 def jpeg_decode(torch: Any) -> Item:
-    import numpy as np
-    from torchvision.io import decode_jpeg
+    from course_lib.further.gpu_feed import gpu_decode, jpeg_payloads
 
-    from course_lib.data import CLASSES, draw_shape
-    from course_lib.datasets import image_tensor
-
-    rng = np.random.default_rng(0)
-    payloads = []
-    for i in range(64):
-        buf = io.BytesIO()
-        draw_shape(i % len(CLASSES), rng, 256).save(buf, "JPEG", quality=90)
-        payloads.append(buf.getvalue())
-    tensors = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads]
-    decode_jpeg(tensors[:4], device="cuda")  # warm: load nvJPEG
-    t_gpu = _timed(lambda: decode_jpeg(tensors, device="cuda"), torch.cuda.synchronize, repeat=3)
-    t_cpu = _timed(lambda: [image_tensor(p) for p in payloads], lambda: None, repeat=3)
-    figures = {"gpu_images_per_s": 64 / t_gpu, "cpu_images_per_s": 64 / t_cpu}
-    return Item("jpeg decode", RUN, f"64 JPEGs of 256×256: nvJPEG {figures['gpu_images_per_s']:.0f} images/s, "
-                f"Pillow {figures['cpu_images_per_s']:.0f} images/s ({t_cpu / t_gpu:.1f}×)", figures)
+    found = gpu_decode(jpeg_payloads(64, 256))
+    figures = {k: float(found[k]) for k in ("gpu_images_per_s", "cpu_images_per_s")}
+    ratio = figures["gpu_images_per_s"] / figures["cpu_images_per_s"]
+    warned = f"; DeprecationWarning: {found['deprecation']}" if found["deprecation"] else ""
+    return Item("jpeg decode", RUN, f"64 JPEGs of 256×256: {found['decoder']} {figures['gpu_images_per_s']:.0f} images/s, "
+                f"Pillow {figures['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){warned}", figures)
 
 
 def dali_decode(torch: Any) -> Item:
@@ -140,7 +141,7 @@ def dali_decode(torch: Any) -> Item:
 
 def run_checklist(mb: int = 64) -> list[Item]:
     """Every item, in order; without a CUDA GPU, every item "not run"."""
-    names = ["pinned copy", "loader to device", "nccl", "jpeg decode", "dali"]
+    names = ["pinned copy", "loader to device", "copy stage", "nccl", "jpeg decode", "dali"]
     try:
         import torch
     except ImportError as exc:
@@ -151,6 +152,7 @@ def run_checklist(mb: int = 64) -> list[Item]:
     steps: list[tuple[str, Callable[[], Item]]] = [
         ("pinned copy", lambda: pinned_copy(torch, mb)),
         ("loader to device", lambda: loader_to_device(torch, mb, items[0].figures.get("pinned_gbps", 0.0))),
+        ("copy stage", lambda: copy_stage(torch, mb)),
         ("nccl", lambda: nccl_one_rank(torch)),
         ("jpeg decode", lambda: jpeg_decode(torch)),
         ("dali", lambda: dali_decode(torch)),

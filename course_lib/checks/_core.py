@@ -115,6 +115,15 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{line}"
 
 
+_last: dict[str, bool] = {}  # exercise code -> whether its last check in this process passed
+
+
+def solved(code: str) -> bool:
+    """Whether the last check of exercise ``code`` run in this kernel passed: a later cell uses the learner's answer
+    once it does, and the course's own until then (so that a notebook with open exercises still runs to the end)."""
+    return _last.get(code, False)
+
+
 def exercise(code: str, solved_message: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Decorate a check function for exercise ``code`` (e.g. ``"01.1"``).
 
@@ -148,7 +157,9 @@ def exercise(code: str, solved_message: str) -> Callable[[Callable[..., Any]], C
 
         @functools.wraps(check)
         def run(*args: Any, **kwargs: Any) -> None:
-            print(evaluate(*args, **kwargs))
+            result = evaluate(*args, **kwargs)
+            _last[code] = result.passed
+            print(result)
 
         run.evaluate = evaluate  # type: ignore[attr-defined]
         run.exercise = code  # type: ignore[attr-defined]

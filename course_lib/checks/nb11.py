@@ -1,24 +1,23 @@
 """Checks for notebook 11 (beyond WebDataset).
 
-11.1 runs the learner's MDS loader on real MDS shards; 11.2 runs their batch-keeping code on a
-real :class:`~course_lib.further.highrate.RingLoader` (whose slots are overwritten, so kept batches must
-be copies); 11.3 compares their shared-memory arithmetic with what a RingLoader allocates; 11.4 runs their
-memory-mapped batch reader over a real raw file for two epochs; 11.5 times their rate meter against loops whose
-wall and CPU time are known.
+11.1 runs the learner's MDS loader on real MDS shards; 11.2 runs the learner's litdata preparation script as a cluster
+job would, a fresh interpreter whose workers are spawned, and reads what it wrote; 11.3 feeds their DALI adapter batches
+shaped as ``DALIGenericIterator`` yields them; 11.4 asks their rank finder about the environments of torchrun, srun, and
+both.
 """
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from ._core import Hint, attempted, exercise, require, whole_number
+from ._core import Hint, attempted, exercise, require
 
 
 @exercise("11.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
@@ -48,155 +47,101 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
     require(len(labels) == samples, f"{len(labels)} samples came out of {samples} in the shards.")
 
 
-@exercise("11.2", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
-def first_batches(fn: Callable[[Any, int], Any]) -> None:
-    """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
-    from ..further.highrate import RingLoader, write_raw_tensors
+@exercise("11.2", "a function defined at the top of the script, found by name in every spawned worker, and optimize "
+                  "behind if __name__ == \"__main__\".")
+def prepare_script(text: Any) -> None:
+    """``text``: a whole Python script that writes ``{"x": i, "square": i * i}`` for ``i`` in ``range(12)`` with
+    ``litdata.optimize`` and 2 workers into the folder given as its first argument."""
+    attempted(text)
+    require(isinstance(text, str), f"the answer is a {type(text).__name__}: give the whole script as one string.")
+    require("lambda" not in text, "the script passes a lambda: spawned workers receive fn by name, and a lambda has none. "
+            "Define a function at the top of the script.")
+    with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
+        script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
+        script.write_text(text)
+        try:
+            job = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180,
+                                 cwd=tmp)
+        except subprocess.TimeoutExpired:
+            raise Hint("the script ran for 3 minutes without ending: do the spawned workers start optimize again? "
+                       "Put it behind if __name__ == \"__main__\":") from None
+        last = (job.stderr.strip().splitlines() or ["(no error output)"])[-1]
+        if job.returncode != 0:
+            if "__main__" not in text:
+                raise Hint(f"the script failed ({last}). Spawned workers import the script again: guard the call "
+                           "to optimize with if __name__ == \"__main__\":")
+            raise Hint(f"the script failed with exit status {job.returncode}: {last}")
+        require((out / "index.json").is_file(), "the script ended but wrote no index.json into the folder given as "
+                "its first argument (sys.argv[1]).")
+        import litdata
 
+        try:
+            got = sorted((int(s["x"]), int(s["square"])) for s in litdata.StreamingDataset(str(out)))
+        except Exception as exc:  # noqa: BLE001 - what litdata says about a broken folder varies
+            got, broken = [], f"{type(exc).__name__}: {exc}"
+        else:
+            broken = ""
+    if not got and "__main__" not in text:
+        raise Hint("the script wrote no samples: its spawned workers import the script again and run optimize "
+                   "themselves. Guard the call with if __name__ == \"__main__\":")
+    require(not broken, f"the folder the script wrote is not a readable litdata data set ({broken[:200]}).")
+    require(got == [(i, i * i) for i in range(12)], f"the data set holds {len(got)} samples {got[:3]}...: expected "
+            "{'x': i, 'square': i * i} for i in range(12).")
+
+
+@exercise("11.3", "a framework gets (images, labels): the first pipeline's dict unpacked, labels as a flat long tensor.")
+def dali_pairs(fn: Callable[[Any], Any]) -> None:
+    """``fn(iterator)`` yields ``(images, labels)`` for each batch of a ``DALIGenericIterator`` with outputs
+    ``["images", "labels"]``: a list with one dict per pipeline, labels shaped ``[B, 1]`` int32."""
     attempted(fn)
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "raw.f32", 24, sample_bytes=4096, seed=9)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(24, -1))
-        with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
-            got = fn(ring, 4)
-            attempted(got)
-            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
-            require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
-            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
-            if len(same) < 4:
-                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
-                           "batches overwrite. Keep batch.clone().")
-            for i, batch in enumerate(got):
-                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
-                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
-                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
-            again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
-            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
-
-
-RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
-
-
-@exercise("11.3", "slots × batch_size × sample bytes, allocated once: (2 × workers + 1) slots unless given.")
-def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
-    """``fn(batch_size, sample_bytes, num_workers, slots)``: bytes of shared memory a RingLoader allocates."""
-    attempted(fn)
-    for batch, sample, workers, slots in RING_CASES:
-        call = f"ring_bytes({batch}, {sample}, {workers}, slots={slots})"
-        got = whole_number(fn(batch, sample, workers, slots), call, "a number of bytes is whole.")
-        n_slots = slots or 2 * workers + 1
-        truth = n_slots * batch * sample
-        if got == truth:
-            continue
-        if slots is None and got == 2 * workers * batch * sample:
-            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
-                       "(the batch it is working on).")
-        if got == batch * sample:
-            raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
-        if slots is not None and got == (2 * workers + 1) * batch * sample:
-            raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
-        raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
-
-
-def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
-    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
-    where = {float(v): i for i, v in enumerate(truth[:, 0])}
-    found = []
-    for batch in batches:
-        for row in batch:
-            i = where.get(float(row[0]))
-            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
-                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
-            found.append(i)
-    return found
-
-
-@exercise("11.4", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
-                  "batch gathered into one buffer allocated once.")
-def mapped_batches(cls: Any) -> None:
-    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
-    from ..further.highrate import write_raw_tensors
-
-    attempted(cls)
-    n, size, batch = 50, 256, 8
-    with tempfile.TemporaryDirectory(prefix="check09-") as tmp:
-        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
-        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
-        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
-        attempted(reader)
-        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
-        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
-        for _ in range(2):
-            got, sizes = [], []
-            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
-                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
-                        "which a training step takes (torch.from_file gives one).")
-                held.append(b)
-                sizes.append(b.shape[0])
-                got.append(b.clone())
-            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
-                    "short batch: slice the buffer to its length).")
-            epochs.append(_rows_to_index(got, truth))
-        for e, order in enumerate(epochs):
-            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
-                    f"records of {n}: every record once per epoch.")
-        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
-        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
-        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
-        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
-                "torch.Generator with seed + epoch rather than using the global random state.")
-        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
-        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
-        buffers = len({b.untyped_storage().data_ptr() for b in held})
-        if buffers > 1:
-            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
-                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
-                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
-
-
-def _busy(seconds: float) -> None:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-
-
-@exercise("11.5", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
-def measure(fn: Callable[..., Any]) -> None:
-    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
-    attempted(fn)
-    batch = torch.zeros(250_000)  # 1 MB
-    stepped: list[int] = []
-
-    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
-        for _ in range(4):
-            time.sleep(0.05)
-            yield batch
-
-    def busy():  # 4 MB in about 0.2 s of CPU
-        for _ in range(4):
-            _busy(0.05)
-            yield batch
-
-    start = time.perf_counter()
-    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
-    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
+    batches = [[{"images": torch.full((4, 8, 8, 3), float(b)), "labels": torch.arange(4, dtype=torch.int32).view(4, 1) + b}]
+               for b in range(3)]
+    got = fn(iter(batches))
     attempted(got)
-    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
-    rate, cpu = float(got[0]), float(got[1])
-    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
-    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
-        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
-    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
-            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
-            "seconds (time.perf_counter()).")
-    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
-            "time.process_time(), not the wall clock.")
-    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
-    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
-            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
-    try:
-        fn(sleepy, 8_000_000, lambda b: None)
-    except Exception:  # noqa: BLE001 - any clear error will do
-        return
-    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
-               "against nbytes, or a short pass passes for a fast one.")
+    got = list(got)
+    require(len(got) == 3, f"3 batches went in and {len(got)} came out: yield one pair per batch.")
+    for b, pair in enumerate(got):
+        require(isinstance(pair, tuple) and len(pair) == 2, f"batch {b} came out as {type(pair).__name__}: yield "
+                "(images, labels) tuples, which a training loop unpacks.")
+        images, labels = pair
+        require(isinstance(images, torch.Tensor) and torch.equal(images, batches[b][0]["images"]),
+                f"the images of batch {b} are not the pipeline's: take batch[0][\"images\"] (one dict per pipeline).")
+        require(isinstance(labels, torch.Tensor), f"the labels of batch {b} are a {type(labels).__name__}: a tensor.")
+        if labels.dim() != 1:
+            raise Hint(f"the labels of batch {b} have shape {tuple(labels.shape)}: DALI gives them as [B, 1]; "
+                       "cross_entropy wants [B]: .squeeze(-1) or .view(-1).")
+        if labels.dtype != torch.long:
+            raise Hint(f"the labels of batch {b} are {labels.dtype}: cross_entropy wants class numbers as int64 (.long()).")
+        require(torch.equal(labels, torch.arange(4) + b), f"the labels of batch {b} are not the pipeline's.")
+
+
+RANK_CASES = [
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "3"}, (3, 8, 4), "torchrun's variables"),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_LOCALID": "1"}, (5, 8, 4),
+     "srun with one task per GPU and no torchrun"),
+    ({"RANK": "6", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+      "SLURM_NTASKS_PER_NODE": "1"}, (6, 8, 4), "torchrun started by srun, one per node"),
+    ({}, (0, 1, 1), "a plain python process"),
+]
+
+
+@exercise("11.4", "torchrun's variables first (under srun + torchrun, SLURM_PROCID is the node's task, not the rank), "
+                  "then srun's, else one process.")
+def rank_env(fn: Callable[[dict], Any]) -> None:
+    """``fn(environ)`` returns ``{"RANK": str, "WORLD_SIZE": str, "LOCAL_WORLD_SIZE": str}`` for MDS to read."""
+    attempted(fn)
+    for environ, (rank, world, local), where in RANK_CASES:
+        got = fn(dict(environ))
+        attempted(got)
+        require(isinstance(got, dict), f"the answer is a {type(got).__name__}: return a dict of environment variables.")
+        want = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local)}
+        require(set(got) >= set(want), f"for {where} the answer has {sorted(got)}: give RANK, WORLD_SIZE and "
+                "LOCAL_WORLD_SIZE.")
+        require(all(isinstance(v, str) for v in got.values()), "environment variables are strings: str(...) each value.")
+        picked = {k: got[k] for k in want}
+        if picked == want:
+            continue
+        if environ.get("RANK") and picked.get("RANK") == environ.get("SLURM_PROCID"):
+            raise Hint(f"for {where} you gave RANK={picked['RANK']}, srun's task number: with torchrun inside srun, "
+                       "SLURM_PROCID counts nodes' tasks, and torchrun's RANK is the rank. Prefer torchrun's variables.")
+        raise Hint(f"for {where} ({environ or 'no variables'}) expected {want}, got {picked}.")

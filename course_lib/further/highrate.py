@@ -1,4 +1,4 @@
-"""Notebook 11, sections 7-9: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
+"""Notebook 12, sections 1-5: a raw, uncompressible tensor stream at GB/s, where the bytes go, and the reused-buffer fix.
 
 Can PyTorch feed a loop at 300-600 MB/s of raw float32 samples, GIL and all? :func:`compare` reads the same bytes
 every way in one run (a raw read, a plain ``DataLoader`` with workers, :class:`RingLoader`'s reused shared-memory
@@ -27,14 +27,14 @@ from ..shards import _load_npy, brace_urls
 from ..iterable import worker_slot
 from ..timing import medians
 
-__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards",
+__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards", "measure",
            "plot_main_process", "plot_rates", "write_raw_tensors"]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
 
 
 class RawDataError(RuntimeError):
-    """Notebook 11, section 7: a raw tensor file is missing, truncated or does not match its description."""
+    """Notebook 12, section 1: a raw tensor file is missing, truncated or does not match its description."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int
 
 
 def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _Float32Samples:
-    """Notebook 11, section 7: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
+    """Notebook 12, section 1: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
     Same arguments, same bytes. Written to a temporary name and renamed, the ``.json`` sidecar last, so a
     killed run never leaves a file that looks complete."""
@@ -121,7 +121,7 @@ def _read_into(fd: int, view: memoryview, offset: int) -> None:
 
 
 class RawTensorDataset(Dataset):
-    """Notebook 11, section 7: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
+    """Notebook 12, section 1: sample ``i`` of a raw tensor file as a float32 tensor: the plain map-style way.
 
     Each call reads 1 sample with ``os.preadv`` into a **fresh** array. Each process opens the file itself:
     a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none."""
@@ -183,7 +183,7 @@ def _touch(batch: torch.Tensor) -> float:
 
 
 def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samples:
-    """Notebook 11, section 9: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
+    """Notebook 12, section 3: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
     Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample ``i``
     is ``sample_bytes`` contiguous bytes at ``locations[i]``. Reads only the headers; anything but same-sized
@@ -248,9 +248,11 @@ def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse
                 yield torch.from_numpy(buf[: n // itemsize])
 
 
-def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any) -> None:
-    """Worker process: read each task's samples (at ``raw.locations``) into its slot; a task is ``(batch, slot, indices)``."""
-    size = raw.sample_bytes
+def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any,
+                 transform: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Worker process: read each task's samples (at ``raw.locations``) into its slot; a task is ``(batch, slot, indices)``.
+    ``transform``, if given, works on each sample in place, in the slot."""
+    size, length = raw.sample_bytes, raw.sample_len
     fds = {}  # file number -> open file descriptor
     while True:
         task = tasks.get()
@@ -264,6 +266,8 @@ def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: An
                 if file not in fds:
                     fds[file] = os.open(raw.files[file], os.O_RDONLY)
                 _read_into(fds[file], memory[i * size:(i + 1) * size], offset)
+                if transform is not None:
+                    transform(slots[slot, i * length:(i + 1) * length])
             done.put((number, slot, None))
         except Exception as exc:  # report, don't die: the main process raises it
             done.put((number, slot, f"{type(exc).__name__}: {exc}"))
@@ -272,17 +276,18 @@ def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: An
 
 
 class RingLoader:
-    """Notebook 11, section 8: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
+    """Notebook 12, section 2: batches of a raw tensor file, read by worker processes into reused shared-memory slots.
 
     ``slots`` batch buffers (default ``2 * num_workers + 1``) are allocated once, in shared memory. Workers
     read each batch's samples straight into a free slot; the main process yields a tensor that **is** the
     slot, without a copy, and hands the slot back when the next batch is requested: ``.clone()`` a batch to
     keep it (FFCV's and DALI's contract too). Batches come in order; ``shuffle`` draws a new order every
-    epoch from ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`)."""
+    epoch from ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`).
+    ``transform`` (a module-level function, sent to the workers) works on each sample in place, in its slot."""
 
     def __init__(self, raw: _Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, timeout: float = 60.0,
-                 start_method: str | None = None) -> None:
+                 start_method: str | None = None, transform: Callable[[torch.Tensor], None] | None = None) -> None:
         self.raw, self.batch_size = raw, check_int(batch_size, "batch_size", 1)
         self.num_workers = check_int(num_workers, "num_workers", 1)
         self.n_slots = slots or 2 * num_workers + 1
@@ -302,7 +307,7 @@ class RingLoader:
         ctx = torch.multiprocessing.get_context(start_method)
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         self._in_flight = 0  # tasks sent to the workers whose completion has not been received
-        args = (raw, self._slots, self._tasks, self._done)
+        args = (raw, self._slots, self._tasks, self._done, transform)
         self._procs = [ctx.Process(target=_ring_worker, args=args, daemon=True) for _ in range(num_workers)]
         for p in self._procs:
             p.start()
@@ -390,7 +395,7 @@ def _count_records(path: str | os.PathLike[str], record_bytes: int) -> int:
 
 
 class MappedBatches:
-    """Notebook 11, section 10: batches of fixed-size float32 records, gathered from a memory-mapped file.
+    """Notebook 12, section 4: batches of fixed-size float32 records, gathered from a memory-mapped file.
 
     The file is mapped, not read: the OS brings pages in from its cache as they are touched. Each batch is one
     ``index_select`` into a buffer allocated once, valid until the next batch is requested (clone what you keep,
@@ -424,23 +429,30 @@ def _sum_step(batch: torch.Tensor) -> float:
     return float(batch.sum())
 
 
-def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
-         step: Callable[[torch.Tensor], Any] = _touch) -> float:
-    """Notebook 11, section 7: GB/s (10^9 bytes per second) of one pass, each batch given to ``step`` (:func:`_touch`).
-
-    With a ``cpu`` list, appends the CPU seconds per GB this process spent (user + system): what the
-    training loop's own process paid, as opposed to waiting for workers."""
+def measure(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int,
+            step: Callable[[torch.Tensor], Any] = _touch) -> tuple[float, float]:
+    """Notebook 12, exercise 12.4 (the course's version): ``(GB/s, CPU seconds per GB)`` of one pass of
+    ``make_batches()``, each batch given to ``step``: 10^9 bytes per wall-clock second, and the CPU time (user +
+    system, all its threads) this process spent per GB: what the training loop's own process paid, as opposed to
+    waiting for workers. A pass that delivers other than ``nbytes`` is an error: a short pass would pass for a fast one."""
     start, start_cpu = time.perf_counter(), time.process_time()
     seen = 0
     for batch in make_batches():
         step(batch)
         seen += batch.numel() * batch.element_size()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if seen != nbytes:
         raise RuntimeError(f"a pass delivered {seen} bytes instead of {nbytes}")
+    return nbytes / seconds / 1e9, cpu / (nbytes / 1e9)
+
+
+def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
+         step: Callable[[torch.Tensor], Any] = _touch) -> float:
+    """Notebook 12, section 1: GB/s of one pass (:func:`measure`); with a ``cpu`` list, appends its CPU seconds per GB."""
+    rate, seconds_per_gb = measure(make_batches, nbytes, step)
     if cpu is not None:
-        cpu.append((time.process_time() - start_cpu) / (nbytes / 1e9))
-    return nbytes / seconds / 1e9
+        cpu.append(seconds_per_gb)
+    return rate
 
 
 def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
@@ -466,7 +478,7 @@ def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]
 
 def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Notebook 11, section 7: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
+    """Notebook 12, section 1: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
     Returns ``{method: [GB/s per round]}``, the limit (fastest raw read) first; ``cpu`` receives the main process's CPU
     seconds per GB per method and round. Workers persist across rounds: start-up is not counted."""
@@ -488,7 +500,7 @@ def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds
 
 def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
                    cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Notebook 11, section 9: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
+    """Notebook 12, section 3: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
     limit's read: under 1 % more bytes); webdataset against a :class:`RingLoader` at :func:`index_tensor_shards`' offsets."""
     paths = [str(p) for p in paths]
     if len(paths) < workers:
@@ -507,7 +519,7 @@ def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64
 def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] = (4096, 65536, 1 << 20),
                     total_bytes: int = 128 << 20, batch_bytes: int = 4 << 20, workers: int = 2, rounds: int = 3,
                     cpu: dict[int, dict[str, list[float]]] | None = None) -> dict[int, dict[str, list[float]]]:
-    """Notebook 11, section 11: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
+    """Notebook 12, section 5: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
 
     Batches of ``batch_bytes``; every loop runs :func:`_sum_step` on each batch (the main process's own CPU work).
     Returns ``{record_bytes: {method: [GB/s per round]}}``, each led by the fastest raw read (the limit)."""
@@ -534,7 +546,7 @@ def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] 
 
 
 def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], workers: int) -> dict[str, float]:
-    """Notebook 11, section 8: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
+    """Notebook 12, section 2: where the time goes, in seconds per GB, from one :func:`compare` run (with ``cpu``).
 
     In one process costs add up, so neighbouring methods' differences isolate them; with workers, the main process's own CPU."""
     wall = {k: 1 / v for k, v in medians(results).items()}
@@ -556,7 +568,7 @@ def _colour(name: str) -> str:
 
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
-    """Notebook 11, section 7: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
+    """Notebook 12, section 1: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
     from ..viz import _relative_bars
 
     med = medians(results)
@@ -567,7 +579,7 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
 
 def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
                       title: str = "Where the training loop's process spends its time") -> Any:
-    """Notebook 11, section 8: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
+    """Notebook 12, section 2: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
     import matplotlib.pyplot as plt
 
     med, busy = medians(results), medians(cpu)

@@ -169,3 +169,17 @@ def test_store_bench_refuses_a_cache_with_ranged_reads(tmp_path) -> None:
         ShardBytes(["s3://b/k"], in_flight=4, cache_dir=str(tmp_path))
     paths = write_shards(tmp_path / "shards", 2, 1.5)
     assert [ShardBytes([str(p) for p in paths])[i] for i in range(2)] == [p.stat().st_size for p in paths]
+
+
+@pytest.mark.timeout(240)
+def test_bench_highrate_on_a_raw_file_prints_the_thread_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench.main(["highrate", "--data", str(tmp_path / "raw.f32"), "--size-mb", "8", "--sample-mb", "0.25",
+                       "--batch-size", "4", "--workers", "2", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "RingLoader, 2 workers" in out
+    for kind in ("work that releases the GIL", "work that holds the GIL"):
+        assert f"threads and processes, {kind}" in out
+    for reader in ("DataLoader, 2 worker processes", "RingLoader, 2 worker processes", "ThreadBatches, 2 threads",
+                   "torchdata.nodes, 2 threads", "SPDL pipeline, 2 threads"):
+        assert out.count(reader) == 2, reader  # one row per kind of work
+    assert out.count(" MB\n") >= 10 and "total CPU s/GB" in out

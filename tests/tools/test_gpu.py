@@ -24,7 +24,8 @@ def test_without_a_gpu_every_item_is_not_run() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["device"] == "no CUDA GPU"
-    assert [i["name"] for i in result["items"]] == ["pinned copy", "loader to device", "nccl", "jpeg decode", "dali"]
+    assert [i["name"] for i in result["items"]] == ["pinned copy", "loader to device", "copy stage", "nccl",
+                                                     "jpeg decode", "dali"]
     assert {i["status"] for i in result["items"]} == {gpu.NOT_RUN}
     assert gpu.main(["--require-gpu"]) == 1  # a GPU machine's CI asks for --require-gpu: no silent pass
 
@@ -35,6 +36,7 @@ def test_on_a_gpu_every_item_runs() -> None:
     items = gpu.run_checklist(mb=32)
     assert not [i for i in items if i.status == gpu.FAILED], gpu.report(items, "this GPU")
     assert items[0].figures["pinned_gbps"] > 0 and items[1].figures["gbps"] > 0
+    assert items[2].name == "copy stage" and items[2].figures["share"] > 0
 
 
 def test_a_failing_item_is_reported_and_fails_the_command(monkeypatch: pytest.MonkeyPatch,

@@ -1,0 +1,239 @@
+"""Checks for notebook 12 (the high-rate question).
+
+12.1 runs the learner's batch-keeping code on a real :class:`~course_lib.further.highrate.RingLoader` (whose slots
+are overwritten, so kept batches must be copies); 12.2 compares their shared-memory arithmetic with what a RingLoader
+allocates; 12.3 runs their memory-mapped batch reader over a real raw file for two epochs; 12.4 times their rate meter
+against loops whose wall and CPU time are known; 12.5 runs their thread reader over a real raw file, compares every
+batch with the file, counts the buffers and the bytes read ahead of the loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ._core import Hint, attempted, exercise, require, solved, whole_number
+
+__all__ = ["first_batches", "mapped_batches", "measure", "ring_bytes", "solved", "thread_batches"]
+
+
+@exercise("12.1", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
+def first_batches(fn: Callable[[Any, int], Any]) -> None:
+    """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
+    from ..further.highrate import RingLoader, write_raw_tensors
+
+    attempted(fn)
+    with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "raw.f32", 24, sample_bytes=4096, seed=9)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(24, -1))
+        with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
+            got = fn(ring, 4)
+            attempted(got)
+            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
+            require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
+            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
+            if len(same) < 4:
+                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
+                           "batches overwrite. Keep batch.clone().")
+            for i, batch in enumerate(got):
+                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
+                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
+                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
+            again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
+            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
+
+
+RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
+
+
+@exercise("12.2", "slots × batch_size × sample bytes, allocated once: (2 × workers + 1) slots unless given.")
+def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
+    """``fn(batch_size, sample_bytes, num_workers, slots)``: bytes of shared memory a RingLoader allocates."""
+    attempted(fn)
+    for batch, sample, workers, slots in RING_CASES:
+        call = f"ring_bytes({batch}, {sample}, {workers}, slots={slots})"
+        got = whole_number(fn(batch, sample, workers, slots), call, "a number of bytes is whole.")
+        n_slots = slots or 2 * workers + 1
+        truth = n_slots * batch * sample
+        if got == truth:
+            continue
+        if slots is None and got == 2 * workers * batch * sample:
+            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
+                       "(the batch it is working on).")
+        if got == batch * sample:
+            raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
+        if slots is not None and got == (2 * workers + 1) * batch * sample:
+            raise Hint(f"{call} = {got}: slots={slots} was given, so the ring has {slots} slots.")
+        raise Hint(f"{call} = {got}, but the ring holds {n_slots} slots of {batch} × {sample} bytes = {truth}.")
+
+
+def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int]:
+    """Which record of ``truth`` each row of the batches is (records are random floats: the first value names one)."""
+    where = {float(v): i for i, v in enumerate(truth[:, 0])}
+    found = []
+    for batch in batches:
+        for row in batch:
+            i = where.get(float(row[0]))
+            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
+                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
+            found.append(i)
+    return found
+
+
+@exercise("12.3", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
+                  "batch gathered into one buffer allocated once.")
+def mapped_batches(cls: Any) -> None:
+    """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
+    from ..further.highrate import write_raw_tensors
+
+    attempted(cls)
+    n, size, batch = 50, 256, 8
+    with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "records.f32", n, sample_bytes=size, seed=4)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
+        reader = cls(raw.path, size, batch, shuffle=True, seed=0)
+        attempted(reader)
+        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
+        epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
+        for _ in range(2):
+            got, sizes = [], []
+            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
+                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
+                        "which a training step takes (torch.from_file gives one).")
+                held.append(b)
+                sizes.append(b.shape[0])
+                got.append(b.clone())
+            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
+                    "short batch: slice the buffer to its length).")
+            epochs.append(_rows_to_index(got, truth))
+        for e, order in enumerate(epochs):
+            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
+                    f"records of {n}: every record once per epoch.")
+        require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
+        require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
+        again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
+        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
+                "torch.Generator with seed + epoch rather than using the global random state.")
+        plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
+        require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
+        buffers = len({b.untyped_storage().data_ptr() for b in held})
+        if buffers > 1:
+            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
+                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
+                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
+
+
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@exercise("12.4", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
+def measure(fn: Callable[..., Any]) -> None:
+    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
+    attempted(fn)
+    batch = torch.zeros(250_000)  # 1 MB
+    stepped: list[int] = []
+
+    def sleepy():  # 4 MB in about 0.2 s of waiting: no CPU
+        for _ in range(4):
+            time.sleep(0.05)
+            yield batch
+
+    def busy():  # 4 MB in about 0.2 s of CPU
+        for _ in range(4):
+            _busy(0.05)
+            yield batch
+
+    start = time.perf_counter()
+    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
+    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
+    attempted(got)
+    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
+    rate, cpu = float(got[0]), float(got[1])
+    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
+    if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
+        raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
+    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
+            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
+            "seconds (time.perf_counter()).")
+    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
+            "time.process_time(), not the wall clock.")
+    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
+    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
+            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
+    try:
+        fn(sleepy, 8_000_000, lambda b: None)
+    except Exception:  # noqa: BLE001 - any clear error will do
+        return
+    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
+               "against nbytes, or a short pass passes for a fast one.")
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read so far, all threads together (``rchar`` of ``/proc/self/io``; Linux)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+@exercise("12.5", "whole batches read by threads with preadv, in order, into in_flight + 1 buffers allocated once, "
+                  "never more than in_flight batches ahead of the loop.")
+def thread_batches(cls: Any) -> None:
+    """``cls(raw, batch_size, threads=2, in_flight=2)``: an iterable of ``[rows, raw.sample_len]`` batches of a raw file."""
+    from ..further.highrate import write_raw_tensors
+
+    attempted(cls)
+    n, size, batch = 42, 16384, 4  # 11 batches of 64 KiB, the last of 2 samples
+    with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
+        raw = write_raw_tensors(Path(tmp) / "raw.f32", n, sample_bytes=size, seed=12)
+        truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
+        for in_flight in (2, 3):
+            reader = cls(raw, batch, threads=2, in_flight=in_flight)
+            attempted(reader)
+            require(len(reader) == 11, f"len() is {len(reader)}: {n} samples in batches of {batch} make 11 batches, "
+                    "the last of 2.")
+            held: list[torch.Tensor] = []  # every batch kept alive, so that fresh tensors cannot share an address
+            for epoch in range(2):
+                start = _bytes_read()
+                sizes = []
+                for number, b in enumerate(reader):
+                    require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors.")
+                    if number == 0:
+                        time.sleep(0.3)  # the threads have time to read ahead as far as they are allowed
+                        ahead = _bytes_read() - start
+                        limit = (in_flight + 1) * batch * size
+                        if ahead > limit + size:
+                            raise Hint(f"with in_flight={in_flight}, {ahead // 1024} KiB were read while the loop held "
+                                       f"its first batch of {batch * size // 1024} KiB: the reads ran ahead unbounded. "
+                                       f"Submit a new read only when fewer than in_flight are pending (yield the oldest first).")
+                    held.append(b)
+                    sizes.append(b.shape[0])
+                    first = number * batch
+                    rows = truth[first:first + b.shape[0]]
+                    if not (b.shape == rows.shape and torch.equal(b, rows)):
+                        matches = [i for i in range(0, n, batch) if truth[i:i + b.shape[0]].shape == b.shape
+                                   and torch.equal(b, truth[i:i + b.shape[0]])]
+                        if matches:
+                            raise Hint(f"batch {number} holds samples {matches[0]}-{matches[0] + b.shape[0] - 1}: either "
+                                       "the batches come out of order (yield the oldest pending read first, from a "
+                                       "deque, not the first one to finish), or its buffer was read into again while "
+                                       "the loop held it (in_flight reads plus the batch the loop holds need "
+                                       "in_flight + 1 buffers).")
+                        raise Hint(f"batch {number} does not hold samples {first}-{first + batch - 1} of the file: read "
+                                   f"batch b at byte offset b × batch_size × sample_bytes, with os.preadv (a seek + "
+                                   "read shared by two threads mixes batches up).")
+                require(sizes == [batch] * 10 + [2], f"epoch {epoch}: batch sizes {sizes}; expected ten of {batch} and "
+                        "a last one of 2 (slice the buffer to the samples that are left).")
+            buffers = len({b.untyped_storage().data_ptr() for b in held})
+            if buffers > in_flight + 1:
+                raise Hint(f"with in_flight={in_flight}, the batches of two epochs used {buffers} different buffers: "
+                           f"allocate in_flight + 1 = {in_flight + 1} buffers once, in __init__, and read batch number "
+                           "into buffers[number % (in_flight + 1)].")
+            gc.collect()

@@ -1,0 +1,128 @@
+"""course_lib.further.threads: thread pipelines against worker processes, on the same file and the same work."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_lib.further import threads
+from course_lib.further.highrate import RawDataError, RingLoader, index_tensor_shards, write_raw_tensors
+from course_lib.shards import write_tensor_shards
+
+pytestmark = pytest.mark.quick
+
+SB = 16 * 1024  # small samples keep the tests fast
+
+
+@pytest.fixture
+def raw(tmp_path: Path):
+    return write_raw_tensors(tmp_path / "raw.f32", 26, sample_bytes=SB, seed=3)
+
+
+def _truth(raw) -> torch.Tensor:
+    return torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(raw.n, -1))
+
+
+def _worked(truth: torch.Tensor, work) -> torch.Tensor:
+    out = truth.clone()
+    for sample in out:
+        work(sample)
+    return out
+
+
+@pytest.mark.parametrize("work", [threads.torch_work, threads.python_work], ids=["torch", "python"])
+@pytest.mark.timeout(60)
+def test_every_reader_delivers_the_worked_samples_in_order(raw, work) -> None:
+    want = _worked(_truth(raw), work)
+    dataset = threads.WorkedSamples(raw, work)
+    readers = {
+        "DataLoader": lambda: DataLoader(dataset, batch_size=4, num_workers=2),
+        "ThreadBatches": lambda: threads.ThreadBatches(raw, 4, threads=2, in_flight=2, work=work),
+        "torchdata.nodes": lambda: threads.nodes_batches(dataset, 4, 2),
+        "SPDL": lambda: threads.spdl_batches(dataset, 4, 2),
+    }
+    for name, make in readers.items():
+        got = torch.cat([batch.clone() for batch in make()])
+        assert torch.equal(got, want), name
+    with RingLoader(raw, 4, num_workers=2, transform=work) as ring:  # the work done in its workers, in the slots
+        assert torch.equal(torch.cat([b.clone() for b in ring]), want)
+
+
+def test_the_two_kinds_of_work_change_a_sample_in_place() -> None:
+    for work in threads.WORK.values():
+        sample = torch.rand(threads.PYTHON_VALUES + 10)
+        before = sample.clone()
+        assert work(sample) is None and not torch.equal(sample, before)
+
+
+@pytest.mark.timeout(60)
+def test_thread_batches_reuses_its_buffers_and_reads_ahead_only_in_flight(raw) -> None:
+    reader = threads.ThreadBatches(raw, 4, threads=2, in_flight=2)
+    assert len(reader) == 7  # 26 samples: six batches of 4 and one of 2
+    truth = _truth(raw)
+    for _ in range(2):  # a second epoch reads the same batches into the same buffers
+        kept = []
+        for number, batch in enumerate(reader):
+            assert torch.equal(batch, truth[4 * number: 4 * number + 4])
+            kept.append(batch)
+        assert [b.shape[0] for b in kept] == [4] * 6 + [2]
+        assert len({b.untyped_storage().data_ptr() for b in kept}) == 3  # in_flight + 1 buffers
+    stopped = iter(reader)
+    next(stopped)
+    stopped.close()  # a loop that stops early: the file is closed, the reads in flight end
+    assert torch.equal(torch.cat([b.clone() for b in reader]), truth)
+
+
+def test_thread_batches_refuses_shards_and_bad_arguments(tmp_path: Path, raw) -> None:
+    shards = write_tensor_shards(tmp_path / "shards", 6, sample_bytes=SB, maxcount=3)
+    with pytest.raises(RawDataError, match="one raw file"):
+        threads.ThreadBatches(index_tensor_shards(shards.paths), 2)
+    with pytest.raises(ValueError):
+        threads.ThreadBatches(raw, 0)
+    with pytest.raises(ValueError):
+        threads.ThreadBatches(raw, 4, in_flight=0)
+
+
+@pytest.mark.timeout(120)
+def test_compare_threads_measures_every_reader_each_round(tmp_path: Path) -> None:
+    raw = write_raw_tensors(tmp_path / "raw.f32", 26, sample_bytes=4 * threads.PYTHON_VALUES)  # Python work: ~40 ms a pass
+    rows = threads.compare_threads(raw, threads.python_work, batch_size=4, workers=2, rounds=2)
+    assert list(rows) == ["DataLoader, 2 worker processes", "RingLoader, 2 worker processes", "ThreadBatches, 2 threads",
+                          "torchdata.nodes, 2 threads", "SPDL pipeline, 2 threads"]
+    for name, row in rows.items():
+        assert len(row.gbps) == len(row.main_cpu) == len(row.total_cpu) == len(row.pss_mb) == 2, name
+        assert all(v > 0 for v in row.gbps + row.pss_mb), name
+        assert all(t >= m - 1e-9 for m, t in zip(row.main_cpu, row.total_cpu)), name  # the total includes the main process
+    threaded = rows["ThreadBatches, 2 threads"]
+    assert threaded.main_cpu == threaded.total_cpu  # threads have no worker processes
+    processes = rows["DataLoader, 2 worker processes"]
+    assert all(t > m for m, t in zip(processes.main_cpu, processes.total_cpu))  # its workers did the work
+    fig = threads.plot_threads({"torch": rows})
+    assert len(fig.axes) == 2
+
+
+def test_worker_method_is_read_from_the_installed_dataloader(monkeypatch: pytest.MonkeyPatch) -> None:
+    has = "worker_method" in inspect.signature(DataLoader.__init__).parameters
+    assert threads.worker_method_available() is has
+    assert not has or torch.__version__ >= "2.16", "2.14.1 and 2.15.0 have no DataLoader(worker_method=...)"
+
+    class Future(DataLoader):
+        def __init__(self, *args, worker_method="multiprocessing", **kwargs):
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(threads, "DataLoader", Future)
+    assert threads.worker_method_available()
+
+
+def test_spdl_pipeline_stops_when_the_loop_stops_early(raw) -> None:
+    dataset = threads.WorkedSamples(raw, threads.torch_work)
+    batches = threads.spdl_batches(dataset, 4, 2)
+    assert len(list(itertools.islice(batches, 2))) == 2
+    batches.close()  # auto_stop ends the pipeline's threads
+    assert sum(b.shape[0] for b in threads.spdl_batches(dataset, 4, 2)) == raw.n

@@ -1,0 +1,210 @@
+"""The checks of notebook 12: right answers pass, stubs are 'not attempted', wrong ones get a specific hint."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from course_lib.further import highrate, threads
+from course_lib.checks import Status, nb12
+from exercise_status import right_and_stubs, status
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.mark.timeout(120)
+def test_first_batches() -> None:
+    def right(loader, n):
+        return [b.clone() for b in itertools.islice(loader, n)]
+
+    def views(loader, n):
+        return list(itertools.islice(loader, n))
+
+    def too_few(loader, n):
+        return right(loader, n - 1)
+
+    assert nb12.first_batches.evaluate(right).passed
+    result = nb12.first_batches.evaluate(views)
+    assert result.status is Status.WRONG and "clone" in result.message
+    assert "got 3" in nb12.first_batches.evaluate(too_few).message
+    assert nb12.first_batches.evaluate(...).status is Status.NOT_ATTEMPTED
+
+
+def test_ring_bytes() -> None:
+    def right(b, s, w, slots):
+        return (slots or 2 * w + 1) * b * s
+
+    assert nb12.ring_bytes.evaluate(right).passed
+    assert "training loop" in nb12.ring_bytes.evaluate(lambda b, s, w, slots: 2 * w * b * s).message
+    assert "one batch" in nb12.ring_bytes.evaluate(lambda b, s, w, slots: b * s).message
+    assert "slots=2 was given" in nb12.ring_bytes.evaluate(lambda b, s, w, slots: (2 * w + 1) * b * s).message
+    assert "whole" in nb12.ring_bytes.evaluate(lambda b, s, w, slots: right(b, s, w, slots) + 0.5).message
+    assert nb12.ring_bytes.evaluate(...).status is Status.NOT_ATTEMPTED
+
+
+def mapped_right(path, record_bytes, batch_size, shuffle=True, seed=0):
+    return highrate.MappedBatches(path, record_bytes, batch_size, shuffle, seed)
+
+
+class _Mapped:
+    """A learner's MappedBatches with one knob turned wrong."""
+
+    def __init__(self, path, record_bytes, batch_size, shuffle=True, seed=0, wrong=""):
+        self.n, self.len = os.path.getsize(path) // record_bytes, record_bytes // 4
+        self.records = torch.from_file(str(path), size=self.n * self.len).view(self.n, self.len)
+        self.buffer = torch.empty(batch_size, self.len)
+        self.batch_size, self.shuffle, self.seed, self.epoch, self.wrong = batch_size, shuffle, seed, 0, wrong
+
+    def __len__(self):
+        return self.n // self.batch_size if self.wrong == "drop_last" else -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        seed = self.seed if self.wrong == "same_order" else self.seed + self.epoch
+        g = torch.Generator().manual_seed(seed)
+        order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
+        self.epoch += 1
+        for start in range(0, self.n, self.batch_size):
+            rows = order[start:start + self.batch_size]
+            if self.wrong == "fresh":
+                yield self.records[rows]
+            elif self.wrong == "numpy":
+                yield self.records[rows].numpy()
+            elif self.wrong == "offset":
+                yield torch.index_select(self.records, 0, (rows + 1) % self.n, out=self.buffer[: len(rows)])
+            elif self.wrong == "drop_last" and len(rows) < self.batch_size:
+                return
+            else:
+                yield torch.index_select(self.records, 0, rows, out=self.buffer[: len(rows)])
+
+
+def wrong_mapped(kind):
+    return lambda *args, **kw: _Mapped(*args, **kw, wrong=kind)
+
+
+@pytest.mark.timeout(60)
+def test_mapped_batches() -> None:
+    def stub(path, record_bytes, batch_size, shuffle=True, seed=0):
+        raise NotImplementedError
+
+    right_and_stubs(nb12.mapped_batches, mapped_right, stub)
+    assert status(nb12.mapped_batches, wrong_mapped(""))[0] is Status.SOLVED
+    expected = {"fresh": "Allocate one buffer", "same_order": "seed + epoch", "numpy": "torch tensors",
+                "offset": "file order", "drop_last": "len() is 6"}
+    for kind, words in expected.items():
+        outcome, message = status(nb12.mapped_batches, wrong_mapped(kind))
+        assert outcome is Status.WRONG and words in message, (kind, message)
+
+
+def measure_right(make_batches, nbytes, step):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    seen = 0
+    for batch in make_batches():
+        step(batch)
+        seen += batch.numel() * batch.element_size()
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    if seen != nbytes:
+        raise RuntimeError(f"{seen} bytes delivered, {nbytes} expected")
+    return nbytes / wall / 1e9, cpu / (nbytes / 1e9)
+
+
+@pytest.mark.timeout(60)
+def test_measure() -> None:
+    def stub(make_batches, nbytes, step):
+        raise NotImplementedError
+
+    def gib(make_batches, nbytes, step):
+        rate, cpu = measure_right(make_batches, nbytes, step)
+        return rate * 1e9 / 2**30, cpu
+
+    def wall_for_cpu(make_batches, nbytes, step):
+        start = time.perf_counter()
+        rate, _ = measure_right(make_batches, nbytes, step)
+        return rate, (time.perf_counter() - start) / (nbytes / 1e9)
+
+    def no_step(make_batches, nbytes, step):
+        return measure_right(make_batches, nbytes, lambda batch: None)
+
+    def unchecked(make_batches, nbytes, step):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for batch in make_batches():
+            step(batch)
+        return nbytes / (time.perf_counter() - start) / 1e9, (time.process_time() - start_cpu) / (nbytes / 1e9)
+
+    right_and_stubs(nb12.measure, measure_right, stub)
+    expected = {gib: "GiB/s", wall_for_cpu: "process_time", no_step: "step ran 0 times", unchecked: "no error"}
+    for wrong, words in expected.items():
+        outcome, message = status(nb12.measure, wrong)
+        assert outcome is Status.WRONG and words in message, (wrong.__name__, message)
+
+
+class _Threads:
+    """A learner's ThreadBatches with one knob turned wrong."""
+
+    def __init__(self, raw, batch_size, threads=2, in_flight=2, wrong=""):
+        self.raw, self.batch_size, self.threads, self.in_flight, self.wrong = raw, batch_size, threads, in_flight, wrong
+        count = in_flight if wrong == "too_few_buffers" else in_flight + 1
+        self.buffers = [torch.empty(batch_size, raw.sample_len) for _ in range(count)]
+
+    def __len__(self):
+        return self.raw.n // self.batch_size if self.wrong == "drop_last" else -(-self.raw.n // self.batch_size)
+
+    def _read(self, fd, number, buffer):
+        first = number * self.batch_size
+        if self.wrong == "fresh":
+            buffer = torch.empty(self.batch_size, self.raw.sample_len)
+        batch = buffer[: min(self.batch_size, self.raw.n - first)]
+        offset = (first + 1 if self.wrong == "offset" else first) * self.raw.sample_bytes
+        os.preadv(fd, [memoryview(batch.numpy()).cast("B")], offset)
+        return batch
+
+    def __iter__(self):
+        fd = os.open(self.raw.path, os.O_RDONLY)
+        try:
+            with ThreadPoolExecutor(self.threads) as pool:
+                pending = collections.deque()
+                if self.wrong == "unbounded":  # every read submitted at once, each into its own buffer
+                    pending.extend(pool.submit(self._read, fd, k, torch.empty(self.batch_size, self.raw.sample_len))
+                                   for k in range(len(self)))
+                for number in range(0 if self.wrong == "unbounded" else len(self)):
+                    buffer = self.buffers[number % len(self.buffers)]
+                    pending.append(pool.submit(self._read, fd, number, buffer))
+                    if len(pending) > self.in_flight:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            os.close(fd)
+
+
+def wrong_threads(kind):
+    return lambda *args, **kw: _Threads(*args, **kw, wrong=kind)
+
+
+@pytest.mark.timeout(60)
+def test_thread_batches() -> None:
+    def stub(raw, batch_size, threads=2, in_flight=2):
+        raise NotImplementedError
+
+    right_and_stubs(nb12.thread_batches, threads.ThreadBatches, stub)
+    assert status(nb12.thread_batches, wrong_threads(""))[0] is Status.SOLVED
+    expected = {"fresh": "different buffers", "unbounded": "ran ahead unbounded", "offset": "byte offset",
+                "drop_last": "len() is 10", "too_few_buffers": "in_flight + 1 buffers"}
+    for kind, words in expected.items():
+        outcome, message = status(nb12.thread_batches, wrong_threads(kind))
+        assert outcome is Status.WRONG and words in message, (kind, message)
+
+
+def test_solved_remembers_the_last_check_in_this_process(capsys: pytest.CaptureFixture[str]) -> None:
+    nb12.ring_bytes(lambda b, s, w, slots: 0)
+    assert not nb12.solved("12.2")
+    nb12.ring_bytes(lambda b, s, w, slots: (slots or 2 * w + 1) * b * s)
+    assert nb12.solved("12.2")
+    nb12.ring_bytes(...)
+    assert not nb12.solved("12.2")
+    assert "12.2" in capsys.readouterr().out

@@ -141,7 +141,7 @@ def test_sanitize_patterns_only_mask_what_is_measured() -> None:
         "12.5×", "420 µs per sample", "0x7f3a2b1c0d", "in 1.10 s: 726", "first batch after 26.6 ms",
         "after 73 ms, 84 ms, 84 ms", "185 ms per GB", "1297 samples/s", "35.9 MB/s", "waiting for data: 54% of",
         "busy: main 53%", "w1 50%", "the loop waits 31% of", "waiting 59% of the time", "worker (pid(s) 1234, 5678) exited",
-        "pid=42", "2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)",
+        "pid=42", "PSS 863 MB", "2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)",
         "2 workers beat 0 → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice the rounds' spread",
     )
     for text in measured:

@@ -201,7 +201,7 @@ def corrupt_copy(shard: _StrPath, out: _StrPath, keep: float = 0.5, cut: str = "
 
 
 def _load_npy(payload: bytes) -> np.ndarray:
-    """Notebook 11, section 9: decode a ``.npy`` member; ``allow_pickle=False``, so a data file can never run code."""
+    """Notebook 12, section 3: decode a ``.npy`` member; ``allow_pickle=False``, so a data file can never run code."""
     return np.load(io.BytesIO(payload), allow_pickle=False)
 
 
@@ -319,7 +319,7 @@ def _tensor_samples(n: int, values: int, seed: int) -> Iterator[dict]:
 
 def write_tensor_shards(out_dir: _StrPath, n: int, sample_bytes: int = 1 << 20, maxcount: int = 64, seed: int = 0,
                         prefix: str = "tensors", force: bool = False) -> ShardSet:
-    """Notebook 11, section 9: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
+    """Notebook 12, section 3: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
     [0, 1), read with :func:`_load_npy`) and ``KEY.cls`` (``index % 10``); deterministic, reused like image shards."""
     check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:

@@ -166,7 +166,7 @@ def check_shm(total_mb: float | None, free_mb: float | None, needed_mb: float) -
     if free_mb < needed_mb:
         return Result(name, FAIL, f"{free_mb:,.0f} MB free, the course's batches in flight need {needed_mb:,.0f} MB: workers die with \"Bus error\"", fix)
     if total_mb < SHM_COMFORT_MB:
-        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\" (notebook 11's high-rate sections need about 200 MB)", fix)
+        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\" (notebook 12 needs about 200 MB)", fix)
     return Result(name, OK, f"{free_mb:,.0f} MB free of {total_mb:,.0f} MB")
 
 

@@ -34,7 +34,7 @@ GOALS = {"store": 0.8, "cache": 0.95, "latency": 0.8}
 
 
 def write_shards(folder: Path, count: int, shard_mib: float, seed: int = 0) -> list[Path]:
-    """``count`` WebDataset shards of about ``shard_mib`` MiB each: notebook 11's tensor shards (seeded float32
+    """``count`` WebDataset shards of about ``shard_mib`` MiB each: notebook 12's tensor shards (seeded float32
     samples of about 1 MiB, :func:`course_lib.shards.write_tensor_shards`)."""
     from course_lib.shards import write_tensor_shards
 

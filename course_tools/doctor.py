@@ -41,6 +41,12 @@ SHM_COMFORT_MB = 1024
 #: Below this many open files, workers passing tensors by file descriptor run out ("Too many open files").
 OPEN_FILES_COMFORT = 4096
 OPEN_FILES_MINIMUM = 256
+#: Memory for a learner's server (JupyterLab, one kernel, its DataLoader workers, the S3 server of notebook 10):
+#: below the minimum the kernel is killed ("Kernel died"), below the comfort figure a second open notebook may be.
+MEMORY_MINIMUM_MB = 2048
+MEMORY_COMFORT_MB = 4096
+#: A cgroup v1 limit this large (the kernel's "no limit", rounded to pages) means none.
+_UNLIMITED_BYTES = 2**60
 #: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
 DISK_FAIL_MB = 200
 DISK_WARN_MB = 1024
@@ -86,6 +92,12 @@ class Facts:
     s3_listeners: list[str] = field(default_factory=list)
     s3_error: str | None = None
     interpreter: str = "with the GIL"  # or "free-threaded, GIL off" / "free-threaded build, GIL on": interpreter()
+    cgroup: str = "none"  # "v2", "v1", or "none": where the CPU and memory limits below were read (cgroup_limits())
+    cpu_quota: float | None = None  # cores this process may use by its cgroup's CPU quota; None: no quota
+    memory_limit_mb: float | None = None  # its cgroup's memory limit; None: none
+    memory_total_mb: float | None = None  # the machine's memory
+    hub_cpu_limit: float | None = None  # JupyterHub's CPU_LIMIT for this server, in cores (the spawner's cpu_limit)
+    hub_mem_limit_mb: float | None = None  # JupyterHub's MEM_LIMIT (the spawner's mem_limit)
 
 
 # --------------------------------------------------------------------------- versions
@@ -155,6 +167,53 @@ def check_cores(cpus: int | None, workers: int) -> Result:
         f"{plural(cpus, 'CPU')} for {workers} workers: more workers than cores only take turns",
         f"use num_workers={better} here (at most one per core), or ask for more cores (Slurm: --cpus-per-task={workers + 1})",
     )
+
+
+def check_cpu_limit(quota: float | None, hub_limit: float | None, cpus: int | None, workers: int) -> Result:
+    """A CPU quota (a container's, a hub's ``cpu_limit``) caps the cores a server may use, whatever it sees.
+
+    ``os.sched_getaffinity`` and ``os.cpu_count`` still report every core of the node, so a loader sized by
+    them starts more workers than the quota runs: they take turns, and each step waits for them."""
+    name = "CPU limit"
+    limits = {}
+    if quota is not None:
+        limits["the cgroup's CPU quota"] = quota
+    if hub_limit is not None:
+        limits["the hub's CPU_LIMIT"] = hub_limit
+    if not limits:
+        return Result(name, OK, "no CPU quota: the cores above are this server's")
+    where, cores = min(limits.items(), key=lambda item: item[1])
+    seen = f"; {cpus} CPUs visible" if cpus is not None else ""
+    if workers == 0 or cores >= workers:
+        return Result(name, OK, f"{cores:g} cores ({where}{seen}) for {workers} workers")
+    return Result(name, WARN, f"{cores:g} cores ({where}{seen}) for {workers} workers: the workers take turns, and "
+                  "os.cpu_count() does not show it",
+                  f"use num_workers={max(0, int(cores) - 1)} here, or ask the hub admin for c.Spawner.cpu_limit = "
+                  f"{workers + 1} (workers + the main process)")
+
+
+def check_memory(limit_mb: float | None, hub_mb: float | None, total_mb: float | None) -> Result:
+    """The memory a server may use: the smallest of its cgroup's limit, the hub's MEM_LIMIT and the machine's."""
+    name = "memory"
+    limits = {}
+    if limit_mb is not None:
+        limits["cgroup limit"] = limit_mb
+    if hub_mb is not None:
+        limits["the hub's MEM_LIMIT"] = hub_mb
+    if total_mb is not None:
+        limits["the machine's memory"] = total_mb
+    if not limits:
+        return Result(name, WARN, "unknown (no cgroup limit, no MEM_LIMIT, the machine's memory unreadable)",
+                      f"make sure the server has {MEMORY_COMFORT_MB:,} MB")
+    where, mb = min(limits.items(), key=lambda item: item[1])
+    fix = (f"ask the hub admin for c.Spawner.mem_limit = \"{MEMORY_COMFORT_MB // 1024}G\" (a container: docker run "
+           f"--memory={MEMORY_COMFORT_MB // 1024}g); close other notebooks' kernels meanwhile")
+    if mb < MEMORY_MINIMUM_MB:
+        return Result(name, FAIL, f"{mb:,.0f} MB ({where}): a notebook with its workers needs about "
+                      f"{MEMORY_MINIMUM_MB:,} MB, and its kernel will be killed (\"Kernel died\")", fix)
+    if mb < MEMORY_COMFORT_MB:
+        return Result(name, WARN, f"{mb:,.0f} MB ({where}): enough for one notebook at a time", fix)
+    return Result(name, OK, f"{mb:,.0f} MB ({where})")
 
 
 def check_shm(total_mb: float | None, free_mb: float | None, needed_mb: float) -> Result:
@@ -299,6 +358,85 @@ def interpreter() -> str:
     return "free-threaded build, GIL on" if gil_on else "free-threaded, GIL off"
 
 
+def _read_number(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _cgroup_dirs(base: Path, inner: str) -> list[Path]:
+    """This process's cgroup folder under ``base`` and its ancestors up to ``base`` (a limit on any of them applies).
+    In a container the folder named in /proc/self/cgroup may not exist: the namespace's root is ``base`` itself."""
+    here = base / inner.lstrip("/")
+    if not here.is_dir():
+        return [base]
+    dirs = [here]
+    while here != base and base in here.parents:
+        here = here.parent
+        dirs.append(here)
+    return dirs
+
+
+def cgroup_limits(root: str | os.PathLike[str] = "/sys/fs/cgroup",
+                  proc_cgroup: str | os.PathLike[str] = "/proc/self/cgroup") -> tuple[str, float | None, float | None]:
+    """``(version, CPU quota in cores, memory limit in MB)`` of this process's cgroup, None where there is none.
+
+    cgroup v2 (one hierarchy, ``cpu.max`` "QUOTA PERIOD" or "max PERIOD", ``memory.max``), else v1 (``cpu`` and
+    ``memory`` hierarchies: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, ``memory.limit_in_bytes``); the
+    tightest limit on the way up to the root counts. ("none", None, None) where neither can be read."""
+    root = Path(root)
+    text = _read_number(Path(proc_cgroup)) or ""
+    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    quotas: list[float] = []
+    memory: list[float] = []
+    unified = next((path for number, names, path in lines if number == "0" and names == ""), None)
+    v1 = {name: (names, path) for number, names, path in lines if names for name in names.split(",")}
+    if unified is not None and (root / "cgroup.controllers").is_file() and "cpu" not in v1 and "memory" not in v1:
+        for folder in _cgroup_dirs(root, unified):
+            cpu = (_read_number(folder / "cpu.max") or "max").split()
+            if cpu and cpu[0] != "max" and len(cpu) == 2:
+                quotas.append(int(cpu[0]) / int(cpu[1]))
+            mem = _read_number(folder / "memory.max")
+            if mem and mem != "max":
+                memory.append(int(mem) / 2**20)
+        return "v2", min(quotas, default=None), min(memory, default=None)
+    if not v1:
+        return "none", None, None
+    for controller in ("cpu", "memory"):
+        if controller not in v1:
+            continue
+        names, path = v1[controller]
+        base = next((b for b in (root / names, root / controller) if b.is_dir()), None)
+        if base is None:
+            continue
+        for folder in _cgroup_dirs(base, path):
+            if controller == "cpu":
+                quota, period = _read_number(folder / "cpu.cfs_quota_us"), _read_number(folder / "cpu.cfs_period_us")
+                if quota and period and int(quota) > 0 and int(period) > 0:
+                    quotas.append(int(quota) / int(period))
+            else:
+                limit = _read_number(folder / "memory.limit_in_bytes")
+                if limit and int(limit) < _UNLIMITED_BYTES:
+                    memory.append(int(limit) / 2**20)
+    return "v1", min(quotas, default=None), min(memory, default=None)
+
+
+def hub_limits(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[float | None, float | None]:
+    """JupyterHub's ``CPU_LIMIT`` (cores) and ``MEM_LIMIT`` (bytes, given in MB here): what its spawner was asked to
+    enforce for this server (``c.Spawner.cpu_limit``, ``mem_limit``). A local process spawner only sets them; a
+    container spawner enforces them through the cgroup, which :func:`cgroup_limits` reads."""
+    def number(name: str) -> float | None:
+        try:
+            value = float(environ.get(name, ""))
+        except ValueError:
+            return None
+        return value if value > 0 else None
+
+    mem = number("MEM_LIMIT")
+    return number("CPU_LIMIT"), None if mem is None else mem / 2**20
+
+
 def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     """Read this machine: versions, limits (via :func:`course_lib.workers.limits`), disk, data, GPU."""
     facts = Facts(
@@ -308,6 +446,14 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         system=f"{platform.system()} {platform.machine()}",
         interpreter=interpreter(),
     )
+    facts.cgroup, facts.cpu_quota, facts.memory_limit_mb = cgroup_limits()
+    facts.hub_cpu_limit, facts.hub_mem_limit_mb = hub_limits()
+    try:
+        import psutil
+
+        facts.memory_total_mb = psutil.virtual_memory().total / 2**20
+    except Exception:  # noqa: BLE001 - psutil missing: the version checks say so
+        pass
     try:  # torch may be missing or broken: the version checks say so, the other checks go on
         from course_lib import workers as _workers
 
@@ -373,13 +519,15 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
         results.append(check_version(name, installed, versions.tested(name), *ranges.get(name, (None, None))))
     if facts.limits_error is not None:
         fix = "fix the torch installation first (pip install -r requirements.txt), then run the doctor again"
-        for name in ("cores", "/dev/shm", "open files", "start method", "GPU"):
+        for name in ("cores", "CPU limit", "memory", "/dev/shm", "open files", "start method", "GPU"):
             results.append(Result(name, WARN, f"not checked: importing torch failed ({facts.limits_error})", fix))
     else:
         from course_lib.workers import shm_needed_mb
 
         results += [
             check_cores(facts.cpus, facts.workers),
+            check_cpu_limit(facts.cpu_quota, facts.hub_cpu_limit, facts.cpus, facts.workers),
+            check_memory(facts.memory_limit_mb, facts.hub_mem_limit_mb, facts.memory_total_mb),
             check_shm(facts.shm_total_mb, facts.shm_free_mb, shm_needed_mb(COURSE_BATCH_MB, facts.workers, PREFETCH)),
             check_open_files(facts.open_files_soft, facts.open_files_hard, facts.sharing_strategy),
             check_start_method(facts.start_method),

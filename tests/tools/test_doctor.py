@@ -198,7 +198,7 @@ def healthy(**changes: object) -> Facts:
         workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
         open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
         data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
-        s3_seconds=1.1, s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"],
+        s3_seconds=1.1, s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"], memory_total_mb=16_000,
     )
     for key, value in changes.items():
         setattr(facts, key, value)
@@ -208,13 +208,13 @@ def healthy(**changes: object) -> Facts:
 def test_healthy_machine_is_all_ok() -> None:
     results = doctor.run_checks(healthy())
     assert [r.name for r in results] == [
-        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "/dev/shm", "open files", "start method", "GPU", "S3 server", "disk",
-        "course data",
+        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "CPU limit", "memory", "/dev/shm", "open files",
+        "start method", "GPU", "S3 server", "disk", "course data",
     ]
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("13 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("15 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -233,7 +233,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("9 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("11 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
@@ -248,6 +248,93 @@ def test_without_torch_the_os_checks_are_skipped_not_crashed() -> None:
     assert by_name["torch"].status == FAIL
     assert by_name["/dev/shm"].status == WARN and "not checked" in by_name["/dev/shm"].finding
     assert doctor.exit_code(results) == 1
+
+
+# --------------------------------------------------------------------------- a hub's or a container's limits
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_cgroup_v2_limits_take_the_tightest_on_the_way_up(tmp_path: Path) -> None:
+    cg = _tree(tmp_path / "cg", {
+        "cgroup.controllers": "cpu memory pids\n",
+        "user.slice/cpu.max": "max 100000\n", "user.slice/memory.max": "3221225472\n",  # 3 GiB for all users
+        "user.slice/jupyter-ada/cpu.max": "150000 100000\n", "user.slice/jupyter-ada/memory.max": "max\n",
+    })
+    proc = _tree(tmp_path, {"cgroup": "0::/user.slice/jupyter-ada\n"}) / "cgroup"
+    assert doctor.cgroup_limits(cg, proc) == ("v2", 1.5, 3072.0)
+    (cg / "user.slice/memory.max").write_text("max\n")
+    (cg / "user.slice/jupyter-ada/cpu.max").write_text("max 100000\n")
+    assert doctor.cgroup_limits(cg, proc) == ("v2", None, None)
+
+
+def test_cgroup_v1_limits_and_a_container_namespace(tmp_path: Path) -> None:
+    cg = _tree(tmp_path / "cg", {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/docker/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/docker/cpu.cfs_period_us": "100000\n",
+        "memory/memory.limit_in_bytes": "1073741824\n",  # the namespace's root: /docker/abc is not visible inside
+    })
+    proc = _tree(tmp_path, {"cgroup": "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"}) / "cgroup"
+    assert doctor.cgroup_limits(cg, proc) == ("v1", 2.0, 1024.0)
+    (cg / "memory/memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert doctor.cgroup_limits(cg, proc) == ("v1", 2.0, None)
+    assert doctor.cgroup_limits(cg, tmp_path / "no-such-file") == ("none", None, None)
+
+
+def test_the_hub_limits_come_from_its_variables() -> None:
+    assert doctor.hub_limits({"CPU_LIMIT": "1.5", "MEM_LIMIT": "4294967296"}) == (1.5, 4096.0)
+    assert doctor.hub_limits({}) == (None, None)
+    assert doctor.hub_limits({"CPU_LIMIT": "", "MEM_LIMIT": "lots"}) == (None, None)
+
+
+def test_check_cpu_limit() -> None:
+    assert doctor.check_cpu_limit(None, None, 4, 2).status == OK
+    assert doctor.check_cpu_limit(4.0, None, 64, 2).status == OK
+    low = doctor.check_cpu_limit(2.0, 1.0, 64, 2)  # the hub asked for 1 core; the node has 64
+    assert low.status == WARN and "1 cores (the hub's CPU_LIMIT; 64 CPUs visible)" in low.finding
+    assert "num_workers=0" in low.fix and "c.Spawner.cpu_limit = 3" in low.fix
+    assert doctor.check_cpu_limit(0.5, None, 2, 0).status == OK  # no workers: nothing takes turns
+
+
+def test_check_memory() -> None:
+    assert doctor.check_memory(None, None, 16_000).status == OK
+    low = doctor.check_memory(8_000, 1_024, 16_000)
+    assert low.status == FAIL and "1,024 MB (the hub's MEM_LIMIT)" in low.finding and "Kernel died" in low.finding
+    assert 'c.Spawner.mem_limit = "4G"' in low.fix
+    assert doctor.check_memory(3_000, None, 16_000).status == WARN
+    assert doctor.check_memory(None, None, None).status == WARN
+
+
+def test_a_hub_server_with_small_limits() -> None:
+    by_name = {r.name: r for r in doctor.run_checks(healthy(hub_cpu_limit=1.0, hub_mem_limit_mb=1024, shm_total_mb=64,
+                                                             shm_free_mb=64))}
+    assert by_name["CPU limit"].status == WARN and by_name["memory"].status == FAIL
+    assert by_name["/dev/shm"].status == WARN and "64 MB" in by_name["/dev/shm"].finding
+
+
+@pytest.mark.timeout(180)
+def test_real_run_in_a_server_with_a_64_mb_dev_shm_and_hub_limits() -> None:
+    """What a learner's server on a hub looks like from inside: JupyterHub's variables, and a container's 64 MB
+    /dev/shm, made here in a mount namespace of its own (a local process spawner enforces no limits itself)."""
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("a mount namespace needs root (CI runs as root)")
+    script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m course_lib doctor --json"
+    env = {**os.environ, "CPU_LIMIT": "1.0", "MEM_LIMIT": str(3 * 2**30)}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=150, cwd=REPO, env=env)
+    assert done.stdout, done.stderr
+    report = json.loads(done.stdout)
+    by_name = {r["name"]: r for r in report["results"]}
+    assert round(report["facts"]["shm_total_mb"]) == 64
+    assert by_name["/dev/shm"]["status"] == WARN and by_name["/dev/shm"]["finding"].startswith("64 MB")
+    assert by_name["CPU limit"]["status"] == WARN and "CPU_LIMIT" in by_name["CPU limit"]["finding"]
+    assert by_name["memory"]["status"] == WARN and "3,072 MB (the hub's MEM_LIMIT)" in by_name["memory"]["finding"]
+    assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize > 64 * 2**20  # ours is untouched
 
 
 # --------------------------------------------------------------------------- the real machine

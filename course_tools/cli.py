@@ -35,6 +35,7 @@ COMMANDS = {
     "slides": ("slides", "build the offline slide decks"),
     "authoring": ("authoring", "learner notebooks from solutions; re-execute notebooks; renumber them to insert one"),
     "gpu": ("gpu", "the GPU checklist: run and measure every GPU path (reports 'not run' without a GPU)"),
+    "hub": ("hub", "for instructors on a JupyterHub: the nbgitpuller link that hands out the course"),
 }
 
 

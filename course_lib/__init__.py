@@ -7,4 +7,23 @@ What the notebooks and their DataLoader workers import, one module per lesson (`
 ``resume`` 14) and ``checks``; the tools are in :mod:`course_tools`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # pyproject.toml's version; every notebook's first cell requires the one it was written for
+
+
+class CourseLibTooOldError(RuntimeError):
+    """The course library installed is older than the notebook: the notebooks were updated, the environment not."""
+
+
+def require(version: str) -> None:
+    """Notebooks 01-14, first cell: stop at once, saying why, where the installed course library is older than
+    ``version``, the one the notebook was written for. On a hub, nbgitpuller updates the notebooks in a learner's
+    home, and the shared environment stays as the admin installed it until the admin updates it."""
+    from packaging.version import Version
+
+    if Version(__version__) < Version(version):
+        raise CourseLibTooOldError(
+            f"this notebook needs course_lib {version} or newer, and the environment has {__version__} "
+            f"({__file__}): the notebooks were updated, the environment was not. On a JupyterHub, ask its admin to "
+            "update the course's environment (git pull in its clone of the course, then pip install -r "
+            "requirements.txt); on your own machine, run git pull and pip install -r requirements.txt yourself, "
+            "then restart the kernel")

@@ -26,18 +26,20 @@ class LinkError(ValueError):
 
 
 def clone_folder(repo: str) -> str:
-    """The folder nbgitpuller clones ``repo`` into, in the learner's home: the repository's name without ``.git``."""
+    """The folder the link has nbgitpuller clone ``repo`` into, in the learner's home: the repository's name without
+    ``.git`` (given as ``targetpath``: nbgitpuller's own default keeps the ``.git``)."""
     name = urlparse(repo).path.rstrip("/").rsplit("/", 1)[-1]
     return name[:-4] if name.endswith(".git") else name
 
 
 def pull_link(hub: str, repo: str, branch: str = "main", notebook: str = "notebooks/01_map_style_datasets.ipynb",
               interface: str = "lab") -> str:
-    """The nbgitpuller link: ``HUB/hub/user-redirect/git-pull?repo=...&branch=...&urlpath=...``."""
-    for name, url in (("--hub", hub), ("--repo", repo)):
+    """The nbgitpuller link: ``HUB/hub/user-redirect/git-pull?repo=...&branch=...&targetpath=...&urlpath=...``."""
+    for name, url, schemes in (("--hub", hub, ("http", "https")), ("--repo", repo, ("http", "https", "git", "ssh", "file"))):
         parts = urlparse(url)
-        if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.scheme == "file"):
-            raise LinkError(f"{name} {url!r} is not a URL: give it with its scheme, e.g. https://hub.example.edu")
+        if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
+            raise LinkError(f"{name} {url!r} is not a URL: give it with its scheme ({', '.join(schemes)}), "
+                            f"e.g. {'https://hub.example.edu' if name == '--hub' else 'https://github.com/you/course'}")
     if interface not in INTERFACES:
         raise LinkError(f"--interface {interface!r}: choose one of {', '.join(INTERFACES)}")
     if not branch or any(c in branch for c in " ~^:?*["):
@@ -46,7 +48,7 @@ def pull_link(hub: str, repo: str, branch: str = "main", notebook: str = "notebo
     if not folder:
         raise LinkError(f"--repo {repo!r} names no repository (its path is empty)")
     target = f"{INTERFACES[interface]}/{folder}/{notebook.lstrip('/')}"
-    query = urlencode({"repo": repo, "branch": branch, "urlpath": target}, quote_via=quote, safe="")
+    query = urlencode({"repo": repo, "branch": branch, "targetpath": folder, "urlpath": target}, quote_via=quote, safe="")
     return f"{hub.rstrip('/')}/hub/user-redirect/git-pull?{query}"
 
 

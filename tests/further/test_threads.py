@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 from torch.utils.data import DataLoader
 
 from course_lib.further import threads
@@ -110,7 +111,8 @@ def test_compare_threads_measures_every_reader_each_round(tmp_path: Path) -> Non
 def test_worker_method_is_read_from_the_installed_dataloader(monkeypatch: pytest.MonkeyPatch) -> None:
     has = "worker_method" in inspect.signature(DataLoader.__init__).parameters
     assert threads.worker_method_available() is has
-    assert not has or torch.__version__ >= "2.16", "2.14.1 and 2.15.0 have no DataLoader(worker_method=...)"
+    release = Version(torch.__version__.split("+")[0])
+    assert not has or release >= Version("2.16"), "2.14.1 and 2.15.0 have no DataLoader(worker_method=...)"
 
     class Future(DataLoader):
         def __init__(self, *args, worker_method="multiprocessing", **kwargs):

@@ -18,10 +18,10 @@ def test_the_link_pulls_the_repository_and_opens_the_notebook() -> None:
     parts = urlparse(link)
     assert (parts.scheme, parts.netloc, parts.path) == ("https", "hub.example.edu", "/hub/user-redirect/git-pull")
     assert parse_qs(parts.query) == {
-        "repo": ["https://github.com/ws/pytorch-data-course.git"], "branch": ["main"],
+        "repo": ["https://github.com/ws/pytorch-data-course.git"], "branch": ["main"], "targetpath": ["pytorch-data-course"],
         "urlpath": ["lab/tree/pytorch-data-course/notebooks/01_map_style_datasets.ipynb"],
     }
-    assert "%2F" in parts.query and "/" not in parts.query  # every value escaped: the hub sees three parameters
+    assert "%2F" in parts.query and "/" not in parts.query  # every value escaped: the hub sees four parameters
 
 
 def test_the_classic_interface_and_another_notebook() -> None:

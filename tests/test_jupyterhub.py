@@ -1,0 +1,271 @@
+"""The course on a real JupyterHub: handed out with nbgitpuller, run in a browser, one learner kept out of another's files.
+
+The hub (tests/jupyterhub_stage.py) is set up as the README tells an admin: a shared read-only environment under
+/opt, the course data prepared once there (``COURSE_DATA_DIR``), two learners with accounts of their own, and
+``LocalProcessSpawner``. In headless chromium each learner logs in, follows the course's nbgitpuller link (made by
+``python -m course_lib hub link``), runs notebook 01's learner version (Run All), answers exercise 01.1 and sees ✅.
+Then: the second learner cannot read or write the first one's notebooks (through the hub, through the server's
+contents API, through a kernel), while a home made with ``useradd -m`` is readable; a new commit of the course,
+pulled by the same link, keeps the learner's answer, and a notebook that needs a newer ``course_lib`` than the
+shared environment has says so on its first cell; and the doctor, run in a learner's server, reports the hub's
+limits.
+
+Needs root (accounts, /opt), ``configurable-http-proxy`` (``.ci/run`` installs it from the npm registry),
+Playwright and Debian's chromium: skipped without them, except under CI, where it fails. Screenshots go to
+``$JUPYTERHUB_SCREENSHOTS`` (else a temporary folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import course_lib
+from course_tools.hub import pull_link
+
+from jupyterhub_stage import Hub, chp_command, create_user, http, remove_user, run_code
+from jupyterlab_ui import CHROMIUM_FLAGS, VIEWPORT, Notebook, expect, find_chromium, poll_until
+
+pytestmark = [pytest.mark.full, pytest.mark.stage]
+
+REPO = Path(__file__).resolve().parents[1]
+LEARNERS = {"pdcada": "ada-Lovelace-1815", "pdcbob": "bob-Babbage-1791"}  # accounts the test makes and removes
+FIRST = "01_map_style_datasets.ipynb"
+SECOND = "02_transforms.ipynb"
+ANSWER = '''class Squares(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, i ** 2
+'''
+RUN_ALL_TIMEOUT = 240.0
+
+
+def skip_unless_ci(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}, and CI must run the JupyterHub stage")
+    pytest.skip(reason)
+
+
+class HubLab:
+    """What :class:`jupyterlab_ui.Notebook` needs of a server: here a learner's server on the hub."""
+
+    def __init__(self, hub: Hub, user: str) -> None:
+        self.hub, self.user = hub, user
+        self.notebooks = hub.home(user) / "course" / "notebooks"  # where nbgitpuller put the course
+        self.log_path = hub.work / "hub.log"
+
+    def url(self, notebook: str, workspace: str) -> str:
+        return f"{self.hub.url}/user/{self.user}/lab/workspaces/{workspace}/tree/course/notebooks/{notebook}?reset"
+
+    def remember_kernels(self) -> None:  # the hub stops each server, its kernels with it
+        pass
+
+
+class Stage:
+    def __init__(self, hub: Hub, browser: Any, shots: Path) -> None:
+        self.hub, self.browser, self.shots = hub, browser, shots
+        self.contexts: dict[str, Any] = {}
+        self.pages: dict[str, Any] = {}
+        self.solved: dict[str, Notebook] = {}
+        self.seconds: dict[str, float] = {}
+
+    def link(self) -> str:
+        return pull_link(self.hub.url, self.hub.remote, "main", f"notebooks/{FIRST}")
+
+    def shot(self, page: Any, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        page.screenshot(path=str(path))
+        return path
+
+    def login(self, user: str) -> Any:
+        """A learner's browser (cookies of their own): the hub's login page, filled in and sent."""
+        context = self.browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(f"{self.hub.url}/hub/login")
+        page.locator("#username_input").fill(user)
+        page.locator("#password_input").fill(self.hub.learners[user])
+        self.shot(page, f"{user}-1-login")
+        page.locator("#login_submit").click()
+        page.wait_for_url(re.compile(rf"/user/{user}/|/hub/spawn"), timeout=120_000)
+        self.contexts[user], self.pages[user] = context, page
+        return page
+
+    def pull(self, user: str, label: str) -> None:
+        """Follow the course's nbgitpuller link; nbgitpuller clones or merges, then opens notebook 01."""
+        page = self.pages[user]
+        page.goto(self.link())
+        page.wait_for_url(re.compile(rf"/user/{user}/lab/tree/course/notebooks/{re.escape(FIRST)}"), timeout=180_000)
+        expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible(timeout=120_000)
+        self.shot(page, f"{user}-{label}")
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
+    if os.geteuid() != 0:
+        skip_unless_ci("the hub stage makes system accounts and a shared environment in /opt: it needs root")
+    if chp_command() is None:
+        skip_unless_ci("configurable-http-proxy is not installed (.ci/run installs it: npm install configurable-http-proxy)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        skip_unless_ci("no playwright: pip install -r requirements.txt")
+    chromium = find_chromium()
+    if chromium is None:
+        skip_unless_ci("no chromium on PATH: apt-get install chromium")
+    shots = Path(os.environ.get("JUPYTERHUB_SCREENSHOTS") or tmp_path_factory.mktemp("jupyterhub-screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    work = tmp_path_factory.mktemp("jupyterhub")
+    work.chmod(0o700)
+    hub = Hub(LEARNERS, work)
+    try:
+        start = time.monotonic()
+        hub.install()
+        hub.add_learners()
+        hub.serve_course()
+        hub.start()
+        set_up = time.monotonic() - start
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, headless=True)
+            the_stage = Stage(hub, browser, shots)
+            the_stage.seconds["set-up"] = round(set_up, 1)
+            try:
+                yield the_stage
+            finally:
+                (shots / "seconds.json").write_text(json.dumps(the_stage.seconds, indent=1))
+                for context in the_stage.contexts.values():
+                    context.close()
+                browser.close()
+    finally:
+        hub.stop()
+
+
+@pytest.mark.timeout(900)
+def test_each_learner_pulls_the_course_runs_notebook_01_and_solves_an_exercise(stage: Stage) -> None:
+    for user in LEARNERS:
+        start = time.monotonic()
+        stage.login(user)
+        stage.pull(user, "2-pulled")
+        home = stage.hub.home(user)
+        pulled = home / "course" / "notebooks" / FIRST
+        assert pulled.is_file() and pulled.stat().st_uid == stage.hub.home(user).stat().st_uid, "cloned as the learner"
+        assert stat.S_IMODE(home.stat().st_mode) & 0o007 == 0, f"adduser made {home} readable by others"
+        notebook = Notebook(HubLab(stage.hub, user), stage.contexts[user], FIRST, stage.shots, label=f"{user}-01")
+        notebook.open()
+        notebook.run_all(RUN_ALL_TIMEOUT)
+        notebook.check_ran([i for i, c in enumerate(notebook.cells) if c["cell_type"] == "code"])
+        answer = notebook.index("class Squares(Dataset):", "code")
+        check = notebook.index("check.squares_dataset(Squares)", "code")
+        notebook.type_source(answer, ANSWER)
+        notebook.run_cells(answer)
+        notebook.run_cells(check)
+        verdict = notebook.output_text(check)
+        notebook.screenshot("3-solved", check)
+        assert "✅ Exercise 01.1" in verdict, verdict[-500:]
+        notebook.page.keyboard.press("Control+s")  # saved: the answer is in the learner's file now
+        assert poll_until(lambda: "raise IndexError(i)" in pulled.read_text(), 30), "the saved notebook holds the answer"
+        stage.solved[user] = notebook
+        stage.seconds[f"{user}: log in, pull, Run All, solve"] = round(time.monotonic() - start, 1)
+
+
+def _ada_notebook(stage: Stage) -> Path:
+    if "pdcada" not in stage.solved:
+        pytest.fail("the first learner's course was not pulled (see the test before)")
+    return stage.hub.home("pdcada") / "course" / "notebooks" / FIRST
+
+
+@pytest.mark.timeout(300)
+def test_one_learner_cannot_read_or_write_anothers_notebooks(stage: Stage) -> None:
+    ada, bob = list(LEARNERS)
+    target = _ada_notebook(stage)
+    bob_token = stage.hub.user_token(bob)
+    relative = f"course/notebooks/{FIRST}"
+    # through the hub: bob's token does not open ada's server
+    status, _ = http(f"{stage.hub.url}/user/{ada}/api/contents/{relative}", bob_token)
+    assert status == 403, status
+    # through bob's own server's contents API: nothing outside bob's home
+    for path in (f"../{ada}/{relative}", f"%2E%2E/{ada}/{relative}", str(target)):
+        status, body = http(f"{stage.hub.url}/user/{bob}/api/contents/{path}", bob_token)
+        assert status in (400, 403, 404), (path, status, str(body)[:200])
+    # through a kernel of bob's server: the operating system refuses
+    probe = (f"import pathlib\np = pathlib.Path({str(target)!r})\n"
+             "for what, do in (('read', p.read_text), ('write', lambda: p.write_text('{}')), ('list', lambda: list(p.parent.iterdir()))):\n"
+             "    try:\n        do()\n        print(what, 'ALLOWED')\n    except PermissionError:\n        print(what, 'denied')\n")
+    out = run_code(stage.hub, bob, bob_token, probe)
+    assert out["stdout"].split() == ["read", "denied", "write", "denied", "list", "denied"], out
+    assert "raise IndexError(i)" in target.read_text(), "ada's answer is untouched"
+
+    # a home made with `useradd -m` (UMASK 022): every learner can read it, which the same probe shows
+    create_user("pdcopen", private=False)
+    try:
+        open_home = stage.hub.home("pdcopen")
+        assert stat.S_IMODE(open_home.stat().st_mode) == 0o755
+        notes = open_home / "notes.ipynb"
+        notes.write_text("{}")
+        os.chown(notes, open_home.stat().st_uid, open_home.stat().st_gid)
+        out = run_code(stage.hub, bob, bob_token, probe.replace(repr(str(target)), repr(str(notes))))
+        assert out["stdout"].split()[:2] == ["read", "ALLOWED"], out  # the isolation check fails here, as it should
+    finally:
+        remove_user("pdcopen")
+
+
+@pytest.mark.timeout(300)
+def test_an_update_of_the_course_keeps_the_learners_answer(stage: Stage) -> None:
+    ada = "pdcada"
+    mine = _ada_notebook(stage)
+    upstream = json.loads((REPO / "notebooks" / FIRST).read_text())
+    # the maintainers change the same exercise cell (a conflicting edit) and publish a new file
+    cell = next(c for c in upstream["cells"] if "class Squares(Dataset):" in "".join(c["source"]))
+    cell["source"] = ["".join(cell["source"]).replace("raise NotImplementedError  # store n on self",
+                                                      "raise NotImplementedError  # (updated hint) store n on self")]
+    # and notebook 02 now needs a newer course_lib than the hub's environment has
+    second = REPO / "notebooks" / SECOND
+    newer = second.read_text().replace(f'course_lib.require(\\"{course_lib.__version__}\\")', 'course_lib.require(\\"99.0\\")', 1)
+    assert newer != second.read_text()
+    stage.hub.publish({f"notebooks/{FIRST}": json.dumps(upstream, indent=1, ensure_ascii=False) + "\n",
+                       f"notebooks/{SECOND}": newer,
+                       "notebooks/WHATS_NEW.md": "# What's new\n\nA new commit of the course.\n"},
+                      "A course update: a new file, a conflicting edit of exercise 01.1's cell, notebook 02 for course_lib 99.0")
+    stage.pull(ada, "4-updated")
+    home = stage.hub.home(ada) / "course"
+    assert (home / "notebooks" / "WHATS_NEW.md").is_file(), "the update's new file arrived"
+    text = mine.read_text()
+    assert "raise IndexError(i)" in text, "the learner's answer survived the merge"
+    assert "(updated hint)" not in text, "in a conflicting edit the learner's version wins (nbgitpuller merges with -Xours)"
+    # the updated notebook 02, on the environment as the admin installed it: its first cell says what to do
+    cells = json.loads((home / "notebooks" / SECOND).read_text())["cells"]
+    first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    out = run_code(stage.hub, ada, stage.hub.user_token(ada), first)
+    assert out["error"].startswith(f"CourseLibTooOldError: this notebook needs course_lib 99.0 or newer, and the "
+                                   f"environment has {course_lib.__version__}"), out
+
+
+@pytest.mark.timeout(300)
+def test_the_doctor_in_a_learners_server_reports_the_hubs_limits(stage: Stage) -> None:
+    ada = "pdcada"
+    token = stage.hub.user_token(ada)
+    out = run_code(stage.hub, ada, token, "import subprocess, sys\n"
+                   "print(subprocess.run([sys.executable, '-m', 'course_lib', 'doctor', '--json'], capture_output=True,"
+                   " text=True, timeout=120).stdout)", timeout=180)
+    report = json.loads(out["stdout"])
+    facts, by_name = report["facts"], {r["name"]: r for r in report["results"]}
+    assert facts["hub_cpu_limit"] == 2.0 and facts["hub_mem_limit_mb"] == 4096.0, facts
+    assert by_name["memory"]["finding"] == "4,096 MB (the hub's MEM_LIMIT)"
+    assert "the hub's CPU_LIMIT" in by_name["CPU limit"]["finding"]
+    assert facts["data_folder"] == str(stage.hub.prefix / "data") and by_name["course data"]["status"] == "ok", by_name["course data"]

@@ -44,25 +44,15 @@ def _gb_per_s(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
-def _timed(fn: Callable[[], None], sync: Callable[[], None], repeat: int = 5) -> float:
-    """Best-of-``repeat`` seconds of ``fn()``, the device synchronised before and after."""
-    best = float("inf")
-    for _ in range(repeat):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def pinned_copy(torch: Any, mb: int) -> Item:
     n = mb * 2**20 // 4
     pageable, pinned = torch.empty(n), torch.empty(n).pin_memory()
     dev = torch.empty(n, device="cuda")
-    sync = torch.cuda.synchronize
-    t_pageable = _timed(lambda: dev.copy_(pageable), sync)
-    t_pinned = _timed(lambda: dev.copy_(pinned, non_blocking=True), sync)
+    from course_lib.further.gpu_feed import _best_seconds  # best of 5, the GPU synchronised around each copy
+
+    cuda = torch.device("cuda")
+    t_pageable = _best_seconds(lambda: dev.copy_(pageable), cuda)
+    t_pinned = _best_seconds(lambda: dev.copy_(pinned, non_blocking=True), cuda)
     figures = {"pageable_gbps": _gb_per_s(4 * n, t_pageable), "pinned_gbps": _gb_per_s(4 * n, t_pinned)}
     ratio = figures["pinned_gbps"] / figures["pageable_gbps"]
     return Item("pinned copy", RUN, f"{mb} MiB host to device: pageable {figures['pageable_gbps']:.1f} GB/s, "

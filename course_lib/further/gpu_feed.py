@@ -20,7 +20,6 @@ import io
 import json
 import platform
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -31,6 +30,7 @@ from PIL import Image
 
 from .._support import check_int, write_atomic
 from ..data import CLASSES, draw_shape
+from ..timing import seconds_per_call
 
 __all__ = ["Prefetcher", "copy_stage", "gpu_decode", "jpeg_payloads", "nonblocking_hazard", "show"]
 
@@ -262,16 +262,12 @@ def _require_cuda(device: str | torch.device, what: str) -> torch.device:
 
 
 def _best_seconds(fn: Callable[[], Any], device: torch.device | None, repeat: int = 5) -> float:
-    """Best-of-``repeat`` seconds of ``fn()``; the GPU (where ``device`` is one) synchronised before and after."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device is not None else (lambda: None)
-    best = float("inf")
-    for _ in range(repeat):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    """Best-of-``repeat`` seconds of ``fn()`` (:func:`course_lib.timing.seconds_per_call`, one call a round), each call
+    waiting for the GPU (where ``device`` is one) to finish what it queued."""
+    if device is None:
+        return seconds_per_call(fn, repeat=repeat, min_seconds=0)
+    torch.cuda.synchronize(device)  # nothing queued before counts
+    return seconds_per_call(lambda: (fn(), torch.cuda.synchronize(device)), repeat=repeat, min_seconds=0)
 
 
 def _keep_busy(device: torch.device, cycles: int = 100_000_000) -> None:

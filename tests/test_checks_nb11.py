@@ -73,6 +73,13 @@ def test_prepare_script() -> None:
     unguarded = GOOD_SCRIPT.replace('if __name__ == "__main__":\n    litdata', "if True:\n    litdata")
     outcome, message = status(nb11.prepare_script, unguarded)
     assert outcome is Status.WRONG and "__main__" in message, message
+    commented = GOOD_SCRIPT.replace("def square(i):", "def square(i):  # a named function, not a lambda")
+    assert status(nb11.prepare_script, commented)[0] is Status.SOLVED
+    inside = GOOD_SCRIPT.replace('def square(i):\n    return {"x": i, "square": i * i}\n\n\n', "").replace(
+        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    def square(i):\n        return {"x": i, "square": i * i}\n\n')
+    assert inside != GOOD_SCRIPT
+    outcome, message = status(nb11.prepare_script, inside)
+    assert outcome is Status.WRONG and "outside the guard" in message, message
     wrong_values = GOOD_SCRIPT.replace('"square": i * i', '"square": i + i')
     outcome, message = status(nb11.prepare_script, wrong_values)
     assert outcome is Status.WRONG and "12 samples" in message, message

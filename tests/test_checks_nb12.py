@@ -33,6 +33,7 @@ def test_first_batches() -> None:
     result = nb12.first_batches.evaluate(views)
     assert result.status is Status.WRONG and "clone" in result.message
     assert "got 3" in nb12.first_batches.evaluate(too_few).message
+    assert "keep torch tensors" in nb12.first_batches.evaluate(lambda loader, n: [b.numpy().copy() for b in right(loader, n)]).message
     assert nb12.first_batches.evaluate(...).status is Status.NOT_ATTEMPTED
 
 
@@ -77,6 +78,8 @@ class _Mapped:
                 yield self.records[rows].numpy()
             elif self.wrong == "offset":
                 yield torch.index_select(self.records, 0, (rows + 1) % self.n, out=self.buffer[: len(rows)])
+            elif self.wrong == "resized":
+                yield torch.index_select(self.records, 0, rows, out=self.buffer)
             elif self.wrong == "drop_last" and len(rows) < self.batch_size:
                 return
             else:
@@ -95,7 +98,7 @@ def test_mapped_batches() -> None:
     right_and_stubs(nb12.mapped_batches, mapped_right, stub)
     assert status(nb12.mapped_batches, wrong_mapped(""))[0] is Status.SOLVED
     expected = {"fresh": "Allocate one buffer", "same_order": "seed + epoch", "numpy": "torch tensors",
-                "offset": "file order", "drop_last": "len() is 6"}
+                "offset": "file order", "drop_last": "len() is 6", "resized": "out=buffer[:len(rows)]"}
     for kind, words in expected.items():
         outcome, message = status(nb12.mapped_batches, wrong_mapped(kind))
         assert outcome is Status.WRONG and words in message, (kind, message)
@@ -136,10 +139,40 @@ def test_measure() -> None:
             step(batch)
         return nbytes / (time.perf_counter() - start) / 1e9, (time.process_time() - start_cpu) / (nbytes / 1e9)
 
-    right_and_stubs(nb12.measure, measure_right, stub)
+    assert status(nb12.measure, measure_right, raw_read_right)[0] is Status.SOLVED
+    for stubs in ((..., raw_read_right), (measure_right, ...), (stub, raw_read_right)):
+        assert status(nb12.measure, *stubs)[0] is Status.NOT_ATTEMPTED
     expected = {gib: "GiB/s", wall_for_cpu: "process_time", no_step: "step ran 0 times", unchecked: "no error"}
     for wrong, words in expected.items():
-        outcome, message = status(nb12.measure, wrong)
+        outcome, message = status(nb12.measure, wrong, raw_read_right)
+        assert outcome is Status.WRONG and words in message, (wrong.__name__, message)
+
+
+def raw_read_right(path, chunk_bytes):
+    buffer = torch.empty(chunk_bytes // 4)
+    with open(path, "rb", buffering=0) as f:
+        while filled := f.readinto(memoryview(buffer.numpy()).cast("B")):
+            yield buffer[: filled // 4]
+
+
+def test_raw_read_in_measure() -> None:
+    def values_as_bytes(path, chunk_bytes):
+        yield from raw_read_right(path, chunk_bytes * 4)
+
+    def unsliced(path, chunk_bytes):
+        buffer = torch.empty(chunk_bytes // 4)
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(memoryview(buffer.numpy()).cast("B")):
+                yield buffer
+
+    def fresh(path, chunk_bytes):
+        for chunk in raw_read_right(path, chunk_bytes):
+            yield chunk.clone()
+
+    assert highrate.raw_read is not raw_read_right and status(nb12.measure, measure_right, highrate.raw_read)[0] is Status.SOLVED
+    expected = {values_as_bytes: "chunk_bytes // 4", unsliced: "filled // 4", fresh: "used 3 buffers"}
+    for wrong, words in expected.items():
+        outcome, message = status(nb12.measure, measure_right, wrong)
         assert outcome is Status.WRONG and words in message, (wrong.__name__, message)
 
 
@@ -148,7 +181,7 @@ class _Threads:
 
     def __init__(self, raw, batch_size, threads=2, in_flight=2, wrong=""):
         self.raw, self.batch_size, self.threads, self.in_flight, self.wrong = raw, batch_size, threads, in_flight, wrong
-        count = in_flight if wrong == "too_few_buffers" else in_flight + 1
+        count = {"too_few_buffers": in_flight, "one_ahead": in_flight + 2}.get(wrong, in_flight + 1)
         self.buffers = [torch.empty(batch_size, raw.sample_len) for _ in range(count)]
 
     def __len__(self):
@@ -158,7 +191,7 @@ class _Threads:
         first = number * self.batch_size
         if self.wrong == "fresh":
             buffer = torch.empty(self.batch_size, self.raw.sample_len)
-        batch = buffer[: min(self.batch_size, self.raw.n - first)]
+        batch = buffer if self.wrong == "unsliced" else buffer[: min(self.batch_size, self.raw.n - first)]
         offset = (first + 1 if self.wrong == "offset" else first) * self.raw.sample_bytes
         os.preadv(fd, [memoryview(batch.numpy()).cast("B")], offset)
         return batch
@@ -174,7 +207,7 @@ class _Threads:
                 for number in range(0 if self.wrong == "unbounded" else len(self)):
                     buffer = self.buffers[number % len(self.buffers)]
                     pending.append(pool.submit(self._read, fd, number, buffer))
-                    if len(pending) > self.in_flight:
+                    if len(pending) > self.in_flight + (self.wrong == "one_ahead"):
                         yield pending.popleft().result()
                 while pending:
                     yield pending.popleft().result()
@@ -193,11 +226,34 @@ def test_thread_batches() -> None:
 
     right_and_stubs(nb12.thread_batches, threads.ThreadBatches, stub)
     assert status(nb12.thread_batches, wrong_threads(""))[0] is Status.SOLVED
-    expected = {"fresh": "different buffers", "unbounded": "ran ahead unbounded", "offset": "byte offset",
-                "drop_last": "len() is 10", "too_few_buffers": "in_flight + 1 buffers"}
+    expected = {"fresh": "different buffers", "unbounded": "batches ahead while the loop held", "offset": "byte offset",
+                "drop_last": "len() is 10", "too_few_buffers": "in_flight + 1 buffers", "one_ahead": "ran 3 batches ahead",
+                "unsliced": "only 2 samples are left"}
     for kind, words in expected.items():
         outcome, message = status(nb12.thread_batches, wrong_threads(kind))
         assert outcome is Status.WRONG and words in message, (kind, message)
+    outcome, message = status(nb12.thread_batches, _Seeking)
+    assert outcome is Status.WRONG and "your reader seeks" in message, message
+
+
+class _Seeking(_Threads):
+    """Two threads that seek and read one shared file object: a race that passes now and then, refused by reading."""
+
+    def _read(self, f, number, buffer):
+        batch = buffer[: min(self.batch_size, self.raw.n - number * self.batch_size)]
+        f.seek(number * self.batch_size * self.raw.sample_bytes)
+        f.readinto(memoryview(batch.numpy()).cast("B"))
+        return batch
+
+    def __iter__(self):
+        with open(self.raw.path, "rb", buffering=0) as f, ThreadPoolExecutor(self.threads) as pool:
+            pending = collections.deque()
+            for number in range(len(self)):
+                pending.append(pool.submit(self._read, f, number, self.buffers[number % len(self.buffers)]))
+                if len(pending) > self.in_flight:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
 
 def test_solved_remembers_the_last_check_in_this_process(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ both.
 
 from __future__ import annotations
 
+import ast
 import gc
 import subprocess
 import sys
@@ -54,8 +55,12 @@ def prepare_script(text: Any) -> None:
     ``litdata.optimize`` and 2 workers into the folder given as its first argument."""
     attempted(text)
     require(isinstance(text, str), f"the answer is a {type(text).__name__}: give the whole script as one string.")
-    require("lambda" not in text, "the script passes a lambda: spawned workers receive fn by name, and a lambda has none. "
-            "Define a function at the top of the script.")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise Hint(f"the script is not valid Python: {exc.msg} (line {exc.lineno}).") from None
+    require(not any(isinstance(node, ast.Lambda) for node in ast.walk(tree)), "the script passes a lambda: spawned "
+            "workers receive fn by name, and a lambda has none. Define a function at the top of the script.")
     with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
         script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
         script.write_text(text)
@@ -84,6 +89,10 @@ def prepare_script(text: Any) -> None:
     if not got and "__main__" not in text:
         raise Hint("the script wrote no samples: its spawned workers import the script again and run optimize "
                    "themselves. Guard the call with if __name__ == \"__main__\":")
+    if not got and "Can't get attribute" in job.stderr:
+        raise Hint("the workers could not find your function by name (\"Can't get attribute ... on <module "
+                   "'__mp_main__'>\"): a spawned worker imports the script, and what is inside the __main__ guard "
+                   "does not run there. Define the function at the top of the script, outside the guard.")
     require(not broken, f"the folder the script wrote is not a readable litdata data set ({broken[:200]}).")
     require(got == [(i, i * i) for i in range(12)], f"the data set holds {len(got)} samples {got[:3]}...: expected "
             "{'x': i, 'square': i * i} for i in range(12).")

@@ -3,7 +3,7 @@
 12.1 runs the learner's batch-keeping code on a real :class:`~course_lib.further.highrate.RingLoader` (whose slots
 are overwritten, so kept batches must be copies); 12.2 compares their shared-memory arithmetic with what a RingLoader
 allocates; 12.3 runs their memory-mapped batch reader over a real raw file for two epochs; 12.4 times their rate meter
-against loops whose wall and CPU time are known; 12.5 runs their thread reader over a real raw file, compares every
+against loops whose wall and CPU time are known, and reads a file of known values with their raw reader; 12.5 runs their thread reader over a real raw file, compares every
 batch with the file, counts the buffers and the bytes read ahead of the loop.
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 import gc
 import tempfile
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -37,7 +38,10 @@ def first_batches(fn: Callable[[Any, int], Any]) -> None:
             attempted(got)
             require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
             require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
-            same = {b.data_ptr() for b in got if isinstance(b, torch.Tensor)}
+            kinds = {type(b).__name__ for b in got if not isinstance(b, torch.Tensor)}
+            require(not kinds, f"the batches kept are {', '.join(sorted(kinds))}: keep torch tensors, as the loader gives "
+                    "them (batch.clone() copies one).")
+            same = {b.data_ptr() for b in got}
             if len(same) < 4:
                 raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
                            "batches overwrite. Keep batch.clone().")
@@ -103,12 +107,16 @@ def mapped_batches(cls: Any) -> None:
         epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
         for _ in range(2):
             got, sizes = [], []
-            for b in reader:  # a batch may be overwritten by the next one: copy it before asking for more
-                require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
-                        "which a training step takes (torch.from_file gives one).")
-                held.append(b)
-                sizes.append(b.shape[0])
-                got.append(b.clone())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                batches = list(_kept_views(reader))
+            if any("resized" in str(w.message) for w in caught):
+                raise Hint("torch resized your buffer for the short last batch (a deprecated behaviour, with a warning): "
+                           "gather the short batch into a slice of the buffer, out=buffer[:len(rows)].")
+            for yielded, copy in batches:  # the copy was taken when it was yielded: the batch may be overwritten since
+                held.append(yielded)
+                sizes.append(copy.shape[0])
+                got.append(copy)
             require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
                     "short batch: slice the buffer to its length).")
             epochs.append(_rows_to_index(got, truth))
@@ -129,16 +137,54 @@ def mapped_batches(cls: Any) -> None:
                        "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
 
 
+def _kept_views(reader: Any) -> Iterator[tuple[Any, Any]]:
+    """``(batch, its copy)`` for each batch of one pass: the batch as yielded (kept alive, to count buffers) and a clone
+    taken before the next one is asked for (a reused buffer is overwritten by then)."""
+    for b in reader:
+        require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
+                "which a training step takes (torch.from_file gives one).")
+        yield b, b.clone()
+
+
 def _busy(seconds: float) -> None:
     end = time.process_time() + seconds
     while time.process_time() < end:
         pass
 
 
-@exercise("12.4", "GB/s from the wall clock over the bytes the loop received, and the loop's own CPU seconds per GB.")
-def measure(fn: Callable[..., Any]) -> None:
-    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch."""
-    attempted(fn)
+def _raw_read_works(read: Callable[[Any, int], Any]) -> None:
+    """``read(path, chunk_bytes)`` yields the file front to back, as float32 tensors of one reused buffer."""
+    values = np.arange(10_000, dtype=np.float32)  # 40,000 bytes: chunks of 16 KiB are 4096, 4096 and 1808 values
+    with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
+        path = Path(tmp) / "values.f32"
+        values.tofile(path)
+        chunks, storages = [], set()
+        for chunk in read(str(path), 16_384):
+            require(isinstance(chunk, torch.Tensor) and chunk.dtype == torch.float32, f"raw_read yielded a "
+                    f"{type(chunk).__name__} ({getattr(chunk, 'dtype', '')}): yield float32 tensors.")
+            chunks.append(chunk.clone())
+            storages.add(chunk.untyped_storage().data_ptr())
+    sizes = [len(c) for c in chunks]
+    if sizes and sizes[0] > 4096:
+        raise Hint(f"the first chunk has {sizes[0]} values, more than 16384 bytes hold: chunk_bytes counts bytes, so "
+                   "the buffer holds chunk_bytes // 4 float32 values.")
+    if sizes == [4096, 4096, 4096]:
+        raise Hint("the last chunk has 4096 values where readinto filled 1808: yield buffer[: filled // 4], the part it filled.")
+    require(sizes == [4096, 4096, 1808], f"raw_read(path, 16384) over 40,000 bytes yielded chunks of {sizes} values: "
+            "expected 4096, 4096 and 1808.")
+    require(torch.equal(torch.cat(chunks), torch.from_numpy(values)), "the chunks do not hold the file's values in order.")
+    if len(storages) > 1:
+        raise Hint(f"raw_read used {len(storages)} buffers for 3 chunks: allocate one buffer before the loop and readinto "
+                   "it each time (a fresh buffer per chunk costs what the reference should not).")
+
+
+@exercise("12.4", "GB/s from the wall clock over the bytes the loop received, the loop's own CPU seconds per GB, and a "
+                  "raw read into one reused buffer.")
+def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
+    """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch;
+    ``read(path, chunk_bytes)`` yields a raw file front to back through one reused buffer."""
+    attempted(fn, read)
+    _raw_read_works(read)
     batch = torch.zeros(250_000)  # 1 MB
     stepped: list[int] = []
 
@@ -183,6 +229,23 @@ def _bytes_read() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
+def _source_of(cls: Any) -> str:
+    """The source of the class's methods (a class defined in a notebook cell has no file for inspect to read)."""
+    import inspect
+
+    parts = []
+    for member in vars(cls).values():
+        if inspect.isfunction(member):
+            try:
+                parts.append(inspect.getsource(member))
+            except (OSError, TypeError):
+                pass
+    return "\n".join(parts)
+
+
+THREAD_CASES = [(2, 2, 4), (2, 3, 4), (4, 4, 1)]  # (threads, in_flight, batch_size): the last, many small reads at once
+
+
 @exercise("12.5", "whole batches read by threads with preadv, in order, into in_flight + 1 buffers allocated once, "
                   "never more than in_flight batches ahead of the loop.")
 def thread_batches(cls: Any) -> None:
@@ -190,50 +253,61 @@ def thread_batches(cls: Any) -> None:
     from ..further.highrate import write_raw_tensors
 
     attempted(cls)
-    n, size, batch = 42, 16384, 4  # 11 batches of 64 KiB, the last of 2 samples
+    source = _source_of(cls)
+    if ".seek(" in source or "lseek(" in source:
+        raise Hint("your reader seeks: two threads that seek and then read one file share its position, and a batch "
+                   "silently gets another batch's bytes, now and then. Read with os.preadv(fd, [view], offset): the "
+                   "offset goes with the read, and no position is shared.")
+    n, size = 42, 16384  # 42 samples of 16 KiB: with batches of 4, ten and a last one of 2
     with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
         raw = write_raw_tensors(Path(tmp) / "raw.f32", n, sample_bytes=size, seed=12)
         truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
-        for in_flight in (2, 3):
-            reader = cls(raw, batch, threads=2, in_flight=in_flight)
+        for threads, in_flight, batch in THREAD_CASES:
+            expected = [batch] * (n // batch) + ([n % batch] if n % batch else [])
+            reader = cls(raw, batch, threads=threads, in_flight=in_flight)
             attempted(reader)
-            require(len(reader) == 11, f"len() is {len(reader)}: {n} samples in batches of {batch} make 11 batches, "
-                    "the last of 2.")
+            require(len(reader) == len(expected), f"len() is {len(reader)}: {n} samples in batches of {batch} make "
+                    f"{len(expected)} batches{f', the last of {n % batch}' if n % batch else ''}.")
             held: list[torch.Tensor] = []  # every batch kept alive, so that fresh tensors cannot share an address
             for epoch in range(2):
                 start = _bytes_read()
                 sizes = []
                 for number, b in enumerate(reader):
                     require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors.")
-                    if number == 0:
+                    if number == 0 and batch > 1:  # (bytes read counts every read: small batches leave no margin)
                         time.sleep(0.3)  # the threads have time to read ahead as far as they are allowed
-                        ahead = _bytes_read() - start
-                        limit = (in_flight + 1) * batch * size
-                        if ahead > limit + size:
-                            raise Hint(f"with in_flight={in_flight}, {ahead // 1024} KiB were read while the loop held "
-                                       f"its first batch of {batch * size // 1024} KiB: the reads ran ahead unbounded. "
-                                       f"Submit a new read only when fewer than in_flight are pending (yield the oldest first).")
+                        ahead = (_bytes_read() - start) / (batch * size) - 1
+                        if ahead > in_flight + 0.5:
+                            raise Hint(f"with in_flight={in_flight}, the reads ran {ahead:.0f} batches ahead while the "
+                                       f"loop held its first one; at most in_flight={in_flight} may be pending while the "
+                                       "loop works. Submit a read, then, as soon as more than in_flight are pending, "
+                                       "yield the oldest one's result.")
                     held.append(b)
                     sizes.append(b.shape[0])
                     first = number * batch
                     rows = truth[first:first + b.shape[0]]
+                    left = n - first
+                    if b.shape[0] > left:
+                        raise Hint(f"batch {number} has {b.shape[0]} rows, but only {left} samples are left: return the "
+                                   "part of the buffer that was read, buffer[:count].")
                     if not (b.shape == rows.shape and torch.equal(b, rows)):
                         matches = [i for i in range(0, n, batch) if truth[i:i + b.shape[0]].shape == b.shape
                                    and torch.equal(b, truth[i:i + b.shape[0]])]
                         if matches:
-                            raise Hint(f"batch {number} holds samples {matches[0]}-{matches[0] + b.shape[0] - 1}: either "
-                                       "the batches come out of order (yield the oldest pending read first, from a "
-                                       "deque, not the first one to finish), or its buffer was read into again while "
-                                       "the loop held it (in_flight reads plus the batch the loop holds need "
-                                       "in_flight + 1 buffers).")
-                        raise Hint(f"batch {number} does not hold samples {first}-{first + batch - 1} of the file: read "
-                                   f"batch b at byte offset b × batch_size × sample_bytes, with os.preadv (a seek + "
-                                   "read shared by two threads mixes batches up).")
-                require(sizes == [batch] * 10 + [2], f"epoch {epoch}: batch sizes {sizes}; expected ten of {batch} and "
-                        "a last one of 2 (slice the buffer to the samples that are left).")
+                            raise Hint(f"batch {number} holds samples {matches[0]}-{matches[0] + b.shape[0] - 1}: the "
+                                       "batches come out of order (yield the oldest pending read first, from a deque, "
+                                       "not the first one to finish), or its buffer was read into again while the loop "
+                                       "held it (in_flight reads plus the batch the loop holds need in_flight + 1 "
+                                       "buffers).")
+                        raise Hint(f"batch {number} does not hold samples {first}-{first + b.shape[0] - 1} of the file: "
+                                   "read batch b at byte offset b × batch_size × sample_bytes, with os.preadv (threads "
+                                   "that share one file position, seek then read, mix batches up).")
+                require(sizes == expected, f"epoch {epoch}: batch sizes {sizes}; expected {expected} (slice the buffer "
+                        "to the samples that are left).")
             buffers = len({b.untyped_storage().data_ptr() for b in held})
             if buffers > in_flight + 1:
                 raise Hint(f"with in_flight={in_flight}, the batches of two epochs used {buffers} different buffers: "
                            f"allocate in_flight + 1 = {in_flight + 1} buffers once, in __init__, and read batch number "
                            "into buffers[number % (in_flight + 1)].")
+            del held
             gc.collect()

@@ -215,12 +215,12 @@ def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: _Mea
               workers: Callable[[], list[psutil.Process]] = list) -> None:
     me = psutil.Process()
     before_children = _children_cpu(me)
-    start, start_main = time.perf_counter(), _cpu_seconds(me)
+    start, start_main = time.perf_counter(), time.process_time()  # this process, all its threads, to the microsecond
     seen = 0
     for batch in make():
         _touch(batch)
         seen += batch.numel() * batch.element_size()
-    wall, main = time.perf_counter() - start, _cpu_seconds(me) - start_main
+    wall, main = time.perf_counter() - start, time.process_time() - start_main
     if seen != nbytes:
         raise RuntimeError(f"a pass delivered {seen} bytes instead of {nbytes}")
     if row is None:

@@ -101,7 +101,8 @@ def test_compare_threads_measures_every_reader_each_round(tmp_path: Path) -> Non
         assert all(v > 0 for v in row.gbps + row.pss_mb), name
         assert all(t >= m - 1e-9 for m, t in zip(row.main_cpu, row.total_cpu)), name  # the total includes the main process
     threaded = rows["ThreadBatches, 2 threads"]
-    assert threaded.main_cpu == threaded.total_cpu  # threads have no worker processes
+    tick = 0.01 / (raw.nbytes / 1e9)  # one 10 ms clock tick of another process, per GB of this pass
+    assert all(t - m <= 2 * tick for m, t in zip(threaded.main_cpu, threaded.total_cpu))  # threads: no worker processes
     processes = rows["DataLoader, 2 worker processes"]
     assert all(t > m for m, t in zip(processes.main_cpu, processes.total_cpu))  # its workers did the work
     fig = threads.plot_threads({"torch": rows})

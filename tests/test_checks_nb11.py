@@ -14,8 +14,6 @@ from course_lib.checks import Status, nb11
 from exercise_status import right_and_stubs, status
 from course_tools.bench import write_mds
 
-pytestmark = pytest.mark.quick
-
 N = 40
 
 
@@ -25,6 +23,7 @@ def mds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_mds(items, tmp_path_factory.mktemp("mds") / "mds", size_limit=20_000)
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(120)
 def test_mds_loader(mds: Path) -> None:
     def right(folder, batch_size):
@@ -64,6 +63,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.full  # four scripts, each spawning litdata's workers: about a minute
 @pytest.mark.timeout(300)
 def test_prepare_script() -> None:
     assert status(nb11.prepare_script, GOOD_SCRIPT)[0] is Status.SOLVED
@@ -85,6 +85,7 @@ def test_prepare_script() -> None:
     assert outcome is Status.WRONG and "12 samples" in message, message
 
 
+@pytest.mark.quick
 def test_dali_pairs() -> None:
     def right(iterator):
         for batch in iterator:
@@ -105,6 +106,7 @@ def test_dali_pairs() -> None:
         assert outcome is Status.WRONG and words in message, (words, message)
 
 
+@pytest.mark.quick
 def test_rank_env() -> None:
     def right(environ):
         if "RANK" in environ:

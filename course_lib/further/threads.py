@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -26,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .._support import check_int
-from .highrate import RawDataError, RingLoader, _Float32Samples, _read_into, _touch
+from .highrate import RawDataError, RingLoader, _Float32Samples, _read_into, measure
 
 __all__ = ["ThreadBatches", "WORK", "WorkedSamples", "compare_threads", "nodes_batches", "plot_threads", "python_work",
            "spdl_batches", "torch_work", "worker_method_available"]
@@ -213,24 +212,16 @@ def _pss_mb(processes: Iterable[psutil.Process]) -> float:
 
 def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: _Measured | None,
               workers: Callable[[], list[psutil.Process]] = list) -> None:
+    """One pass (:func:`highrate.measure`: GB/s and this process's CPU per GB), plus its workers' CPU and the PSS."""
     me = psutil.Process()
-    before_children = _children_cpu(me)
-    start, start_main = time.perf_counter(), time.process_time()  # this process, all its threads, to the microsecond
-    seen = 0
-    for batch in make():
-        _touch(batch)
-        seen += batch.numel() * batch.element_size()
-    wall, main = time.perf_counter() - start, time.process_time() - start_main
-    if seen != nbytes:
-        raise RuntimeError(f"a pass delivered {seen} bytes instead of {nbytes}")
+    before = _children_cpu(me)
+    rate, main_per_gb = measure(make, nbytes)
     if row is None:
         return
-    after_children = _children_cpu(me)
-    others = sum(cpu - before_children.get(pid, 0.0) for pid, cpu in after_children.items())
-    gb = nbytes / 1e9
-    row.gbps.append(gb / wall)
-    row.main_cpu.append(main / gb)
-    row.total_cpu.append((main + others) / gb)
+    others = sum(cpu - before.get(pid, 0.0) for pid, cpu in _children_cpu(me).items())
+    row.gbps.append(rate)
+    row.main_cpu.append(main_per_gb)
+    row.total_cpu.append(main_per_gb + others / (nbytes / 1e9))
     row.pss_mb.append(_pss_mb([me, *workers()]))
 
 

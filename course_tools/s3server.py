@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -342,14 +343,25 @@ def local_server(identity: str = "learner") -> S3Server:
 # ------------------------------------------------------------------------------------------------ writing objects
 
 
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's rule for a bucket's name
+
+
 def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "",
            names: Iterable[str] | None = None) -> list[str]:
     """Put each file into ``bucket`` (created if need be) under ``prefix`` + its name (or the matching one of
-    ``names``), as the writer identity; returns the objects' ``s3://`` URLs."""
+    ``names``), as the writer identity; returns the objects' ``s3://`` URLs. A bad bucket name or a missing file is
+    refused before anything is sent, with what to give instead."""
+    if not BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(f"bucket {bucket!r}: S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens, "
+                         "beginning and ending with a letter or digit (e.g. 'course-shards')")
+    files = [Path(f) for f in files]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"upload: {', '.join(missing[:3])} {'is' if len(missing) == 1 else 'are'} not a file "
+                                "(nothing was uploaded)")
     client = server.client("writer")
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
         client.create_bucket(Bucket=bucket)
-    files = [Path(f) for f in files]
     names = [f.name for f in files] if names is None else list(names)
     if len(names) != len(files):
         raise ValueError(f"upload got {len(files)} files and {len(names)} names: give one name per file")

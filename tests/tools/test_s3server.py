@@ -256,3 +256,16 @@ def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> N
         assert server.client("learner").list_buckets() is not None
     finally:
         server.stop(graceful=False)
+
+
+@pytest.mark.parametrize("bucket", ["Course", "c", "course_shards", "-course", "course..shards", "x" * 64])
+def test_upload_refuses_a_bad_bucket_name_before_anything_is_sent(bucket: str, tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"a")
+    with pytest.raises(ValueError, match="S3 bucket names are 3-63 lowercase letters"):
+        s3server.upload(None, [tmp_path / "a.bin"], bucket)  # type: ignore[arg-type]  (no server is needed to refuse)
+
+
+def test_upload_refuses_a_missing_file_before_anything_is_sent(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"a")
+    with pytest.raises(FileNotFoundError, match="not-there.bin is not a file"):
+        s3server.upload(None, [tmp_path / "a.bin", tmp_path / "not-there.bin"], "course")  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .datasets import ImageFileDataset, image_tensor
 from .timing import medians
 
-__all__ = ["compare_formats", "dali_available", "encoded_sample", "folder_bytes", "image_items", "litdata_images",
+__all__ = ["compare_formats", "dali_available", "encoded_sample", "fit", "folder_bytes", "image_items", "litdata_images",
            "mds_dataset", "mds_images", "plot_formats", "release_mds", "webdataset_images"]
 
 _Item = tuple[str, int]  # (path of a JPEG file, class number)
@@ -154,6 +154,24 @@ def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
     if not (Path(folder) / "index.json").is_file():
         raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first")
     return _Decoded(litdata.StreamingDataset(str(folder)))
+
+
+def fit(model: torch.nn.Module, loader: Any, steps: int) -> int:
+    """Notebook 11, exercise 11.5 (the course's version): what a framework's training loop does with a loader, iterate
+    it and nothing else: ``steps`` SGD steps (lr 0.1, cross-entropy) on ``(images, labels)`` batches; the images seen."""
+    import itertools
+
+    import torch.nn.functional as F
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = 0
+    for images, labels in itertools.islice(loader, steps):
+        loss = F.cross_entropy(model(images), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(labels)
+    return seen
 
 
 # --------------------------------------------------------------------------- measuring

@@ -133,3 +133,38 @@ def test_rank_env() -> None:
     assert "strings" in status(nb11.rank_env, ints)[1]
     assert "no variables" in status(nb11.rank_env, lambda e: right(e) if e else {"RANK": "0", "WORLD_SIZE": "0",
                                                                                  "LOCAL_WORLD_SIZE": "0"})[1]
+
+
+@pytest.mark.quick
+def test_fit() -> None:
+    import itertools
+
+    import torch.nn.functional as F
+
+    def stub(model, loader, steps):
+        raise NotImplementedError
+
+    def everything(model, loader, steps):  # trains on the whole loader: an endless stream never ends
+        return alt.fit(model, list(loader), steps)
+
+    def no_zero_grad(model, loader, steps):
+        opt, seen = torch.optim.SGD(model.parameters(), lr=0.1), 0
+        for images, labels in itertools.islice(loader, steps):
+            F.cross_entropy(model(images), labels).backward()
+            opt.step()
+            seen += len(labels)
+        return seen
+
+    def batches_not_images(model, loader, steps):
+        alt.fit(model, loader, steps)
+        return steps
+
+    def no_step(model, loader, steps):
+        return sum(len(labels) for _, labels in itertools.islice(loader, steps))
+
+    right_and_stubs(nb11.fit, alt.fit, stub)
+    expected = {everything: "took 20 batches", no_zero_grad: "zero_grad", batches_not_images: "count len(labels)",
+                no_step: "did not change"}
+    for wrong, words in expected.items():
+        outcome, message = status(nb11.fit, wrong)
+        assert outcome is Status.WRONG and words in message, (wrong.__name__, message)

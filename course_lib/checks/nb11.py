@@ -3,7 +3,8 @@
 11.1 runs the learner's MDS loader on real MDS shards; 11.2 runs the learner's litdata preparation script as a cluster
 job would, a fresh interpreter whose workers are spawned, and reads what it wrote; 11.3 feeds their DALI adapter batches
 shaped as ``DALIGenericIterator`` yields them; 11.4 asks their rank finder about the environments of torchrun, srun, and
-both.
+both;
+11.5 runs their training loop on a counted stream and compares its weights with 5 steps of SGD.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, exercise, require, solved
 
 
 @exercise("11.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
@@ -154,3 +155,40 @@ def rank_env(fn: Callable[[dict], Any]) -> None:
             raise Hint(f"for {where} you gave RANK={picked['RANK']}, srun's task number: with torchrun inside srun, "
                        "SLURM_PROCID counts nodes' tasks, and torchrun's RANK is the rank. Prefer torchrun's variables.")
         raise Hint(f"for {where} ({environ or 'no variables'}) expected {want}, got {picked}.")
+
+
+@exercise("11.5", "a framework's loop only iterates the loader: steps batches (islice), SGD on cross-entropy, the "
+                  "gradients zeroed every step.")
+def fit(fn: Callable[..., Any]) -> None:
+    """``fn(model, loader, steps)`` trains ``model`` for ``steps`` batches of ``loader`` and returns the images seen."""
+    import copy
+
+    from ..alternatives import fit as reference
+
+    attempted(fn)
+    gen = torch.Generator().manual_seed(11)
+    batches = [(torch.rand(4, 3, 8, 8, generator=gen), torch.randint(0, 10, (4,), generator=gen)) for _ in range(20)]
+    pulled = [0]
+
+    def loader():  # a stream that counts what was taken from it
+        for batch in batches:
+            pulled[0] += 1
+            yield batch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10))
+    twin, start = copy.deepcopy(model), copy.deepcopy(model.state_dict())
+    seen = fn(model, loader(), 5)
+    attempted(seen)
+    require(seen == 20, f"fit returned {seen!r}: 5 steps of 4 images each saw 20 images; count len(labels) per batch.")
+    require(pulled[0] <= 6, f"fit took {pulled[0]} batches from the loader for 5 steps: stop after steps batches "
+            "(itertools.islice(loader, steps)); an endless stream would never end.")
+    reference(twin, iter(batches), 5)
+    require(any(not torch.equal(now, start[name]) for name, now in model.state_dict().items()), "the model's weights did not change: call opt.step() after loss.backward().")
+    same = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    if not same:
+        raise Hint("the weights differ from 5 steps of SGD(lr=0.1) on F.cross_entropy(model(images), labels): check the "
+                   "learning rate, the loss, and opt.zero_grad() before each backward (gradients add up otherwise).")
+    short = fn(copy.deepcopy(twin), iter(batches[:3]), 5)
+    require(short == 12, f"a loader of 3 batches, asked for 5 steps, should give 12 images, not {short!r}: a loader "
+            "may end before the steps do.")

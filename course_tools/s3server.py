@@ -4,7 +4,7 @@ notebook or a test.
 Process plumbing, not a lesson, like :mod:`course_tools.launch`: :func:`local_server` starts one ``weed mini``
 server for this process, on free ports of 127.0.0.1 only (``-ip.bind``: by default it binds every interface), with
 telemetry off, and stops it, by its pid, when the process (a notebook's kernel, a test) ends; a killed kernel's
-server gets SIGTERM from Linux (a parent-death signal). The server knows two identities, with keys made afresh for
+server gets SIGKILL from Linux (a parent-death signal). The server knows two identities, with keys made afresh for
 each server:
 
 * ``writer`` may create buckets and put objects: only the preparation step uses it;
@@ -317,13 +317,16 @@ def _start_for_good(command: list[str], **popen: Any) -> subprocess.Popen[bytes]
 
 
 def _die_with_parent() -> None:
-    """In the server's process, before ``weed`` starts: ask Linux to send it SIGTERM when its parent dies (a
-    killed kernel cannot run its exit handlers). Elsewhere a no-op."""
+    """In the server's process, before ``weed`` starts: ask Linux to send it SIGKILL when its parent dies (a
+    killed kernel cannot run its exit handlers). Not SIGTERM: weed's graceful stop sometimes hangs, and with its
+    parent gone nobody would follow up with SIGKILL (a full CI run left one running, idle at 4 % of a core). A dead
+    kernel's server is nearly always :func:`local_server`'s, whose folder is scratch: skipping its flush loses
+    nothing. Elsewhere a no-op."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 _SERVER: dict[int, S3Server] = {}  # this process's server, by pid (a forked child does not own its parent's)

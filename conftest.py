@@ -1,18 +1,24 @@
 """The load stage, for every notebook cell nbval re-executes (here, not in tests/conftest.py: pytest applies a
 conftest's per-test hooks only to the tests below its folder, and the notebooks live in notebooks/).
 
-The solution version of every notebook that prints a measured claim (course_lib.claims) is re-executed while a
-competing process keeps one core busy, instead of on an idle machine. Its claims must hold or say "inconclusive on
-this machine"; a claim that prints the opposite of its prose fails the cell. The learner versions run idle. The
-summary at the end of the run gives each loaded notebook's time and every claim a notebook left inconclusive.
+The solution version of every notebook that prints a measured claim (course_lib.claims) is re-executed while other
+work keeps one core busy, instead of on an idle machine. Its claims must hold or say "inconclusive on this machine";
+a claim that prints the opposite of its prose fails the cell. The learner versions run idle. The busy process
+(tests/busy_core.py) tops up whatever the other test process leaves to one core, rather than adding a core of its own
+beside it. The summary at the end of the run gives each loaded notebook's time, the competing load it ran under, and
+every claim a notebook left inconclusive.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,8 +26,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent
 LOADED = ROOT / "notebooks" / "solutions"
+BUSY_CORE = ROOT / "tests" / "busy_core.py"
 _hogs: dict[str, subprocess.Popen] = {}  # notebook path -> the process keeping a core busy while its cells run
 _started: dict[str, float] = {}
+_reports: dict[str, Path] = {}  # notebook path -> where its busy process writes what it saw
 
 
 def _notebook(item: pytest.Item | None) -> str | None:
@@ -41,8 +49,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """The load stage: before a loaded notebook's first cell, start a process that keeps one core busy."""
     notebook = _notebook(item)
     if notebook and notebook not in _hogs and under_load(notebook):
-        _hogs[notebook] = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        _started[notebook] = time.monotonic()
+        report = Path(tempfile.mkdtemp(prefix="load-stage-")) / "busy-core.json"
+        _hogs[notebook] = subprocess.Popen([sys.executable, str(BUSY_CORE), "--watch", str(os.getpid()),
+                                            "--report", str(report)])
+        _started[notebook], _reports[notebook] = time.monotonic(), report
 
 
 INCONCLUSIVE = re.compile(r"^.+ → inconclusive on this machine: .*$", re.M)
@@ -63,10 +73,24 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         load = "under load" if notebook in _hogs else "idle"
         item.user_properties.append(("inconclusive", f"{item.nodeid} ({load}): {line}"))
     if notebook in _hogs and _notebook(nextitem) != notebook:
-        hog = _hogs.pop(notebook)
-        hog.kill()
-        hog.wait(timeout=10)
-        item.user_properties.append(("load_stage", f"{notebook} {time.monotonic() - _started.pop(notebook):.0f}"))
+        hog, report = _hogs.pop(notebook), _reports.pop(notebook)
+        ended_early = hog.poll()
+        hog.terminate()  # it writes its report on SIGTERM
+        try:
+            hog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            hog.kill()
+            hog.wait(timeout=10)
+        seconds = time.monotonic() - _started.pop(notebook)
+        if ended_early is not None:
+            raise RuntimeError(f"the load stage's busy process (tests/busy_core.py) ended early, with exit status "
+                               f"{ended_early}: {notebook} did not run under load")
+        seen = json.loads(report.read_text()) if report.is_file() else {}
+        shutil.rmtree(report.parent, ignore_errors=True)
+        load = (f", other work {seen['competing_cores']:.2f} cores on average (the busy process "
+                f"{seen['own_cores']:.2f}), at least 0.9 core in {seen['seconds_at_target']:.0%} of its seconds"
+                if seen else "")
+        item.user_properties.append(("load_stage", f"{notebook} {seconds:.0f}{load}"))
 
 
 def pytest_sessionfinish() -> None:

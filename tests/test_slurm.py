@@ -540,7 +540,11 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
     # CRED_EXPIRE_S): started before, it is killed at once ("Killing non-startable batch JobId: Job credential
     # revoked", seen in half of the runs that did). Wait for that, then start it without waiting for the scheduler.
     time.sleep(max(0.0, delay) + 1.0)
-    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # start it again at once
+    try:
+        slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # start it again at once
+    except slurm_cluster.SlurmError as exc:
+        if "no longer pending" not in str(exc):  # unless the scheduler's own pass started it first: as good
+            raise
     result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
     return job_id, run_dir, result, delay
 

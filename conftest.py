@@ -94,10 +94,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_sessionfinish() -> None:
+    """A run that ended inside a loaded notebook (interrupted, timed out): its busy process goes, and its report folder."""
     for hog in _hogs.values():
         hog.kill()
         hog.wait(timeout=10)
+    for report in _reports.values():
+        shutil.rmtree(report.parent, ignore_errors=True)
     _hogs.clear()
+    _reports.clear()
+    _started.clear()
 
 
 

@@ -46,6 +46,9 @@ def test_a_busy_process_runs_from_the_first_cell_to_the_last(conftest: Any) -> N
     try:
         busy = psutil.Process(hog.pid)
         assert busy.ppid() == os.getpid() and busy.status() in ("running", "sleeping")
+        deadline = time.monotonic() + 10  # right after the fork, before exec, /proc may still show no command line
+        while not busy.cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert busy.cmdline()[1:4] == [str(ROOT / "tests" / "busy_core.py"), "--watch", str(os.getpid())]
         time.sleep(0.5)  # what it does is tested below
         conftest.pytest_runtest_teardown(cells[0], cells[1])

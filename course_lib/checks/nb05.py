@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from .._support import fork_context
 from ..datasets import InMemoryDataset
 from ..workers import NoisyDataset, private_memory_growth
-from ._core import attempted, drain, exercise, require
+from ._core import attempted, drain, exercise, require, solved
 
 # ----------------------------------------------------------------- 05.1: a generator per worker
 
@@ -229,5 +229,5 @@ def copied_mb(fn: Any) -> None:
             "the worker's start.")
 
 
-__all__ = ["compact_records", "copied_mb", "seed_workers", "worker_module"]
+__all__ = ["compact_records", "copied_mb", "seed_workers", "solved", "worker_module"]
 

@@ -277,6 +277,10 @@ def test_a_stuck_producer_times_out_and_close_still_stops_it(tmp_path: Path) -> 
     c = cache(tmp_path).start()
     c.next_epoch()
     c.wait()
+    # A producer's report is read before its queue thread lets go of the queue's write lock: stopped in that instant,
+    # producer 1 would keep producer 0's report from ever coming (seen once under load). Stop it once the lock is free.
+    assert c._done._wlock.acquire(timeout=5)
+    c._done._wlock.release()
     os.kill(c.pids[1], signal.SIGSTOP)
     try:
         c.request()

@@ -252,8 +252,8 @@ LEARNER_PATHS = [
                              wrong="tuned = 0",
                              right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
                  id="13.2"),
-    # 05.2: the module's seed_worker seeds every worker alike (a constant seed); the section after it imports the
-    # module, already imported with the stub in this kernel, and runs it in spawn workers, which read the file anew.
+    # 05.2: the module's seed_worker seeds every worker alike (a constant seed); once the check passes, the section
+    # after it imports the module and runs it in spawn workers (with the stub, that cell only says to solve 05.2).
     pytest.param(LearnerPath("05", ("### Exercise 05.2", "## 4 · "), "05.2", cell="%%writefile scratch/my_workers.py",
                              check='check.worker_module(scratch / "my_workers.py")',
                              wrong=WORKER_MODULE.format(seed="0"), right=WORKER_MODULE.format(seed="info.seed")),

@@ -148,15 +148,17 @@ def worker_module(path: Any) -> None:
     require(callable(seed_worker), f"{path.name} should define a function seed_worker(worker_id), your answer to 05.1: "
             "under spawn a worker_init_fn defined in a notebook cell cannot be found either.")
     noise = _check_noise(noise_cls)
+    # What the seeds do is checked in forked workers first: they start in a moment, where a spawn worker imports torch
+    # anew (seconds each), so a wrong seed_worker gets its hint without waiting for the spawn loader.
+    _require_seeded(seed_worker, where=" (your module's seed_worker)")
     ds = InMemoryDataset(torch.full((4, 3, 8, 8), 0.5), transform=noise)
     # One spawn loader runs both: the transform and seed_worker must be found by name in the spawn workers' fresh
-    # interpreters. (A spawn worker imports torch anew, seconds each: what the seeds do is checked in forked ones.)
+    # interpreters.
     loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=seed_worker, multiprocessing_context="spawn")
     worker0, worker1 = drain(loader)  # one batch per worker
     require(not torch.equal(worker0[0] - 0.5, worker1[0] - 0.5), "both spawn workers drew the same noise: a generator "
             "made in __init__ is copied into every worker. Use torch's own (torch.randn_like), which each worker seeds "
             "differently.")
-    _require_seeded(seed_worker, where=" (your module's seed_worker)")
 
 
 # ----------------------------------------------------------------- 05.3: records that forked workers share

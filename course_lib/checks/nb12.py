@@ -198,13 +198,20 @@ def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
             _busy(0.05)
             yield batch
 
-    start = time.perf_counter()
-    got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
-    truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
-    attempted(got)
-    require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
-    rate, cpu = float(got[0]), float(got[1])
-    require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
+    # Three passes, and the least disturbed one counts: on a busy machine the check can be held up between your timer
+    # and its own (the rate it sees from outside drops), and other threads of this process add to process_time().
+    passes = []
+    for _ in range(3):
+        stepped.clear()
+        start = time.perf_counter()
+        got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
+        truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
+        attempted(got)
+        require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
+        require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
+        passes.append((float(got[0]), truth, float(got[1])))
+    rate, truth, _ = min(passes, key=lambda p: p[0] / p[1])
+    cpu = min(p[2] for p in passes)
     if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
         raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
     require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
@@ -212,7 +219,7 @@ def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
             "seconds (time.perf_counter()).")
     require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
             "time.process_time(), not the wall clock.")
-    rate2, cpu2 = (float(x) for x in fn(busy, 4_000_000, lambda b: None))
+    cpu2 = min(float(fn(busy, 4_000_000, lambda b: None)[1]) for _ in range(2))
     require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
             f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
     try:

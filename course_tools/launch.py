@@ -199,18 +199,46 @@ def launch(
 
 
 def free_ports(n: int = 1) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (held open together while choosing, so all differ)."""
+    """``n`` distinct free TCP ports on 127.0.0.1, for servers that are told their port (a rendezvous, ``weed
+    mini``'s ten listeners).
+
+    Chosen below the range Linux hands out to outgoing connections (``ip_local_port_range``, 32768 and up by
+    default): a port from that range, free when chosen, can be taken by any client's ``connect()`` before the
+    server binds it (a full CI run saw ``weed mini``'s filer fail so: "bind: address already in use"). Each is bound
+    while choosing, so all differ and each was free then; another process may still choose one before the server
+    binds it (rare, from some 16 000 ports): a server that can, tries again on new ports (:class:`S3Server`)."""
+    import random
     import socket
 
-    sockets = []
+    low = _ephemeral_ports()[0]
+    below = range(max(1024, low - 16384), low)
+    if len(below) < 64 * n:  # an unusual machine: the connection range starts low; take what the kernel gives
+        below = range(0)
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(n):
-            sockets.append(socket.socket())
-            sockets[-1].bind(("127.0.0.1", 0))
+        for port in [*random.sample(below, min(len(below), 64 * n)), *[0] * n]:
+            if len(sockets) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use: another
+                s.close()
+                continue
+            sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range Linux picks a connection's local port from (elsewhere, Linux's default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) -> LaunchResult:

@@ -45,6 +45,7 @@ __all__ = ["IDENTITIES", "Proxy", "S3Server", "ServerError", "local_server", "re
 IDENTITIES = {"writer": ["Admin", "Read", "List", "Tagging", "Write"], "learner": ["Read", "List"]}
 REGION = "us-east-1"  # SeaweedFS accepts any; clients want one
 START_TIMEOUT_S = 30.0
+_PORT_ATTEMPTS = 3  # a first start whose port another process took meanwhile tries new ports, this many times
 # The listeners of `weed mini` (version 4.48) that take a port, each given a free one: HTTP and gRPC ports of the
 # master, volume, filer, S3 and admin servers. Iceberg, Lance and WebDAV are turned off.
 _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -53,6 +54,10 @@ _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.gr
 
 class ServerError(RuntimeError):
     """The S3 server could not be started or used; the message says what to do."""
+
+
+class _PortTaken(ServerError):
+    """``weed mini`` stopped at its start: one of its ports was taken (by another process, after it was chosen)."""
 
 
 def weed_command() -> str:
@@ -84,6 +89,7 @@ class S3Server:
         self.ports: dict[str, int] = {}
         self.keys: dict[str, Keys] = {}
         self.seconds_to_start: float | None = None
+        self._log_offset = 0  # where the log of the latest start begins
 
     # -- where it is ----------------------------------------------------------------------------------------------
 
@@ -105,8 +111,10 @@ class S3Server:
         return self.folder / "credentials"
 
     def log_tail(self, chars: int = 2000) -> str:
+        """The end of what the server wrote since it was last started (its log keeps earlier starts too)."""
         with contextlib.suppress(OSError):
-            return (self.folder / "weed.log").read_text(errors="replace")[-chars:]
+            since_start = (self.folder / "weed.log").read_bytes()[self._log_offset:]
+            return since_start.decode(errors="replace")[-chars:]
         return ""
 
     # -- start and stop -------------------------------------------------------------------------------------------
@@ -120,9 +128,20 @@ class S3Server:
         remove_stale_sockets()
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "data").mkdir(exist_ok=True)
-        if not self.ports:  # a first start; a restart keeps the ports, the keys and the data: clients reconnect
-            self._write_identities()
+        if self.ports:  # a restart keeps the ports, the keys and the data: clients reconnect
+            return self._start(weed, timeout)
+        self._write_identities()
+        for attempt in range(_PORT_ATTEMPTS):
             self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
+            try:
+                return self._start(weed, timeout)
+            except _PortTaken:  # another process bound one of the ten between their choice and weed's bind
+                if attempt == _PORT_ATTEMPTS - 1:
+                    self.ports = {}
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, weed: str, timeout: float) -> "S3Server":
         command = [weed, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                    "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    f"-s3.config={self.folder / 's3.json'}",
@@ -130,6 +149,7 @@ class S3Server:
                    *(f"-{flag}={port}" for flag, port in self.ports.items())]
         began = time.monotonic()
         with open(self.folder / "weed.log", "ab") as log:
+            self._log_offset = log.tell()
             self.process = _start_for_good(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            cwd=self.folder, start_new_session=True)
         atexit.register(self.stop)
@@ -190,7 +210,10 @@ class S3Server:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
-                raise ServerError(f"`weed mini` stopped while starting (exit status "
+                log = self.log_tail(chars=100_000)  # weed checks its ports first, and a bind may still fail
+                taken = "bind: address already in use" in log or re.search(r"Port allocation failed: port \d+ .* is "
+                                                                         r"not available", log) is not None
+                raise (_PortTaken if taken else ServerError)(f"`weed mini` stopped while starting (exit status "
                                   f"{None if self.process is None else self.process.returncode}); its log:\n"
                                   f"{self.log_tail()}")
             try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_tools.launch import LaunchError, free_ports, launch
+from course_tools.launch import LaunchError, _ephemeral_ports, free_ports, launch
 
 
 SCRIPT_OK = """
@@ -121,6 +121,8 @@ def test_free_ports_are_distinct_and_bindable() -> None:
 
     ports = free_ports(3)
     assert len(set(ports)) == 3
+    low, _ = _ephemeral_ports()
+    assert all(1024 <= port < low for port in ports), f"{ports}: a client's connect() could take one ({low} and up)"
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free: nothing holds it after the call

@@ -209,13 +209,16 @@ class S3Server:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
+            process = self.process  # None once stop() was called, from another thread
+            if process is None:
+                raise ServerError("the S3 server was stopped (stop()) while it was starting")
+            if process.poll() is not None:
                 log = self.log_tail(chars=100_000)  # weed checks its ports first, and a bind may still fail
-                taken = "bind: address already in use" in log or re.search(r"Port allocation failed: port \d+ .* is "
-                                                                         r"not available", log) is not None
-                raise (_PortTaken if taken else ServerError)(f"`weed mini` stopped while starting (exit status "
-                                  f"{None if self.process is None else self.process.returncode}); its log:\n"
-                                  f"{self.log_tail()}")
+                taken = ("bind: address already in use" in log
+                         or re.search(r"Port allocation failed: port \d+ .* is not available", log) is not None)
+                raise (_PortTaken if taken else ServerError)(
+                    f"`weed mini` stopped while starting (exit status {process.returncode}); its log:\n"
+                    f"{self.log_tail()}")
             try:
                 urllib.request.urlopen(self.endpoint, timeout=1).close()
             except urllib.error.HTTPError:  # 403 without keys: S3 answers

@@ -101,12 +101,13 @@ def test_read_object_retries_a_503_and_a_cut_connection(learner: s3server.S3Serv
 
 def test_an_outage_mid_epoch_reads_every_shard_exactly_once_or_names_the_shard(learner: s3server.S3Server) -> None:
     urls = [url for url, _ in store.list_objects("s3://course/train/")]
-    read = []
+    read, back = [], threading.Timer(0.3, learner.start)
     for i, url in enumerate(urls):
         if i == 2:  # the server goes down, and comes back 0.3 s later, while the reader waits between attempts
             learner.stop()
-            threading.Timer(0.3, learner.start).start()
+            back.start()
         read.append(store.read_object(url, attempts=8, backoff_s=0.05))
+    back.join(timeout=60)  # S3 answers a moment before the restart is done: stopping it now would cut that short
     assert [len(r) for r in read] == [size for _, size in store.list_objects("s3://course/train/")]
     learner.stop()
     try:

@@ -50,6 +50,10 @@ _PORT_ATTEMPTS = 3  # a first start whose port another process took meanwhile tr
 # master, volume, filer, S3 and admin servers. Iceberg, Lance and WebDAV are turned off.
 _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
                "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
+# weed mini's own maintenance worker dials the admin server's gRPC port at its HTTP port + 10000, whatever
+# -admin.port.grpc says (4.48): given another, it retries every second or two and fills the log with "connection
+# refused". So the admin's gRPC port is chosen there.
+_GRPC_OFFSET = 10_000
 
 
 class ServerError(RuntimeError):
@@ -132,7 +136,7 @@ class S3Server:
             return self._start(weed, timeout)
         self._write_identities()
         for attempt in range(_PORT_ATTEMPTS):
-            self.ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
+            self.ports = _choose_ports()
             try:
                 return self._start(weed, timeout)
             except _PortTaken:  # another process bound one of the ten between their choice and weed's bind
@@ -286,6 +290,25 @@ class S3Server:
             return []
         return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process(self.pid).net_connections(kind="inet")
                       if c.status == psutil.CONN_LISTEN)
+
+
+def _choose_ports() -> dict[str, int]:
+    """A free port on 127.0.0.1 for each of :data:`_PORT_FLAGS`, all different, the admin's gRPC one at its HTTP
+    port + 10000."""
+    others = [flag for flag in _PORT_FLAGS if flag != "admin.port.grpc"]
+    for _ in range(50):
+        ports = dict(zip(others, free_ports(len(others))))
+        grpc = ports["admin.port"] + _GRPC_OFFSET
+        if grpc in ports.values() or grpc > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", grpc))
+            except OSError:
+                continue
+        return {**ports, "admin.port.grpc": grpc}
+    raise ServerError("no free pair of ports 10000 apart for the S3 server's admin (HTTP and gRPC) on 127.0.0.1: "
+                      "stop some servers on this machine and try again")
 
 
 def remove_stale_sockets() -> list[Path]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import boto3
 import numpy as np
-from botocore.config import Config
 import pytest
+from botocore.config import Config
 
 from course_lib import object_store
 from course_lib.checks import Status, nb10

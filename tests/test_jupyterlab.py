@@ -150,15 +150,13 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
 
 RUN_ALL = ["01", "04"]  # learner notebooks run with Run All Cells, once each: 01 prepares the data (its progress bar),
 # 04 ends with the explorer widget
-RUN_ABOVE = {"05": "## 4 · ", "10": "## 4 · ", "13": "## 4 · "}  # notebooks run with Run All Above Selected Cell, the
-# markdown cell holding this text selected: up to the end of the section whose exercise a later cell uses (05: the
-# module spawn workers import; 13: the tuned number of workers, which section 4's torchrun job uses: its learner path
-# runs that job from the JupyterLab kernel once the answer is right), or, for 10, through what a browser adds to the
-# notebook: its S3 server started from a JupyterLab kernel, the bucket read by forkserver workers and by
-# s3torchconnector, and the proxy's latency. nbval runs all of their cells in both versions; here they are run as far
-# as their learner paths need. Notebook 14 is not opened: what a browser would add to it, torchrun jobs launched from a
-# JupyterLab kernel, notebook 13's learner path does already, and its exercises' right and wrong answers are
-# tests/test_checks_nb14.py's.
+RUN_ABOVE = {"05": "## 4 · ", "10": "## 4 · ", "13": "## 4 · ", "14": "## 2 · "}  # notebooks run with Run All Above
+# Selected Cell, the markdown cell holding this text selected: up to the end of the section whose exercise a later cell
+# uses (05: the module spawn workers import; 13: the tuned number of workers, which section 4's torchrun job uses: its
+# learner path runs that job from the JupyterLab kernel once the answer is right; 14: the count of samples trained
+# twice), or, for 10, through what a browser adds to the notebook: its S3 server started from a JupyterLab kernel, the
+# bucket read by forkserver workers and by s3torchconnector, and the proxy's latency. nbval runs all of their cells in
+# both versions; here they are run as far as their learner paths need.
 OPENED = RUN_ALL + list(RUN_ABOVE)
 SIDE_BY_SIDE = ["04", "13"]  # run at the same time, each in its page and kernel, as a learner with two tabs would
 # (notebook 01 runs alone, first: it prepares the data and shows the progress bar)
@@ -234,6 +232,11 @@ def seed_worker(worker_id):
     info = get_worker_info()
     info.dataset.rng = np.random.default_rng({seed})
 '''
+SEEN = '''    counts = collections.Counter()
+    for rank_steps in steps.values():
+        for step in rank_steps:
+{only_epoch}            counts.update(step["indices"])
+    return sorted(i for i, c in counts.items() if c > 1), sorted(set(range(n)) - set(counts))'''
 LEARNER_PATHS = [
     # 01.1: the wrong class forgets IndexError past the end (a plausible slip: the check says so).
     pytest.param(LearnerPath("01", ("## 2 · ", "## 3 · "), "01.1", cell="class Squares(Dataset):",
@@ -256,6 +259,11 @@ LEARNER_PATHS = [
                              check='check.worker_module(scratch / "my_workers.py")',
                              wrong=WORKER_MODULE.format(seed="0"), right=WORKER_MODULE.format(seed="info.seed")),
                  id="05.2"),
+    # 14.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
+    pytest.param(LearnerPath("14", ("### Exercise 14.1", "## 2 · "), "14.1", cell="def seen_twice_and_never(",
+                             stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),
+                             right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n')),
+                 id="14.1"),
 ]
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,30 +32,10 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sampl
 
 TIERS = ("quick", "full")
 
-#: The scopes that took a minute or more of a fresh run's test-process time (`pytest --durations=0`, summed per file;
-#: 2026-11-27), longest first. The collection puts them first, so the scheduler hands them out first: started last, a
-#: long one keeps one test process busy while the other has nothing left (a 50 s tail in that run). A name that no
-#: longer exists fails tests/test_tiers.py.
-LONGEST_FIRST = (
-    "tests/test_jupyterlab.py", "tests/test_slurm.py", "tests/test_matrix.py", "tests/test_resume.py",
-    "tests/test_capstone.py", "notebooks/14_surviving_preemption.ipynb", "notebooks/solutions/14_surviving_preemption.ipynb",
-    "notebooks/solutions/09_streaming_shards.ipynb", "tests/test_jupyterhub.py", "notebooks/09_streaming_shards.ipynb",
-    "notebooks/solutions/07_distributed_sampling.ipynb", "tests/test_object_store.py", "tests/test_checks_nb05.py",
-    "notebooks/solutions/10_object_storage.ipynb", "notebooks/07_distributed_sampling.ipynb",
-    "notebooks/solutions/04_dataloader_performance.ipynb",
-)
-
-
-def scope_of(nodeid: str) -> str:
-    """The scope (the unit one test process runs, in order) of a test: its file, with both versions of notebook 11
-    in one scope."""
-    return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", nodeid.split("::")[0])
-
 
 @pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two; put the
-    longest scopes first."""
+    """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two."""
     untiered = []
     for item in items:
         if item.nodeid.split("::")[0].endswith(".ipynb"):  # a notebook cell, re-executed by nbval
@@ -68,19 +47,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         raise pytest.UsageError("every test needs exactly one tier marker, pytest.mark.quick or pytest.mark.full "
                                 "(tests/conftest.py says which is which):\n  " + "\n  ".join(untiered[:30]))
-    # the scheduler hands out scopes in this order: LONGEST_FIRST, then the scopes with the most tests (as xdist's
-    # own order would); a scope's tests keep their order (a stable sort)
-    tests = Counter(scope_of(item.nodeid) for item in items)
-    first = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: (first.get(scope_of(item.nodeid), len(first)), -tests[scope_of(item.nodeid)]))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 11 in
-    one scope, one after the other, and the scopes in the order of the collection (``LONGEST_FIRST`` first, see
-    ``pytest_collection_modifyitems``), not xdist's (most tests first). mosaicml-streaming 0.13 names its /dev/shm
-    segments by scanning for a free number and then creating it, so two kernels that build a StreamingDataset at the
-    same moment can pick the same name, and the slower one fails with FileExistsError."""
+    one scope, one after the other. mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free
+    number and then creating it, so two kernels that build a StreamingDataset at the same moment can pick the same
+    name, and the slower one fails with FileExistsError."""
     from xdist.scheduler import LoadScheduling, LoadScopeScheduling
 
     if config.option.markexpr.strip() == "quick":  # no notebook cells to keep in order: spread test by test (~5 % faster)
@@ -88,9 +61,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class NotebookScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
+            return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", super()._split_scope(nodeid))
 
-    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems)
     return NotebookScopes(config, log)
 
 

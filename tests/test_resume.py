@@ -145,9 +145,16 @@ def test_bad_options_are_refused_with_a_message(capsys):
     assert "not negative" in capsys.readouterr().err
 
 
-def _job(tmp_path, name, *options, nproc=2):
-    return launch("course_lib.resume", "--ckpt", str(tmp_path / name / "ckpt"), "--report", str(tmp_path / name / "steps"),
-                  *options, nproc=nproc, timeout=90, check=False, show=False)
+@pytest.fixture
+def job(tmp_path, tiny_root):
+    """``job(name, *options, nproc=2)``: a torchrun job of course_lib.resume on the tiny set (prepared by this session,
+    not left in the data cache by a notebook that ran before), its checkpoints and step logs in tmp_path / name."""
+    def run(name, *options, nproc=2):
+        return launch("course_lib.resume", "--ckpt", str(tmp_path / name / "ckpt"), "--report",
+                      str(tmp_path / name / "steps"), "--data", str(tiny_root), "--size", "tiny", *options, nproc=nproc,
+                      timeout=90, check=False, show=False)
+
+    return run
 
 
 def _orders(folder):
@@ -157,24 +164,24 @@ def _orders(folder):
 
 @pytest.mark.full
 @pytest.mark.timeout(300)
-def test_a_job_stopped_three_times_resumes_exactly(tmp_path):
+def test_a_job_stopped_three_times_resumes_exactly(job, tmp_path):
     """16 steps (2 epochs of 8), a checkpoint every 4. The same job is stopped three times and resumed each time."""
-    reference = _job(tmp_path, "reference")
+    reference = job("reference")
     assert reference.ok, reference.ranks
     # 1. SIGKILL after step 3, before any checkpoint: the next run starts from scratch
-    first = _job(tmp_path, "stopped", "--stop-at", "3")
+    first = job("stopped", "--stop-at", "3")
     assert not first.ok and not (tmp_path / "stopped" / "ckpt" / "latest").exists()
     # 2. SIGKILL after step 6: 2 workers x prefetch 2 hold batches 7-10 when rank 0 and its workers die
-    second = _job(tmp_path, "stopped", "--stop-at", "6")
+    second = job("stopped", "--stop-at", "6")
     assert not second.ok and (tmp_path / "stopped" / "ckpt" / "latest").read_text().strip() == "4"
     # 3. SIGTERM to torchrun after step 11, in the second epoch: every rank saves step 11 and stops
-    third = _job(tmp_path, "stopped", "--stop-at", "11", "--how", "term")
+    third = job("stopped", "--stop-at", "11", "--how", "term")
     assert all("stopped by signal 15 after step 11" in third.ranks[r][-1] for r in (0, 1)), third.ranks
     assert (tmp_path / "stopped" / "ckpt" / "latest").read_text().strip() == "11"
     # a mid-epoch checkpoint of 2 ranks cannot resume with 3: refused with a message, the checkpoint untouched
-    three = _job(tmp_path, "stopped", nproc=3)
+    three = job("stopped", nproc=3)
     assert not three.ok and any("resume it with 2 ranks" in line for r in three.ranks.values() for line in r)
-    last = _job(tmp_path, "stopped")
+    last = job("stopped")
     assert last.ok, last.ranks
 
     steps = resume.read_steps(tmp_path / "stopped" / "steps")
@@ -186,12 +193,12 @@ def test_a_job_stopped_three_times_resumes_exactly(tmp_path):
 
 @pytest.mark.full
 @pytest.mark.timeout(240)
-def test_a_resized_job_goes_on_at_the_next_epoch(tmp_path):
+def test_a_resized_job_goes_on_at_the_next_epoch(job, tmp_path):
     """3 ranks train epoch 0 (6 steps each) and end; 2 ranks take over at epoch 1 (8 steps each) from that checkpoint."""
-    first = _job(tmp_path, "resized", "--epochs", "1", nproc=3)
+    first = job("resized", "--epochs", "1", nproc=3)
     assert first.ok, first.ranks
     assert (tmp_path / "resized" / "ckpt" / "latest").read_text().strip() == "6"
-    second = _job(tmp_path, "resized", "--epochs", "2")
+    second = job("resized", "--epochs", "2")
     assert second.ok, second.ranks
     assert all(any("resumed at step 8 (epoch 1) from a checkpoint of 3 ranks" in line for line in second.ranks[r])
                for r in (0, 1)), second.ranks

@@ -9,7 +9,8 @@ line, the scripts' settings in the environment, as hpc/README.md tells participa
 All the jobs are submitted at once (the cluster runs them side by side as its nodes allow) and
 waited for by polling ``scontrol`` (``sbatch --wait`` backs off to tens of seconds); then each test checks
 one job: its final state and exit code, its .out file and the rank reports it left. hpc/train_resumable.sbatch
-runs on its own afterwards: it gets the time-limit notice, is requeued, and must resume exactly.
+and notebook 13's script run afterwards, side by side: each gets the time-limit notice, is requeued, and must
+resume exactly.
 
 Where Slurm cannot run (not root, no apt-get, not Linux) the stage is skipped with the reason;
 under CI (``CI`` set) it fails instead, as the browser tests do without chromium.
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -480,7 +482,7 @@ RESUME_LIMIT, RESUME_BATCH, RESUME_EPOCHS = 32, 4, 2  # 2 ranks: 16 samples each
 RESUME_STEPS = RESUME_LIMIT // 2 // RESUME_BATCH * RESUME_EPOCHS
 RESUME_ARGS = (f"--limit {RESUME_LIMIT} --epochs {RESUME_EPOCHS} --batch-size {RESUME_BATCH} --workers 1 --ckpt-every 2 "
                "--step-seconds 0.5 --timeout 60 --device cpu")
-RESUME_WAIT_S = 90.0  # for each phase below; the whole test takes about 60 s (30 s of it the requeue hold)
+RESUME_WAIT_S = 90.0  # for each phase below; each job takes about 50 s (15 s of it the requeue hold)
 STALE_STEP = 99  # the checkpoint an earlier job of the same name and id left
 
 
@@ -549,8 +551,62 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
     return job_id, run_dir, result, delay
 
 
-def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root: Path, tmp_path: Path,
-                                                        record_property) -> None:
+CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 1000 --timeout 60 --device cpu"
+
+
+@dataclass
+class Requeued:
+    """One job of the requeue pair below, once it ended: its id, folder, result, requeue hold and seconds in all."""
+
+    job_id: int
+    run_dir: Path
+    result: JobResult
+    delay: float
+    seconds: float
+
+
+def _resumable_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
+    start = time.monotonic()
+    out, runs = base / "out", base / "runs"
+    out.mkdir(parents=True)
+    env = clean_env()
+    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
+               TRAIN_ARGS=RESUME_ARGS)
+    job_id, run_dir, result, delay = _submit_notice_requeue(
+        slurm, HPC / "train_resumable.sbatch", env, out, lambda job: runs / f"course-train-resumable-{job}",
+        "a first checkpoint", "rank0.steps.jsonl")
+    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
+
+
+def _capstone_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
+    from course_lib.shards import write_image_shards
+    from course_lib.slurm_script import write_slurm_script
+
+    start = time.monotonic()
+    out, runs = base / "out", base / "runs"
+    out.mkdir(parents=True)
+    shard_set = write_image_shards(base / "shards", size="tiny", root=tiny_root, maxcount=SHARD_SIZE)
+    script = write_slurm_script(base / "capstone" / "train.sbatch", shards=str(shard_set.folder), num_workers=1,
+                                gpus_per_node=2, nodes=1, time_limit="00:05:00")
+    env = clean_env()
+    env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
+    # an earlier job's checkpoint and report are in its folder: the first run must remove them, not resume them
+    job_id, run_dir, result, delay = _submit_notice_requeue(
+        slurm, script, env, out, lambda job: runs / f"course-capstone-{job}", "a checkpoint after epoch 0", "rank0.json")
+    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
+
+
+@pytest.fixture(scope="module")
+def requeued(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
+    """hpc/train_resumable.sbatch and notebook 13's script, each noticed, requeued and resumed, side by side on two
+    nodes: each waits out its own requeue hold (CRED_EXPIRE_S) while the other runs. Each test takes its job's
+    outcome from its future, so a failure in one shows in that test only."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="requeue") as pool:
+        yield {"resumable": pool.submit(_resumable_requeued, slurm, tiny_root, tmp_path_factory.mktemp("resumable")),
+               "capstone": pool.submit(_capstone_requeued, slurm, tiny_root, tmp_path_factory.mktemp("capstone-resume"))}
+
+
+def test_resumable_job_is_requeued_and_resumes_exactly(requeued: dict[str, Future], record_property) -> None:
     """hpc/train_resumable.sbatch, submitted with options only. Once it has a checkpoint, it gets the notice
     Slurm sends before the time limit (``--signal=B:USR1@120``), now: ``scancel --signal=USR1 --batch``. Its trap
     stops the training at a step boundary, all ranks save, and ``scontrol requeue`` puts the same job id back in
@@ -560,17 +616,9 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root
 
     from course_lib.resume import read_steps
 
-    start = time.monotonic()
-    out, runs = tmp_path / "out", tmp_path / "runs"
-    out.mkdir()
-    env = clean_env()
-    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
-               TRAIN_ARGS=RESUME_ARGS)
-    job_id, run_dir, result, delay = _submit_notice_requeue(
-        slurm, HPC / "train_resumable.sbatch", env, out, lambda job: runs / f"course-train-resumable-{job}",
-        "a first checkpoint", "rank0.steps.jsonl")
-    record_property("slurm_resumable", {"seconds": round(time.monotonic() - start, 1),
-                                        "requeue_delay_s": round(delay)})
+    job = requeued["resumable"].result()
+    job_id, run_dir, result = job.job_id, job.run_dir, job.result
+    record_property("slurm_resumable", {"seconds": round(job.seconds, 1), "requeue_delay_s": round(job.delay)})
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
     assert result.info.get("Restarts") == "1", result.info
@@ -610,29 +658,14 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, tiny_root
     assert [r["step"] for r in reports] == [RESUME_STEPS] * 2 and len({r["weights_sha256"] for r in reports}) == 1
 
 
-CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 1000 --timeout 60 --device cpu"
-
-
-def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slurm: Cluster, tiny_root: Path,
-                                                                           tmp_path: Path, record_property) -> None:
+def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(requeued: dict[str, Future],
+                                                                           record_property) -> None:
     """Notebook 13's generated script has notebook 14's --signal=B:USR1@120, --requeue and trap. The capstone's
     shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the
     checkpoint of the last finished epoch (tests/test_capstone.py proves that equals an uninterrupted run)."""
-    from course_lib.shards import write_image_shards
-    from course_lib.slurm_script import write_slurm_script
-
-    start = time.monotonic()
-    out, runs = tmp_path / "out", tmp_path / "runs"
-    out.mkdir()
-    shard_set = write_image_shards(tmp_path / "shards", size="tiny", root=tiny_root, maxcount=SHARD_SIZE)
-    script = write_slurm_script(tmp_path / "capstone" / "train.sbatch", shards=str(shard_set.folder), num_workers=1,
-                                gpus_per_node=2, nodes=1, time_limit="00:05:00")
-    env = clean_env()
-    env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
-    # an earlier job's checkpoint and report are in its folder: the first run must remove them, not resume them
-    job_id, run_dir, result, _ = _submit_notice_requeue(
-        slurm, script, env, out, lambda job: runs / f"course-capstone-{job}", "a checkpoint after epoch 0", "rank0.json")
-    record_property("slurm_capstone_resume", {"seconds": round(time.monotonic() - start, 1)})
+    job = requeued["capstone"].result()
+    job_id, run_dir, result = job.job_id, job.run_dir, job.result
+    record_property("slurm_capstone_resume", {"seconds": round(job.seconds, 1)})
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
     log = result.output()

@@ -266,6 +266,7 @@ WATCH_JS = """() => {
   const look = () => {
     if ([...panel.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))) {
       window.__labTestSawRunning = true;
+      window.__labTestWatcher.disconnect();  // seen: no need to look at every later change
     }
   };
   window.__labTestWatcher = new MutationObserver(look);

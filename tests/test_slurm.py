@@ -508,13 +508,25 @@ def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, st
         time.sleep(0.2)
 
 
+@dataclass
+class Requeued:
+    """A job noticed, requeued and resumed: its id, folder, result, requeue hold and seconds in all."""
+
+    job_id: int
+    run_dir: Path
+    result: JobResult
+    delay: float
+    seconds: float
+
+
 def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], out: Path, run_dir_of: Callable[[int], Path],
-                           what: str, stale_report: str) -> tuple[int, Path, JobResult, float]:
+                           what: str, stale_report: str) -> Requeued:
     """Submit ``script`` held, plant an earlier job's checkpoint and ``stale_report`` in its folder, and release it.
     Once it saved a checkpoint of its own (``what``), send the notice Slurm sends before the time limit
     (``--signal=B:USR1@120``), now (``scancel --signal=USR1 --batch``); wait until the job is requeued, start it
-    again as soon as Slurm allows, and wait for the end. Returns the job id, its folder, its result and the
-    requeue hold in seconds."""
+    again as soon as Slurm allows, and wait for the end."""
+    start = time.monotonic()
+    out.mkdir(parents=True)
     options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
                f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
     job_id = slurm.sbatch(script, options, env, cwd=ROOT)
@@ -548,52 +560,35 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
         if "no longer pending" not in str(exc):  # unless the scheduler's own pass started it first: as good
             raise
     result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
-    return job_id, run_dir, result, delay
+    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
 
 
 CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 1000 --timeout 60 --device cpu"
 
 
-@dataclass
-class Requeued:
-    """One job of the requeue pair below, once it ended: its id, folder, result, requeue hold and seconds in all."""
-
-    job_id: int
-    run_dir: Path
-    result: JobResult
-    delay: float
-    seconds: float
-
-
 def _resumable_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
-    start = time.monotonic()
-    out, runs = base / "out", base / "runs"
-    out.mkdir(parents=True)
+    runs = base / "runs"
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
                TRAIN_ARGS=RESUME_ARGS)
-    job_id, run_dir, result, delay = _submit_notice_requeue(
-        slurm, HPC / "train_resumable.sbatch", env, out, lambda job: runs / f"course-train-resumable-{job}",
-        "a first checkpoint", "rank0.steps.jsonl")
-    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
+    return _submit_notice_requeue(slurm, HPC / "train_resumable.sbatch", env, base / "out",
+                                  lambda job: runs / f"course-train-resumable-{job}", "a first checkpoint",
+                                  "rank0.steps.jsonl")
 
 
 def _capstone_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
     from course_lib.shards import write_image_shards
     from course_lib.slurm_script import write_slurm_script
 
-    start = time.monotonic()
-    out, runs = base / "out", base / "runs"
-    out.mkdir(parents=True)
+    runs = base / "runs"
     shard_set = write_image_shards(base / "shards", size="tiny", root=tiny_root, maxcount=SHARD_SIZE)
     script = write_slurm_script(base / "capstone" / "train.sbatch", shards=str(shard_set.folder), num_workers=1,
                                 gpus_per_node=2, nodes=1, time_limit="00:05:00")
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
     # an earlier job's checkpoint and report are in its folder: the first run must remove them, not resume them
-    job_id, run_dir, result, delay = _submit_notice_requeue(
-        slurm, script, env, out, lambda job: runs / f"course-capstone-{job}", "a checkpoint after epoch 0", "rank0.json")
-    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
+    return _submit_notice_requeue(slurm, script, env, base / "out", lambda job: runs / f"course-capstone-{job}",
+                                  "a checkpoint after epoch 0", "rank0.json")
 
 
 @pytest.fixture(scope="module")
@@ -606,7 +601,8 @@ def requeued(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathF
                "capstone": pool.submit(_capstone_requeued, slurm, tiny_root, tmp_path_factory.mktemp("capstone-resume"))}
 
 
-def test_resumable_job_is_requeued_and_resumes_exactly(requeued: dict[str, Future], record_property) -> None:
+def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued: dict[str, Future],
+                                                        record_property) -> None:
     """hpc/train_resumable.sbatch, submitted with options only. Once it has a checkpoint, it gets the notice
     Slurm sends before the time limit (``--signal=B:USR1@120``), now: ``scancel --signal=USR1 --batch``. Its trap
     stops the training at a step boundary, all ranks save, and ``scontrol requeue`` puts the same job id back in
@@ -658,7 +654,7 @@ def test_resumable_job_is_requeued_and_resumes_exactly(requeued: dict[str, Futur
     assert [r["step"] for r in reports] == [RESUME_STEPS] * 2 and len({r["weights_sha256"] for r in reports}) == 1
 
 
-def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(requeued: dict[str, Future],
+def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slurm: Cluster, requeued: dict[str, Future],
                                                                            record_property) -> None:
     """Notebook 13's generated script has notebook 14's --signal=B:USR1@120, --requeue and trap. The capstone's
     shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -91,6 +92,19 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 f"{seen['own_cores']:.2f}), at least 0.9 core in {seen['seconds_at_target']:.0%} of its seconds"
                 if seen else "")
         item.user_properties.append(("load_stage", f"{notebook} {seconds:.0f}{load}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed notebook cell's report shows what the cell wrote to stderr: nbval says only "Unexpected output
+    fields from running code: {'stderr'}", and a warning a library logs under load is gone after the run."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        stderr = "".join(str(out.get("text", "")) for out in getattr(item, "test_outputs", None) or []
+                         if out.get("output_type") == "stream" and out.get("name") == "stderr")
+        if stderr:
+            report.sections.append(("the cell's stderr", stderr))
 
 
 def pytest_sessionfinish() -> None:

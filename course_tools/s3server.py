@@ -146,7 +146,8 @@ class S3Server:
         raise AssertionError("unreachable")
 
     def _start(self, weed: str, timeout: float) -> "S3Server":
-        command = [weed, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        # -logtostderr: weed's log goes to weed.log in the folder, and none of it to /tmp (glog's default place)
+        command = [weed, "-logtostderr", "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                    "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    f"-s3.config={self.folder / 's3.json'}",
                    f"-filer.localSocket={self.folder / 'filer.sock'}", f"-s3.localSocket={self.folder / 's3.sock'}",

@@ -110,14 +110,20 @@ def test_clients_find_it_from_the_environment_without_keys_in_it(server: S3Serve
 
 
 @pytest.mark.parametrize("graceful", [True, False])
-def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bool) -> None:
-    server = S3Server(tmp_path).start()
+def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "temp"  # the temporary folder weed sees: by default its log files went there, one set a start
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    server = S3Server(tmp_path / "s3").start()
     pid, ports = server.pid, dict(server.ports)
     server.stop(graceful=graceful)
     assert _gone(pid), f"weed mini {pid} still runs after stop()"
     assert not [p for port in ports.values() for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
     server.stop()  # a second stop does nothing
-    assert (tmp_path / "data").is_dir() and (tmp_path / "weed.log").exists()  # its data stay where they were
+    assert (tmp_path / "s3" / "data").is_dir()  # its data stay where they were
+    assert "master.go" in (tmp_path / "s3" / "weed.log").read_text()  # and its log is in the folder, not the temporary one
+    assert not list(temp.iterdir())
 
 
 @pytest.mark.parametrize("where", ["main thread", "a thread that ended"])

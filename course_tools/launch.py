@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -119,12 +120,13 @@ def _split_by_rank(text: str, nproc: int) -> tuple[dict[int, list[str]], list[st
     return ranks, launcher
 
 
-def torchrun_command(target: Sequence[str], nproc: int, module: bool = True) -> list[str]:
+def torchrun_command(target: Sequence[str], nproc: int, module: bool = True, log_dir: str | None = None) -> list[str]:
     """The torchrun command line :func:`launch` runs: ``--standalone``, pinned to 127.0.0.1.
 
     ``--standalone`` means a one-node rendezvous on a free port of ``localhost``; the explicit
     form below is the same, with the address written as 127.0.0.1 so that nothing listens on
-    other interfaces.
+    other interfaces. ``log_dir``: where torchrun keeps each rank's copy of its output (without it,
+    a new ``torchelastic_*`` folder in the temporary folder, which torchrun never removes).
     """
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -132,6 +134,7 @@ def torchrun_command(target: Sequence[str], nproc: int, module: bool = True) -> 
         "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
         "--local-addr=127.0.0.1", "--max-restarts=0",
         "--tee=3",  # each rank's lines get the prefix set in launch() (env var: older torchrun has no flag)
+        *([f"--log-dir={log_dir}"] if log_dir else []),
     ]
     return cmd + (["-m"] if module else []) + list(target)
 
@@ -180,15 +183,18 @@ def launch(
     if style == "srun":
         result = _run_tasks([sys.executable, *(["-m"] if module else []), target, *args], nproc, child_env, timeout)
     else:
-        proc = subprocess.Popen(torchrun_command([target, *args], nproc, module=module), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=child_env, start_new_session=True)
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, _ = proc.communicate()
+        # the ranks' output comes through the pipe; torchrun's own copy of it goes to a folder removed afterwards
+        with tempfile.TemporaryDirectory(prefix="course-torchrun-", ignore_cleanup_errors=True) as logs:
+            proc = subprocess.Popen(torchrun_command([target, *args], nproc, module=module, log_dir=logs),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                                    start_new_session=True)
+            timed_out = False
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                out, _ = proc.communicate()
         result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
         result.ranks, result.launcher = _split_by_rank(out, nproc)
     if show:

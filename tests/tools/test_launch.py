@@ -49,12 +49,16 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                         style: str) -> None:
+                                                         style: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "temp"  # the job's temporary folder: torchrun kept a torchelastic_* folder of logs there
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     result = launch(write(tmp_path, "ok.py", SCRIPT_OK), nproc=2, timeout=90, style=style)
     assert result.ok and result.summary() == "2 ranks finished"
     assert result.ranks == {0: ["rank 0 of 2: sum 3"], 1: ["rank 1 of 2: sum 3"]}
     out = capsys.readouterr().out
     assert out.index("── rank 0 ──") < out.index("rank 0 of 2") < out.index("── rank 1 ──") < out.index("rank 1 of 2")
+    assert not list(temp.iterdir()), "the job left files in the temporary folder"
 
 
 @pytest.mark.full

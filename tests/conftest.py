@@ -13,7 +13,6 @@ The load stage is in the repository's top-level conftest.py: its hooks must reac
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -34,30 +33,9 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sampl
 TIERS = ("quick", "full")
 
 
-# How long each scope (a test file, a notebook: what one test process runs whole) took in a fresh full run, on
-# 2 cores. The longest start first: handed out in collection order, a 90-second file that came last ran alone
-# while the other process idled (xdist's own order, most tests first, put the JupyterHub stage's 4 tests there).
-# A stale figure only costs balance; a scope not listed starts last. `pytest --store-scope-seconds` rewrites it.
-SCOPE_SECONDS = Path(__file__).with_name("scope_seconds.json")
-
-
-def scope_of(nodeid: str) -> str:
-    """The scope of a test, as ``--dist loadscope`` groups them (a module, a class, a notebook), with both versions of
-    notebook 11 in one scope (see pytest_xdist_make_scheduler)."""
-    return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", nodeid.rsplit("::", 1)[0])
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--store-scope-seconds", action="store_true",
-                     help=f"write each scope's seconds in this run to {SCOPE_SECONDS.name} (run the whole suite, fresh)")
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two. Then put the
-    longest scopes first, each scope's tests in their order (``--no-loadscope-reorder`` keeps this order)."""
-    seconds = json.loads(SCOPE_SECONDS.read_text()) if SCOPE_SECONDS.is_file() else {}
-    items.sort(key=lambda item: -seconds.get(scope_of(item.nodeid), 0))  # a stable sort
+    """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two."""
     untiered = []
     for item in items:
         if item.nodeid.split("::")[0].endswith(".ipynb"):  # a notebook cell, re-executed by nbval
@@ -83,7 +61,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class NotebookScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
+            return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", super()._split_scope(nodeid))
 
     return NotebookScopes(config, log)
 
@@ -100,20 +78,6 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_set(tiny_root: Path) -> Path:
     """The folder of the tiny set itself (holds train/, val/, manifest.json)."""
     return tiny_root / data.dataset_name("tiny", 0)
-
-
-_scope_seconds: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add up each scope's seconds (setup, call and teardown), in the process that sees every test's report."""
-    _scope_seconds[scope_of(report.nodeid)] = _scope_seconds.get(scope_of(report.nodeid), 0.0) + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if session.config.getoption("store_scope_seconds") and not hasattr(session.config, "workerinput"):
-        kept = {scope: round(t) for scope, t in sorted(_scope_seconds.items(), key=lambda kv: -kv[1]) if t >= 1}
-        SCOPE_SECONDS.write_text(json.dumps(kept, indent=0) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,3 @@ def test_two_tiers_fail_and_one_passes(pytester: pytest.Pytester) -> None:
     assert result.ret != 0
     assert "test_sample.py::test_both: ['full', 'quick']" in result.stderr.str()
     assert collect(pytester, "@pytest.mark.full\ndef test_one():\n    pass\n").ret == 0
-
-
-def test_the_scope_seconds_name_existing_files_and_every_notebook() -> None:
-    """tests/scope_seconds.json hands the scopes out longest first: a renamed file would silently start last."""
-    root = Path(__file__).resolve().parents[1]
-    seconds = json.loads((root / "tests" / "scope_seconds.json").read_text())
-    gone = [scope for scope in seconds if not (root / scope.split("::")[0]).is_file()]
-    notebooks = [path.relative_to(root).as_posix() for path in sorted(root.glob("notebooks/**/[0-9][0-9]_*.ipynb"))]
-    unlisted = [nb for nb in notebooks if nb not in seconds and not nb.startswith("notebooks/solutions/11_")]
-    assert not gone and not unlisted, (f"tests/scope_seconds.json names files that are gone {gone} and lacks "
-                                       f"notebooks {unlisted}: rewrite it with a fresh full run, "
-                                       "pytest --store-scope-seconds")

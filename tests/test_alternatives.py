@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import re
 import tomllib
-import traceback
 from pathlib import Path
 
 import pytest
@@ -69,30 +68,6 @@ def test_readers_split_among_dataloader_workers(items, written) -> None:
     for ds in (alt.mds_images(written["mds"], batch_size=8), alt.litdata_images(written["lit"])):
         labels = [y for _, ys in DataLoader(ds, batch_size=8, num_workers=2) for y in ys.tolist()]
         assert sorted(labels) == sorted(y for _, y in items), type(ds.inner).__module__  # each sample once
-
-
-@pytest.mark.timeout(120)
-def test_an_mds_dataset_iterated_here_fails_in_forked_workers_and_one_made_for_the_loader_does_not(written) -> None:
-    """Notebook 11's pitfall, as its prose states it: mosaicml-streaming 0.13's barrier lock, once used in this
-    process, fails in a fork worker with filelock 3.30 or later; a dataset made for the loader works. When a
-    release fixes this, the test fails, and the notebook's paragraph goes."""
-    import filelock
-    from packaging.version import Version
-
-    def first_batch(dataset):
-        return next(iter(DataLoader(dataset, batch_size=8, num_workers=1, multiprocessing_context="fork")))
-
-    peeked = alt.mds_images(written["mds"], batch_size=8)
-    next(iter(peeked))  # a look at the first sample, in this process
-    if Version(filelock.__version__) >= Version("3.30"):
-        with pytest.raises(RuntimeError, match="inherited across fork") as info:
-            first_batch(peeked)
-        traceback.clear_frames(info.tb)  # the failed loader's workers stop now, not at a later garbage collection
-    else:
-        first_batch(peeked)
-    images, labels = first_batch(alt.mds_images(written["mds"], batch_size=8))
-    assert images.shape[0] == len(labels) == 8
-    alt.release_mds()
 
 
 @pytest.mark.timeout(120)

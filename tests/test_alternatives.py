@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import re
 import tomllib
+import traceback
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,36 @@ def test_readers_split_among_dataloader_workers(items, written) -> None:
     for ds in (alt.mds_images(written["mds"], batch_size=8), alt.litdata_images(written["lit"])):
         labels = [y for _, ys in DataLoader(ds, batch_size=8, num_workers=2) for y in ys.tolist()]
         assert sorted(labels) == sorted(y for _, y in items), type(ds.inner).__module__  # each sample once
+
+
+@pytest.mark.timeout(120)
+def test_an_mds_dataset_iterated_here_never_delivers_in_forked_workers_and_one_made_for_the_loader_does(written) -> None:
+    """Notebook 11's pitfall, as its prose states it (mosaicml-streaming 0.13). A look with ``next(iter(...))`` starts
+    the dataset's preparing threads in this process; a fork worker's copy waits for them forever (here: until the
+    loader's timeout) or, when they had stopped before the fork, fails at the barrier lock (filelock 3.30 or later).
+    Which of the two depends on timing; a batch never comes. A dataset made for the loader works. When a release
+    fixes this, the test fails, and the notebook's paragraph goes."""
+    import filelock
+    from packaging.version import Version
+
+    def first_batch(dataset, timeout=0):
+        return next(iter(DataLoader(dataset, batch_size=8, num_workers=1, multiprocessing_context="fork",
+                                    timeout=timeout)))
+
+    peeked = alt.mds_images(written["mds"], batch_size=8)
+    next(iter(peeked))  # a look at the first sample, in this process
+    outcomes = "timed out|inherited across fork" if Version(filelock.__version__) >= Version("3.30") else "timed out"
+    try:
+        first_batch(peeked, timeout=10)  # a healthy worker sends 8 small images in well under a second
+    except RuntimeError as exc:
+        assert re.search(outcomes, str(exc)), f"the forked worker failed otherwise than the notebook says: {exc}"
+        traceback.clear_frames(exc.__traceback__)  # the failed loader's worker stops now, not at a later collection
+    else:
+        if Version(filelock.__version__) >= Version("3.30"):
+            pytest.fail("a fork worker delivered a batch from a dataset iterated here: notebook 11's trap is gone")
+    images, labels = first_batch(alt.mds_images(written["mds"], batch_size=8))
+    assert images.shape[0] == len(labels) == 8
+    alt.release_mds()
 
 
 @pytest.mark.timeout(120)

@@ -138,14 +138,25 @@ def release_mds(*datasets: Any) -> int:
     """Notebook 11, section 2: unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
 
     Each creates named segments in ``/dev/shm`` and unlinks them at interpreter exit, which a stopped Jupyter
-    kernel may never reach. Call this when done with ``datasets`` (wrapped or not) and every dataset
-    :func:`mds_dataset` made; none of them can be iterated afterwards.
+    kernel may never reach. Each also leaves two empty lock files in the temporary folder, for good, and no later
+    dataset takes their number again: they go too. Call this when done with ``datasets`` (wrapped or not) and every
+    dataset :func:`mds_dataset` made; none of them can be iterated afterwards.
     """
-    segments = {id(s): s for d in [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE] for s in _shared_memory_of(d)}
+    released = [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE]
     _MDS_MADE.clear()
+    segments = {id(s): s for d in released for s in _shared_memory_of(d)}
     for shm in segments.values():
         shm.cleanup()
+    for lock in {path for d in released for path in _lock_files_of(d)}:
+        Path(lock).unlink(missing_ok=True)
     return len(segments)
+
+
+def _lock_files_of(dataset: Any) -> list[str]:
+    """The paths of the barrier and cache lock files of one MDS ``StreamingDataset`` (private attributes of
+    mosaicml-streaming, checked with 0.13.0)."""
+    barrier = getattr(getattr(dataset, "_shared_barrier", None), "filelock_path", None)
+    return [p for p in (barrier, getattr(dataset, "_cache_filelock_path", None)) if isinstance(p, str)]
 
 
 def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:

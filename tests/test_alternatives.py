@@ -152,9 +152,12 @@ def mds_segments() -> set[str]:
 
 
 @pytest.mark.timeout(60)
-def test_release_mds_unlinks_the_shared_memory(written) -> None:
+def test_release_mds_unlinks_the_shared_memory_and_the_lock_files(written, tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
     import streaming
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mosaicml-streaming puts its lock files there
     before = mds_segments()
     direct = streaming.StreamingDataset(local=str(written["mds"]), remote=None, shuffle=False, batch_size=8)
     wrapped = alt.mds_images(written["mds"], batch_size=8)
@@ -164,6 +167,7 @@ def test_release_mds_unlinks_the_shared_memory(written) -> None:
     assert alt.release_mds(direct) >= 2 * 4  # at least the barrier, locals, epoch and cache scalars of each
     assert not (mds_segments() - before)
     assert alt.release_mds() == 0  # nothing left to release
+    assert not list(tmp_path.iterdir()), "release_mds left files in the temporary folder"
 
 
 def test_mds_prefix_race_is_retried(written, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -170,6 +170,20 @@ def test_release_mds_unlinks_the_shared_memory_and_the_lock_files(written, tmp_p
     assert not list(tmp_path.iterdir()), "release_mds left files in the temporary folder"
 
 
+@pytest.mark.timeout(60)
+def test_release_mds_first_stops_the_threads_of_a_loop_left_early(written) -> None:
+    """A loop over an MDS dataset left early (a framework's few steps, notebook 11) leaves its shard-preparing threads
+    running; unlinked under them, the shared memory gave "RuntimeError: Invalid shard state" on the notebook's
+    stderr. With predownload=8 the preparing thread waits for the loop, so it is still running at release."""
+    dataset = alt.mds_dataset(local=str(written["mds"]), remote=None, shuffle=False, batch_size=8, predownload=8)
+    samples = iter(dataset)
+    next(samples)
+    threads = dataset._iterator  # mosaicml-streaming 0.13.0's record of its threads
+    assert threads._num_exited < threads._num_threads_to_exit  # still preparing
+    alt.release_mds()
+    assert threads._num_exited == threads._num_threads_to_exit, "release_mds left the dataset's threads running"
+
+
 def test_mds_prefix_race_is_retried(written, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes picking the same /dev/shm prefix: the loser looks again instead of failing."""
     import streaming

@@ -67,11 +67,13 @@ def render_slurm_script(
     if nodes == 1:
         rendezvous = "--standalone"
         srun = "srun --ntasks=1"
+        on_each_node = ""  # the batch script runs on the one node
         head = ""
     else:
         rendezvous = ('--nnodes="$SLURM_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$MASTER_PORT" '
                       '--rdzv-id="$SLURM_JOB_ID"')
         srun = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
+        on_each_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '  # the batch script runs on the first node
         head = ('# The first node hosts the rendezvous; a port derived from the job id keeps jobs sharing it apart.\n'
                 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
                 'MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"\n')
@@ -82,6 +84,7 @@ def render_slurm_script(
         "NUM_WORKERS": num_workers, "READERS_PER_RANK": max(1, num_workers), "PREFETCH_FACTOR": prefetch_factor,
         "TIME_LIMIT": time_limit, "SHARDS": shards, "EPOCHS": epochs, "BATCH_SIZE": batch_size,
         "GRES_LINE": gres_line, "CPUS_LINE": cpus_line, "HEAD": head, "SRUN": srun, "RENDEZVOUS": rendezvous,
+        "ON_EACH_NODE": on_each_node,
     }
     return _fill_template(TEMPLATE.read_text(), values)
 

@@ -8,12 +8,16 @@
 #   stage_data          STAGE_DATA=1 only: copy the data set to each node's local disk and point
 #                       COURSE_DATA_DIR at that copy; removed again when the job ends
 #   check_shm           /dev/shm's free space, with a warning under 1 GB
+#   torchrun_logs       (scripts that run torchrun) TORCHRUN_LOGS, a folder of this job's on each node's
+#                       local disk for torchrun --log-dir; removed again when the job ends
 #   clean_run_dir DIR   rank reports an earlier job of the same name and id left in DIR are removed;
 #                       anything else in DIR stops the job
 #   show_versions       python, torch and CUDA versions, and the GPUs
 #   check_reports DIR   course_lib.train's rank reports in DIR: disjoint shares, the same weights on
 #                       every rank; returns 1 (set -e: the job fails) if not
 #   on_each_node CMD    runs CMD once on every node of the job (stage_data's copy and clean-up)
+#   end_of_job          the EXIT trap sourcing sets: removes, on every node, what stage_data and
+#                       torchrun_logs made there (CLEAN_AT_EXIT), and nothing else
 #
 # Reads these settings, each of which can be given at submission (DATA_SIZE=workshop sbatch ...); sourcing
 # gives them their defaults here:
@@ -24,7 +28,7 @@
 #   COURSE_VENV       ~/venvs/pytorch-data-course    empty: the python already on PATH
 #   OMP_NUM_THREADS   1                              (exported) threads of each training process
 # and Slurm's SLURM_JOB_ID, SLURM_NNODES, SLURM_TMPDIR (or TMPDIR). stage_data sets (and exports)
-# COURSE_DATA_DIR, LOCAL_DIR and SET, and an EXIT trap that removes the copy.
+# COURSE_DATA_DIR, LOCAL_DIR and SET; torchrun_logs sets TORCHRUN_LOGS.
 # The job script has already run `set -euo pipefail`; this file relies on it.
 
 # ---- the settings' defaults
@@ -51,6 +55,17 @@ course_python() {
     python -m course_lib verify --size "$DATA_SIZE"         # fails here, with the fix, if the data is missing
 }
 
+# What this job made on each node's local disk, removed by end_of_job when the job ends: at its end, on an
+# error, a requeue or scancel's SIGTERM (bash runs the EXIT trap then too). Only folders added here by
+# stage_data and torchrun_logs, never a path read from the environment.
+CLEAN_AT_EXIT=()
+end_of_job() {
+    if (( ${#CLEAN_AT_EXIT[@]} > 0 )); then
+        on_each_node rm -rf -- "${CLEAN_AT_EXIT[@]}" || echo "WARNING: could not remove ${CLEAN_AT_EXIT[*]}" >&2
+    fi
+}
+trap end_of_job EXIT
+
 # Runs "$@" once on every node of the job. The batch script runs on the first node only: on several
 # nodes srun starts the command on each (a job step); on one node the batch shell is already there.
 on_each_node() {
@@ -75,7 +90,7 @@ stage_data() {
     local stage_here='part="$LOCAL_DIR/.copy-${SLURMD_NODENAME:-$(hostname)}"
         mkdir -p "$LOCAL_DIR" && rm -rf "$part" && cp -r "$COURSE_DATA_DIR/$SET" "$part" &&
         { mv -T "$part" "$LOCAL_DIR/$SET" 2> /dev/null || rm -rf "$part"; }'
-    trap 'on_each_node rm -rf "$LOCAL_DIR"' EXIT
+    CLEAN_AT_EXIT+=("$LOCAL_DIR")   # end_of_job removes it on every node
     on_each_node bash -c "$stage_here"
     export COURSE_DATA_DIR="$LOCAL_DIR"
     if (( ${SLURM_NNODES:-1} > 1 )); then
@@ -83,6 +98,15 @@ stage_data() {
     else
         echo "data copied to the node's local disk: $COURSE_DATA_DIR"
     fi
+}
+
+# torchrun keeps its own copy of every rank's output, in a folder it never removes: without --log-dir,
+# a new /tmp/torchelastic_* for every run, which piles up on the nodes. The job's .out file has every
+# line already (--tee=3), so the scripts give torchrun --log-dir "$TORCHRUN_LOGS", a folder of this
+# job's on each node's local disk, and end_of_job removes it.
+torchrun_logs() {
+    TORCHRUN_LOGS="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/course-torchrun-$SLURM_JOB_ID"
+    CLEAN_AT_EXIT+=("$TORCHRUN_LOGS")
 }
 
 # DataLoader workers hand every batch to their training process through shared memory. Containers

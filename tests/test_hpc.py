@@ -455,6 +455,39 @@ def test_resumable_script_refuses_a_folder_it_did_not_write(resumable_job) -> No
     assert log.read_text() == ""  # stopped before training
 
 
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if "torchrun " in s.read_text()], ids=lambda p: p.name)
+def test_torchrun_keeps_its_logs_in_the_jobs_folder(script: Path) -> None:
+    """Without --log-dir, torchrun leaves a new $TMPDIR/torchelastic_* on the node for every run."""
+    code = _code(script.read_text())
+    commands = [line for line in code if line.startswith("torchrun ")]  # srun's command, on a line of its own
+    assert len(commands) == 1 and '--log-dir="$TORCHRUN_LOGS"' in commands[0], commands
+    assert "torchrun_logs" in [line.split()[0] for line in code], f"{script.name} does not call torchrun_logs"
+
+
+def test_end_of_job_removes_what_the_job_made_and_nothing_else(tmp_path: Path) -> None:
+    """stage_data's copy and torchrun's log folder go when the script ends, on an error too, and its exit status
+    stays; folders named in the environment (LOCAL_DIR, TORCHRUN_LOGS, CLEAN_AT_EXIT) are not the job's, and stay."""
+    data = tmp_path / "data"
+    (data / "shapes-tiny-seed0").mkdir(parents=True)
+    (data / "shapes-tiny-seed0" / "manifest.json").write_text("{}")
+    node = tmp_path / "node-local"
+    node.mkdir()
+    foreign = {name: tmp_path / f"not-the-jobs-{name}" for name in ("LOCAL_DIR", "TORCHRUN_LOGS", "CLEAN_AT_EXIT")}
+    for folder in foreign.values():
+        folder.mkdir()
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "COURSE_DATA_DIR": str(data), "DATA_SIZE": "tiny",
+           "STAGE_DATA": "1", "SLURM_JOB_ID": JOB_ID, "SLURM_NNODES": "1", "SLURM_TMPDIR": str(node),
+           **{name: str(folder) for name, folder in foreign.items()}}
+    script = ('set -euo pipefail; source "$1"; stage_data; torchrun_logs; '
+              'mkdir -p "$TORCHRUN_LOGS/run_0/attempt_0"; echo "$TORCHRUN_LOGS"; false')  # a failed step: set -e ends it
+    done = subprocess.run(["/bin/bash", "-c", script, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines()[-1] == f"{node}/course-torchrun-{JOB_ID}", done.stdout
+    assert list(node.iterdir()) == []  # the copy of the data and torchrun's folder, both gone
+    assert all(folder.is_dir() for folder in foreign.values())
+
+
 @pytest.mark.parametrize("where", ["SLURM_TMPDIR", "TMPDIR", "neither"])
 def test_staging_falls_back_from_slurm_tmpdir_to_tmpdir_to_tmp(tmp_path: Path, where: str) -> None:
     """$SLURM_TMPDIR is a site convention, not set by Slurm itself: stage_data copies to it where it is set, else to

@@ -107,6 +107,7 @@ class Stage:
     cluster: Cluster
     jobs: dict[str, StageJob]
     node_local: Path  # SLURM_TMPDIR of every job: one folder that all the "nodes" share
+    job_tmp: Path  # TMPDIR of every job: where torchrun without --log-dir leaves its torchelastic_* folders
     timings: dict[str, float]
 
     def __getitem__(self, key: str) -> StageJob:
@@ -184,14 +185,15 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
 
     start = time.monotonic()
     base = tmp_path_factory.mktemp("slurm-stage")
-    out, runs, node_local, hook, shards = (base / name for name in ("out", "runs", "node-local", "exit-hook", "shards"))
-    for folder in (out, runs, node_local, hook):
+    out, runs, node_local, hook, shards, job_tmp = (base / name for name in ("out", "runs", "node-local", "exit-hook",
+                                                                              "shards", "tmp"))
+    for folder in (out, runs, node_local, hook, job_tmp):
         folder.mkdir()
     (hook / "sitecustomize.py").write_text(EXIT_HOOK)
     cpus = slurm.cpus
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs),
-               TRAIN_ARGS=TRAIN_ARGS, SLURM_TMPDIR=str(node_local),
+               TRAIN_ARGS=TRAIN_ARGS, SLURM_TMPDIR=str(node_local), TMPDIR=str(job_tmp),
                PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])))
     common = ["-A", "course", "-p", slurm.partition, "--gres=none", f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out"]
     # notebook 13's shards, written as on a login node (in the background: the other jobs start meanwhile)
@@ -241,7 +243,7 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
     timings = {"cluster_start_s": slurm.start_s, "stage_s": time.monotonic() - start}
     for job in jobs:
         timings[f"{job.key}_s"] = job.result.waited_s
-    return Stage(slurm, {job.key: job for job in jobs}, node_local, timings)
+    return Stage(slurm, {job.key: job for job in jobs}, node_local, job_tmp, timings)
 
 
 def check_reports(folder: Path, world_size: int, source: str) -> list[dict]:
@@ -463,6 +465,16 @@ def test_no_abort_at_exit_in_20_runs(tiny_root: Path, tmp_path: Path, record_pro
     assert not problems, "\n".join(problems)
 
 
+def test_torchrun_jobs_leave_no_log_folders_on_the_nodes(stage: Stage) -> None:
+    """torchrun keeps a copy of each rank's output in a folder it never removes (without --log-dir, a new
+    $TMPDIR/torchelastic_* per run, which piles up on a cluster's nodes). The scripts give it a folder of the job's in
+    $SLURM_TMPDIR and remove that when the job ends: after the stage's jobs, neither folder holds any."""
+    for job in stage.jobs.values():
+        job.result  # every job has ended
+    assert not list(stage.job_tmp.glob("torchelastic_*")), sorted(p.name for p in stage.job_tmp.iterdir())
+    assert not list(stage.node_local.glob("course-torchrun-*")), sorted(p.name for p in stage.node_local.iterdir())
+
+
 def test_stage_time(stage: Stage, record_property) -> None:
     """The stage's wall time goes to the test summary (tests/conftest.py prints it). What is checked
     does not depend on how busy the machine is: each job was seen finished within seconds of its
@@ -517,6 +529,7 @@ class Requeued:
     result: JobResult
     delay: float
     seconds: float
+    left_in_temp: list[str]  # torchrun's log folders the job's two runs left in its SLURM_TMPDIR and TMPDIR
 
 
 def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], out: Path, run_dir_of: Callable[[int], Path],
@@ -527,6 +540,9 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
     again as soon as Slurm allows, and wait for the end."""
     start = time.monotonic()
     out.mkdir(parents=True)
+    for key, name in (("SLURM_TMPDIR", "node-local"), ("TMPDIR", "tmp")):
+        env = dict(env, **{key: str(out.parent / name)})
+        (out.parent / name).mkdir()
     options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
                f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
     job_id = slurm.sbatch(script, options, env, cwd=ROOT)
@@ -560,7 +576,9 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
         if "no longer pending" not in str(exc):  # unless the scheduler's own pass started it first: as good
             raise
     result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
-    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start)
+    left = sorted(p.name for p in [*Path(env["SLURM_TMPDIR"]).glob("course-torchrun-*"),
+                                   *Path(env["TMPDIR"]).glob("torchelastic_*")])
+    return Requeued(job_id, run_dir, result, delay, time.monotonic() - start, left)
 
 
 CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 1000 --timeout 60 --device cpu"
@@ -618,6 +636,7 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued:
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
     assert result.info.get("Restarts") == "1", result.info
+    assert job.left_in_temp == [], job.left_in_temp  # torchrun's log folders, removed at the end of each run
     log = result.output()  # one file for both runs (--open-mode=append)
     assert "removed 3 files an earlier job of the same name and id left" in log, log
     assert "(size tiny)" in log, log  # DATA_SIZE reached the training (course_lib.resume --size)
@@ -664,6 +683,7 @@ def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slur
     record_property("slurm_capstone_resume", {"seconds": round(job.seconds, 1)})
 
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe() + "\n" + slurm.log_tails(40)
+    assert job.left_in_temp == [], job.left_in_temp  # torchrun's log folders, removed at the end of each run
     log = result.output()
     assert "removed 1 rank reports an earlier job of the same name and id left" in log, log
     notice = log.index("SIGUSR1 reached the batch script: the training stops")

@@ -35,6 +35,10 @@ def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) 
     # notebook 14: the time-limit notice, a requeue, one log for every run, a checkpoint at every epoch's end
     assert options["signal"] == "B:USR1@120" and options["open-mode"] == "append" and "requeue" in options
     assert '--ckpt "$CKPT_DIR"' in text and "trap 'on_notice USR1' USR1" in text and "scontrol requeue Incomplete" in text
+    # torchrun's copy of each rank's output: a folder of the job's on each node, removed on every node at the end
+    assert '--tee=3 --log-dir="$TORCHRUN_LOGS"' in text
+    on_each_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 ' if nodes > 1 else ""
+    assert "trap '" + on_each_node + 'rm -rf -- "$TORCHRUN_LOGS" ' in text
 
 
 def test_script_refuses_plain_bash(tmp_path) -> None:

@@ -56,12 +56,14 @@ def test_mds_and_litdata_hold_the_same_samples(items, written) -> None:
         assert got == truth, type(ds.inner).__module__
     assert not list(written["mds"].parent.glob(".*tmp"))
     import litdata
-    import streaming
 
     lit = litdata.StreamingDataset(str(written["lit"]))
-    mds = streaming.StreamingDataset(local=str(written["mds"]), remote=None, shuffle=False, batch_size=8)
-    for i in (0, 17, N - 1):  # in the order written, whatever the speed of optimize's workers
-        assert bytes(lit[i]["jpg"]) == Path(items[i][0]).read_bytes() == mds[i]["jpg"]
+    mds = alt.mds_dataset(local=str(written["mds"]), remote=None, shuffle=False, batch_size=8)
+    try:
+        for i in (0, 17, N - 1):  # in the order written, whatever the speed of optimize's workers
+            assert bytes(lit[i]["jpg"]) == Path(items[i][0]).read_bytes() == mds[i]["jpg"]
+    finally:
+        alt.release_mds(mds)  # its shared memory and lock files
 
 
 @pytest.mark.timeout(120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,13 +39,16 @@ def test_mds_loader(mds: Path) -> None:
     def stub(folder, batch_size):
         raise NotImplementedError
 
-    assert nb11.mds_loader.evaluate(right, mds, N).passed
-    result = nb11.mds_loader.evaluate(mismatched, mds, N)
-    assert result.status is Status.WRONG and "same number" in result.message
-    assert "num_workers=0" in nb11.mds_loader.evaluate(no_workers, mds, N).message
-    assert "DataLoader" in nb11.mds_loader.evaluate(lambda f, b: list(right(f, b)), mds, N).message
-    assert nb11.mds_loader.evaluate(stub, mds, N).status is Status.NOT_ATTEMPTED
-    assert nb11.mds_loader.evaluate(..., mds, N).status is Status.NOT_ATTEMPTED
+    try:
+        assert nb11.mds_loader.evaluate(right, mds, N).passed
+        result = nb11.mds_loader.evaluate(mismatched, mds, N)
+        assert result.status is Status.WRONG and "same number" in result.message
+        assert "num_workers=0" in nb11.mds_loader.evaluate(no_workers, mds, N).message
+        assert "DataLoader" in nb11.mds_loader.evaluate(lambda f, b: list(right(f, b)), mds, N).message
+        assert nb11.mds_loader.evaluate(stub, mds, N).status is Status.NOT_ATTEMPTED
+        assert nb11.mds_loader.evaluate(..., mds, N).status is Status.NOT_ATTEMPTED
+    finally:
+        alt.release_mds()  # the datasets the answers made: their shared memory and lock files, as notebook 11 does
 
 
 GOOD_SCRIPT = """
@@ -65,7 +69,12 @@ if __name__ == "__main__":
 
 @pytest.mark.full  # four scripts, each spawning litdata's workers: about a minute
 @pytest.mark.timeout(300)
-def test_prepare_script() -> None:
+def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the learner's script runs with its own temporary folder: litdata leaves files in it when a script fails
+    inherited, checks = tmp_path / "inherited-tmp", tmp_path / "checks"
+    inherited.mkdir(), checks.mkdir()
+    monkeypatch.setenv("TMPDIR", str(inherited))  # what the script would use without its own
+    monkeypatch.setattr(tempfile, "tempdir", str(checks))  # where the check makes its folder
     assert status(nb11.prepare_script, GOOD_SCRIPT)[0] is Status.SOLVED
     assert status(nb11.prepare_script, ...)[0] is Status.NOT_ATTEMPTED
     lam = GOOD_SCRIPT.replace("fn=square", "fn=lambda i: {'x': i, 'square': i * i}")
@@ -82,6 +91,7 @@ def test_prepare_script() -> None:
     wrong_values = GOOD_SCRIPT.replace('"square": i * i', '"square": i + i')
     outcome, message = status(nb11.prepare_script, wrong_values)
     assert outcome is Status.WRONG and "12 samples" in message, message
+    assert not list(inherited.iterdir()) and not list(checks.iterdir()), "the scripts left files in a temporary folder"
 
 
 @pytest.mark.quick

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import os
 import subprocess
 import sys
 import tempfile
@@ -65,9 +66,11 @@ def prepare_script(text: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
         script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
         script.write_text(text)
+        # the script's own temporary folder too: litdata leaves files in it when a script fails, removed with tmp
+        env = dict(os.environ, TMPDIR=tmp)
         try:
             job = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180,
-                                 cwd=tmp)
+                                 cwd=tmp, env=env)
         except subprocess.TimeoutExpired:
             raise Hint("the script ran for 3 minutes without ending: do the spawned workers start optimize again? "
                        "Put it behind if __name__ == \"__main__\":") from None

@@ -164,6 +164,15 @@ def test_fit() -> None:
             seen += len(labels)
         return seen
 
+    def whole_loader(model, loader, steps):  # counts right, never stops after steps (a learner's run in JupyterLab)
+        opt, seen = torch.optim.SGD(model.parameters(), lr=0.1), 0
+        for images, labels in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            opt.step()
+            seen += len(labels)
+        return seen
+
     def batches_not_images(model, loader, steps):
         alt.fit(model, loader, steps)
         return steps
@@ -172,7 +181,7 @@ def test_fit() -> None:
         return sum(len(labels) for _, labels in itertools.islice(loader, steps))
 
     right_and_stubs(nb11.fit, alt.fit, stub)
-    expected = {everything: "took 20 batches", no_zero_grad: "zero_grad", batches_not_images: "count len(labels)",
+    expected = {everything: "took 20 batches", whole_loader: "took 20 batches", no_zero_grad: "zero_grad", batches_not_images: "count len(labels)",
                 no_step: "did not change"}
     for wrong, words in expected.items():
         outcome, message = status(nb11.fit, wrong)

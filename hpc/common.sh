@@ -55,6 +55,10 @@ course_python() {
     python -m course_lib verify --size "$DATA_SIZE"         # fails here, with the fix, if the data is missing
 }
 
+# Each node's local scratch: $SLURM_TMPDIR or $TMPDIR, a per-job folder on many clusters (wiped at the end);
+# else /tmp, which is not. stage_data and torchrun_logs make their folders there.
+NODE_TMP="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
+
 # What this job made on each node's local disk, removed by end_of_job when the job ends: at its end, on an
 # error, a requeue or scancel's SIGTERM (bash runs the EXIT trap then too). Only folders added here by
 # stage_data and torchrun_logs, never a path read from the environment.
@@ -78,10 +82,9 @@ on_each_node() {
 
 # Thousands of small image files on a shared file system (GPFS, Lustre, NFS) cost one metadata
 # request each, per epoch, shared with every job of the cluster; the local disk answers at once.
-# $SLURM_TMPDIR or $TMPDIR is a per-job folder on many clusters (wiped at the end); /tmp is not.
 stage_data() {
     [[ "$STAGE_DATA" == 1 ]] || return 0
-    export LOCAL_DIR="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/course-data-$SLURM_JOB_ID" SET="shapes-$DATA_SIZE-seed0"
+    export LOCAL_DIR="$NODE_TMP/course-data-$SLURM_JOB_ID" SET="shapes-$DATA_SIZE-seed0"
     # Every node copies into a folder named after itself, then renames that into place. Where the
     # "local" disk is in fact shared by several nodes (a $TMPDIR on a shared file system, or nodes
     # that are one machine), the first complete copy wins and the others are dropped, instead of
@@ -105,7 +108,7 @@ stage_data() {
 # line already (--tee=3), so the scripts give torchrun --log-dir "$TORCHRUN_LOGS", a folder of this
 # job's on each node's local disk, and end_of_job removes it.
 torchrun_logs() {
-    TORCHRUN_LOGS="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/course-torchrun-$SLURM_JOB_ID"
+    TORCHRUN_LOGS="$NODE_TMP/course-torchrun-$SLURM_JOB_ID"
     CLEAN_AT_EXIT+=("$TORCHRUN_LOGS")
 }
 

@@ -36,6 +36,9 @@ def test_mds_loader(mds: Path) -> None:
     def no_workers(folder, batch_size):
         return DataLoader(alt.mds_images(folder, batch_size), batch_size=batch_size)
 
+    def no_loader_batch(folder, batch_size):  # the batch size given to the dataset only
+        return DataLoader(alt.mds_images(folder, batch_size), num_workers=2)
+
     def stub(folder, batch_size):
         raise NotImplementedError
 
@@ -44,6 +47,8 @@ def test_mds_loader(mds: Path) -> None:
         result = nb11.mds_loader.evaluate(mismatched, mds, N)
         assert result.status is Status.WRONG and "same number" in result.message
         assert "num_workers=0" in nb11.mds_loader.evaluate(no_workers, mds, N).message
+        result = nb11.mds_loader.evaluate(no_loader_batch, mds, N)
+        assert result.status is Status.WRONG and "pass batch_size=batch_size to the DataLoader" in result.message
         assert "DataLoader" in nb11.mds_loader.evaluate(lambda f, b: list(right(f, b)), mds, N).message
         assert nb11.mds_loader.evaluate(stub, mds, N).status is Status.NOT_ATTEMPTED
         assert nb11.mds_loader.evaluate(..., mds, N).status is Status.NOT_ATTEMPTED
@@ -110,6 +115,12 @@ def test_dali_pairs() -> None:
         "one dict per pipeline": lambda it: ((b, b[0]["labels"].view(-1).long()) for b in it),
         "tuples": lambda it: ([b[0]["images"], b[0]["labels"].view(-1).long()] for b in it),
     }
+
+    def returns(iterator):  # return where yield belongs: one pair, for the first batch
+        for batch in iterator:
+            return batch[0]["images"], batch[0]["labels"].view(-1).long()
+
+    expected["Use yield"] = returns
     for words, wrong in expected.items():
         outcome, message = status(nb11.dali_pairs, wrong)
         assert outcome is Status.WRONG and words in message, (words, message)

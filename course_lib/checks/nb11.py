@@ -37,6 +37,9 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
     ds_batch = getattr(inner, "batch_size", None)
     require(ds_batch is not None, "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
             "Pass batch_size to alternatives.mds_images(folder, batch_size).")
+    if loader.batch_size == 1 and batch_size != 1:
+        raise Hint(f"the DataLoader makes batches of 1, its default: pass batch_size=batch_size to the DataLoader "
+                   f"too, so that it makes batches of {batch_size}, as the StreamingDataset plans them.")
     require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
     require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
             f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
@@ -111,6 +114,9 @@ def dali_pairs(fn: Callable[[Any], Any]) -> None:
                for b in range(3)]
     got = fn(iter(batches))
     attempted(got)
+    if isinstance(got, (tuple, torch.Tensor)):
+        raise Hint(f"dali_pairs returned one {type(got).__name__} for the whole iterator: a return inside the loop "
+                   "ends it at the first batch. Use yield (images, labels) in the loop, one pair per batch.")
     got = list(got)
     require(len(got) == 3, f"3 batches went in and {len(got)} came out: yield one pair per batch.")
     for b, pair in enumerate(got):

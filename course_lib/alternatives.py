@@ -7,6 +7,7 @@ here: ``litdata.optimize`` sends its function to worker processes, which under `
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import time
@@ -88,6 +89,10 @@ def mds_dataset(**kwargs: Any) -> Any:
 
     Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
+    What is not released by hand is released when the process exits normally (a script, a test process): otherwise
+    its lock files would stay in the temporary folder for good. A Jupyter kernel that made one does not get there:
+    with mosaicml-streaming 0.13.0 it does not exit on the shutdown request and is ended by a signal, so notebook 11 releases
+    its datasets in a cell.
     """
     streaming = _require("streaming", "mosaicml-streaming")
     for attempt in range(10):
@@ -152,6 +157,9 @@ def release_mds(*datasets: Any) -> int:
     for lock in {path for d in released for path in _lock_files_of(d)}:
         Path(lock).unlink(missing_ok=True)
     return len(segments)
+
+
+atexit.register(release_mds)  # at a normal exit, what was not released by hand (see mds_dataset)
 
 
 def _stop_threads_of(dataset: Any, timeout_s: float = 10.0) -> None:

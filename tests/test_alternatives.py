@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import subprocess
+import sys
 import tomllib
 import traceback
 from pathlib import Path
@@ -171,6 +173,21 @@ def test_release_mds_unlinks_the_shared_memory_and_the_lock_files(written, tmp_p
     assert not (mds_segments() - before)
     assert alt.release_mds() == 0  # nothing left to release
     assert not list(tmp_path.iterdir()), "release_mds left files in the temporary folder"
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_exits_without_release_mds_leaves_no_lock_files(written, tmp_path: Path) -> None:
+    """A script (or a test process) that never calls release_mds: its datasets are released at a normal exit."""
+    program = ("import sys\nfrom course_lib import alternatives as alt\n"
+               "dataset = alt.mds_dataset(local=sys.argv[1], remote=None, shuffle=False, batch_size=8, predownload=8)\n"
+               "next(iter(dataset))  # a loop left early: its threads still prepare shards at exit\n")
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    job = subprocess.run([sys.executable, "-c", program, str(written["mds"])], capture_output=True, text=True,
+                         timeout=50, env=dict(os.environ, TMPDIR=str(folder)), cwd=ROOT)
+    assert job.returncode == 0 and not job.stderr.strip(), job.stderr[-2000:]
+    left = sorted(p.name for p in folder.iterdir() if "filelock" in p.name)
+    assert not left, f"the process left MDS lock files in its temporary folder: {left}"
 
 
 @pytest.mark.timeout(60)

@@ -91,8 +91,8 @@ def mds_dataset(**kwargs: Any) -> Any:
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
     What is not released by hand is released when the process exits normally (a script, a test process): otherwise
     its lock files would stay in the temporary folder for good. A Jupyter kernel that made one does not get there:
-    with mosaicml-streaming 0.13.0 it does not exit on the shutdown request and is ended by a signal, so notebook 11 releases
-    its datasets in a cell.
+    with mosaicml-streaming 0.13.0 it does not exit on the shutdown request and is ended by a signal, so notebook
+    11 releases its datasets in a cell.
     """
     streaming = _require("streaming", "mosaicml-streaming")
     for attempt in range(10):

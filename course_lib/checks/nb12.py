@@ -158,12 +158,13 @@ def _raw_read_works(read: Callable[[Any, int], Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
         path = Path(tmp) / "values.f32"
         values.tofile(path)
-        chunks, storages = [], set()
+        chunks, held = [], []
         for chunk in read(str(path), 16_384):
             require(isinstance(chunk, torch.Tensor) and chunk.dtype == torch.float32, f"raw_read yielded a "
                     f"{type(chunk).__name__} ({getattr(chunk, 'dtype', '')}): yield float32 tensors.")
             chunks.append(chunk.clone())
-            storages.add(chunk.untyped_storage().data_ptr())
+            held.append(chunk)  # kept alive, so that a fresh buffer per chunk cannot reuse a freed one's address
+    storages = {chunk.untyped_storage().data_ptr() for chunk in held}
     sizes = [len(c) for c in chunks]
     if sizes and sizes[0] > 4096:
         raise Hint(f"the first chunk has {sizes[0]} values, more than 16384 bytes hold: chunk_bytes counts bytes, so "

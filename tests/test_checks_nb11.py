@@ -192,8 +192,8 @@ def test_fit() -> None:
         return sum(len(labels) for _, labels in itertools.islice(loader, steps))
 
     right_and_stubs(nb11.fit, alt.fit, stub)
-    expected = {everything: "took 20 batches", whole_loader: "took 20 batches", no_zero_grad: "zero_grad", batches_not_images: "count len(labels)",
-                no_step: "did not change"}
+    expected = {everything: "took 20 batches", whole_loader: "took 20 batches", no_zero_grad: "zero_grad",
+                batches_not_images: "count len(labels)", no_step: "did not change"}
     for wrong, words in expected.items():
         outcome, message = status(nb11.fit, wrong)
         assert outcome is Status.WRONG and words in message, (wrong.__name__, message)

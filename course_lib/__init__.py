@@ -17,9 +17,15 @@ class CourseLibTooOldError(RuntimeError):
 def require(version: str) -> None:
     """Notebooks 01-14, first cell: stop at once, saying why, where the installed course library is older than
     ``version``, the one the notebook was written for. On a hub, nbgitpuller updates the notebooks in a learner's
-    home, and the shared environment stays as the admin installed it until the admin updates it."""
+    home, and the shared environment stays as the admin installed it until the admin updates it.
+
+    In a Jupyter kernel, it also lets the kernel exit by itself when asked to shut down or restart, after ``spawn``
+    workers or shared memory too (:func:`course_lib._support.let_the_kernel_exit`)."""
     from packaging.version import Version
 
+    from ._support import let_the_kernel_exit
+
+    let_the_kernel_exit()
     if Version(__version__) < Version(version):
         raise CourseLibTooOldError(
             f"this notebook needs course_lib {version} or newer, and the environment has {__version__} "

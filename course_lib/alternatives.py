@@ -89,10 +89,10 @@ def mds_dataset(**kwargs: Any) -> Any:
 
     Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
-    What is not released by hand is released when the process exits normally (a script, a test process): otherwise
-    its lock files would stay in the temporary folder for good. A Jupyter kernel that made one does not get there:
-    with mosaicml-streaming 0.13.0 it does not exit on the shutdown request and is ended by a signal, so notebook
-    11 releases its datasets in a cell.
+    What is not released by hand is released when the process exits normally (a script, a test process, a Jupyter
+    kernel asked to shut down, see :func:`course_lib._support.let_the_kernel_exit`): otherwise its lock files would
+    stay in the temporary folder for good. A kernel that is killed does not get there, so notebook 11 releases its
+    datasets in a cell.
     """
     streaming = _require("streaming", "mosaicml-streaming")
     for attempt in range(10):

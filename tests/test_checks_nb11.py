@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import tempfile
 from pathlib import Path
 
@@ -72,6 +73,42 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.quick
+def test_prepare_script_slips_seen_in_the_text() -> None:
+    """What 11.2 tells from the script's text, at once, without running it; and what it must not take for a slip."""
+    assert status(nb11.prepare_script, ...)[0] is Status.NOT_ATTEMPTED
+    lam = GOOD_SCRIPT.replace("fn=square", "fn=lambda i: {'x': i, 'square': i * i}")
+    assert "lambda" in status(nb11.prepare_script, lam)[1]
+    outcome, message = status(nb11.prepare_script, GOOD_SCRIPT.replace("def square(i):", "def square(i)"))
+    assert outcome is Status.WRONG and "not valid Python" in message, message
+    # the two usual slips
+    plain = GOOD_SCRIPT.replace('if __name__ == "__main__":\n    litdata', "litdata")
+    assert plain != GOOD_SCRIPT
+    outcome, message = status(nb11.prepare_script, plain)
+    assert outcome is Status.WRONG and "line 11 calls optimize outside" in message, message
+    definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square"):GOOD_SCRIPT.index("if __name__")]
+    inside = GOOD_SCRIPT.replace(definition, "").replace(
+        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    def square(i):\n        return {"x": i, "square": i * i}\n\n')
+    assert inside != GOOD_SCRIPT
+    outcome, message = status(nb11.prepare_script, inside)
+    assert outcome is Status.WRONG and "square is defined inside" in message and "outside the guard" in message, message
+    # right scripts the text alone must not reject (each is then run; here only the text is read)
+    guard = 'if __name__ == "__main__":\n    litdata'
+    right = {
+        "the guard the other way round": GOOD_SCRIPT.replace('__name__ == "__main__"', '"__main__" == __name__'),
+        "optimize in a main function": GOOD_SCRIPT.replace(guard, "def main():\n    litdata") + (
+            '\nif __name__ == "__main__":\n    main()\n'),
+        "optimize imported by name": GOOD_SCRIPT.replace("import litdata", "from litdata import optimize").replace(
+            "litdata.optimize(", "optimize("),
+        "the function bound to another name at the top": GOOD_SCRIPT.replace("fn=square", "fn=sq").replace(
+            "\nif __name__", "\nsq = square\n\nif __name__"),
+    }
+    for case, text in right.items():
+        tree = ast.parse(text)
+        assert nb11._optimize_calls_outside_any_if(tree) == [], case
+        assert nb11._fn_names_defined_only_under_the_guard(tree) == [], case
+
+
 @pytest.mark.full  # four scripts, each spawning litdata's workers: about a minute
 @pytest.mark.timeout(300)
 def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,18 +118,16 @@ def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("TMPDIR", str(inherited))  # what the script would use without its own
     monkeypatch.setattr(tempfile, "tempdir", str(checks))  # where the check makes its folder
     assert status(nb11.prepare_script, GOOD_SCRIPT)[0] is Status.SOLVED
-    assert status(nb11.prepare_script, ...)[0] is Status.NOT_ATTEMPTED
-    lam = GOOD_SCRIPT.replace("fn=square", "fn=lambda i: {'x': i, 'square': i * i}")
-    assert "lambda" in status(nb11.prepare_script, lam)[1]
+    # what the text does not show, the run does: a guard that is no guard, a class found by name under the guard
     unguarded = GOOD_SCRIPT.replace('if __name__ == "__main__":\n    litdata', "if True:\n    litdata")
     outcome, message = status(nb11.prepare_script, unguarded)
-    assert outcome is Status.WRONG and "__main__" in message, message
+    assert outcome is Status.WRONG and "Guard the call" in message, message
     definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square"):GOOD_SCRIPT.index("if __name__")]
-    inside = GOOD_SCRIPT.replace(definition, "").replace(
-        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    def square(i):\n        return {"x": i, "square": i * i}\n\n')
-    assert inside != GOOD_SCRIPT
-    outcome, message = status(nb11.prepare_script, inside)
-    assert outcome is Status.WRONG and "outside the guard" in message, message
+    instance = GOOD_SCRIPT.replace(definition, "").replace("fn=square", "fn=Square()").replace(
+        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    class Square:\n        def __call__(self, i):\n'
+        '            return {"x": i, "square": i * i}\n\n')
+    outcome, message = status(nb11.prepare_script, instance)
+    assert outcome is Status.WRONG and "Can't get attribute" in message and "outside the guard" in message, message
     wrong_values = GOOD_SCRIPT.replace('"square": i * i', '"square": i + i')
     outcome, message = status(nb11.prepare_script, wrong_values)
     assert outcome is Status.WRONG and "12 samples" in message, message

@@ -66,6 +66,16 @@ def prepare_script(text: Any) -> None:
         raise Hint(f"the script is not valid Python: {exc.msg} (line {exc.lineno}).") from None
     require(not any(isinstance(node, ast.Lambda) for node in ast.walk(tree)), "the script passes a lambda: spawned "
             "workers receive fn by name, and a lambda has none. Define a function at the top of the script.")
+    # the two usual slips, seen in the text at once rather than after a run of several seconds; the run below
+    # still catches what this does not see (optimize called through a function of the script, say)
+    unguarded = _optimize_calls_outside_any_if(tree)
+    if unguarded:
+        raise Hint(f"line {unguarded[0].lineno} calls optimize outside if __name__ == \"__main__\": each spawned "
+                   "worker imports the script again and would run optimize itself. Put the call behind the guard.")
+    for name in _fn_names_defined_only_under_the_guard(tree):
+        raise Hint(f"{name} is defined inside if __name__ == \"__main__\": a spawned worker imports the script, "
+                   "and what is inside the guard does not run there, so it cannot find the function by name. Define "
+                   "it at the top of the script, outside the guard.")
     with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
         script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
         script.write_text(text)
@@ -103,6 +113,54 @@ def prepare_script(text: Any) -> None:
     require(not broken, f"the folder the script wrote is not a readable litdata data set ({broken[:200]}).")
     require(got == [(i, i * i) for i in range(12)], f"the data set holds {len(got)} samples {got[:3]}...: expected "
             "{'x': i, 'square': i * i} for i in range(12).")
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _calls_optimize(node: ast.AST) -> bool:
+    """Does ``node`` call something named ``optimize`` when it runs (not in a function or class it defines)?"""
+    if isinstance(node, ast.Call):
+        func = node.func
+        if (isinstance(func, ast.Attribute) and func.attr == "optimize") or (
+                isinstance(func, ast.Name) and func.id == "optimize"):
+            return True
+    return any(_calls_optimize(child) for child in ast.iter_child_nodes(node) if not isinstance(child, _DEFINITIONS))
+
+
+def _optimize_calls_outside_any_if(tree: ast.Module) -> list[ast.stmt]:
+    """The statements at the top of the script, outside any ``if``, that call ``optimize`` when the script is
+    imported (a spawned worker imports it)."""
+    return [n for n in tree.body if not isinstance(n, (ast.If, *_DEFINITIONS)) and _calls_optimize(n)]
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either way round)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return {ast.dump(side) for side in sides} == {ast.dump(ast.Name("__name__", ast.Load())),
+                                                  ast.dump(ast.Constant("__main__"))}
+
+
+def _fn_names_defined_only_under_the_guard(tree: ast.Module) -> list[str]:
+    """The names given as ``fn`` to an ``optimize`` call under the ``__main__`` guard that a ``def`` under the
+    guard binds and nothing at the top of the script does."""
+    top = {n.name for n in tree.body if isinstance(n, _DEFINITIONS)}
+    for n in tree.body:
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            top |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif not isinstance(n, _DEFINITIONS) and not _is_main_guard(n):
+            top |= {t.id for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+    names = []
+    for guard in (n for n in tree.body if _is_main_guard(n)):
+        under = {d.name for d in ast.walk(guard) if isinstance(d, _DEFINITIONS)}
+        for call in (c for c in ast.walk(guard) if isinstance(c, ast.Call) and _calls_optimize(c)):
+            fn = next((k.value for k in call.keywords if k.arg == "fn"), call.args[0] if call.args else None)
+            if isinstance(fn, ast.Name) and fn.id in under and fn.id not in top:
+                names.append(fn.id)
+    return names
 
 
 @exercise("11.3", "a framework gets (images, labels): the first pipeline's dict unpacked, labels as a flat long tensor.")

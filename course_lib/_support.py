@@ -195,7 +195,7 @@ _KERNEL_HOOKED: list[Any] = []  # the kernel's shell, once let_the_kernel_exit h
 
 def _before_the_kernel_exits(change: dict[str, Any]) -> None:
     """Close this process's end of the resource tracker's pipe, without waiting (private attributes of
-    ``multiprocessing.resource_tracker``, checked with Python 3.11 to 3.13; without them, the tracker is left as it
+    ``multiprocessing.resource_tracker``, checked with Python 3.11 only; without them, the tracker is left as it
     is), and reap the children as they end."""
     if not change["new"]:
         return

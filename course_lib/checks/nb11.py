@@ -118,14 +118,17 @@ def prepare_script(text: Any) -> None:
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
+def _is_optimize_call(node: ast.AST) -> bool:
+    """``optimize(...)`` or ``litdata.optimize(...)`` itself."""
+    func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+    return (isinstance(func, ast.Attribute) and func.attr == "optimize") or (
+        isinstance(func, ast.Name) and func.id == "optimize")
+
+
 def _calls_optimize(node: ast.AST) -> bool:
     """Does ``node`` call something named ``optimize`` when it runs (not in a function or class it defines)?"""
-    if isinstance(node, ast.Call):
-        func = node.func
-        if (isinstance(func, ast.Attribute) and func.attr == "optimize") or (
-                isinstance(func, ast.Name) and func.id == "optimize"):
-            return True
-    return any(_calls_optimize(child) for child in ast.iter_child_nodes(node) if not isinstance(child, _DEFINITIONS))
+    return _is_optimize_call(node) or any(
+        _calls_optimize(child) for child in ast.iter_child_nodes(node) if not isinstance(child, _DEFINITIONS))
 
 
 def _optimize_calls_outside_any_if(tree: ast.Module) -> list[ast.stmt]:
@@ -156,7 +159,7 @@ def _fn_names_defined_only_under_the_guard(tree: ast.Module) -> list[str]:
     names = []
     for guard in (n for n in tree.body if _is_main_guard(n)):
         under = {d.name for d in ast.walk(guard) if isinstance(d, _DEFINITIONS)}
-        for call in (c for c in ast.walk(guard) if isinstance(c, ast.Call) and _calls_optimize(c)):
+        for call in (c for c in ast.walk(guard) if _is_optimize_call(c)):
             fn = next((k.value for k in call.keywords if k.arg == "fn"), call.args[0] if call.args else None)
             if isinstance(fn, ast.Name) and fn.id in under and fn.id not in top:
                 names.append(fn.id)

@@ -4,7 +4,8 @@ What the notebooks and their DataLoader workers import, one module per lesson (`
 ``transforms`` 02, ``loaders`` 03, ``instrument``/``explorer`` 04, ``workers`` 04-05, ``samplers`` 06,
 ``distributed``/``train`` 07, ``iterable``/``growing`` 08, ``shards``/``shard_reader`` 09,
 ``object_store`` 10, ``alternatives`` 11, ``highrate``/``threads``/``gpu_feed`` 12, ``capstone`` 13,
-``resume`` 14) and ``checks``; the tools are in :mod:`course_tools`.
+``resume`` 14), ``jobs`` (torchrun jobs from a notebook, 07-14), ``s3server`` (10), ``kernel`` (every
+notebook's first cell) and ``checks``; the tools are in :mod:`course_tools`.
 """
 
 __version__ = "0.2.0"  # pyproject.toml's version; every notebook's first cell requires the one it was written for
@@ -17,15 +18,9 @@ class CourseLibTooOldError(RuntimeError):
 def require(version: str) -> None:
     """Notebooks 01-14, first cell: stop at once, saying why, where the installed course library is older than
     ``version``, the one the notebook was written for. On a hub, nbgitpuller updates the notebooks in a learner's
-    home, and the shared environment stays as the admin installed it until the admin updates it.
-
-    In a Jupyter kernel, it also lets the kernel exit by itself when asked to shut down or restart, after ``spawn``
-    workers or shared memory too (:func:`course_lib._support.let_the_kernel_exit`)."""
+    home, and the shared environment stays as the admin installed it until the admin updates it."""
     from packaging.version import Version
 
-    from ._support import let_the_kernel_exit
-
-    let_the_kernel_exit()
     if Version(__version__) < Version(version):
         raise CourseLibTooOldError(
             f"this notebook needs course_lib {version} or newer, and the environment has {__version__} "

@@ -20,17 +20,17 @@ from torch.utils.data import DataLoader, IterableDataset
 from .datasets import ImageFileDataset, image_tensor
 from .timing import medians
 
-__all__ = ["compare_formats", "dali_available", "encoded_sample", "fit", "folder_bytes", "image_items", "litdata_images",
+__all__ = ["compare_formats", "dali_available", "encoded_sample", "train_steps", "folder_bytes", "image_items", "litdata_images",
            "mds_dataset", "mds_images", "plot_formats", "release_mds", "webdataset_images"]
 
-_Item = tuple[str, int]  # (path of a JPEG file, class number)
+Item = tuple[str, int]  # (path of a JPEG file, class number)
 
 
 class FormatError(RuntimeError):
     """A format's folder is missing or incomplete, or its package is not installed."""
 
 
-def _require(module: str, package: str) -> Any:
+def require_package(module: str, package: str) -> Any:
     """Import ``module``, or say which package to install."""
     try:
         return importlib.import_module(module)
@@ -39,14 +39,14 @@ def _require(module: str, package: str) -> Any:
                           "(it is in the course's requirements.txt)") from None
 
 
-def image_items(folder: str | os.PathLike[str], split: str = "train", limit: int | None = None) -> list[_Item]:
+def image_items(folder: str | os.PathLike[str], split: str = "train", limit: int | None = None) -> list[Item]:
     """Notebook 11, section 1: ``(path, class)`` of the images of a generated set's split, in file order (a picklable list)."""
     ds = ImageFileDataset(folder, split)
     items = [(str(ds.folder / p), int(t)) for p, t in zip(ds.paths, ds.targets)]
     return items[:limit] if limit is not None else items
 
 
-def encoded_sample(item: _Item) -> dict[str, Any]:
+def encoded_sample(item: Item) -> dict[str, Any]:
     """Notebook 11, section 3: one sample as stored, the JPEG bytes as they are (no re-encoding) and the class number.
 
     ``litdata.optimize`` calls this in its worker processes, which is why it is a module-level
@@ -90,11 +90,11 @@ def mds_dataset(**kwargs: Any) -> Any:
     Retried when two processes pick the same ``/dev/shm`` prefix: mosaicml-streaming 0.13.0 scans for the first
     free number, then creates it, so two notebooks at once can collide (the slower gets ``FileExistsError``).
     What is not released by hand is released when the process exits normally (a script, a test process, a Jupyter
-    kernel asked to shut down, see :func:`course_lib._support.let_the_kernel_exit`): otherwise its lock files would
+    kernel asked to shut down, see :func:`course_lib.support.let_the_kernel_exit`): otherwise its lock files would
     stay in the temporary folder for good. A kernel that is killed does not get there, so notebook 11 releases its
     datasets in a cell.
     """
-    streaming = _require("streaming", "mosaicml-streaming")
+    streaming = require_package("streaming", "mosaicml-streaming")
     for attempt in range(10):
         try:
             dataset = streaming.StreamingDataset(**kwargs)
@@ -184,13 +184,13 @@ def _lock_files_of(dataset: Any) -> list[str]:
 
 def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
     """Notebook 11, section 3: litdata chunks in a local folder, read by ``litdata.StreamingDataset``."""
-    litdata = _require("litdata", "litdata")
+    litdata = require_package("litdata", "litdata")
     if not (Path(folder) / "index.json").is_file():
         raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first")
     return _Decoded(litdata.StreamingDataset(str(folder)))
 
 
-def fit(model: torch.nn.Module, loader: Any, steps: int) -> int:
+def train_steps(model: torch.nn.Module, loader: Any, steps: int) -> int:
     """Notebook 11, exercise 11.5 (the course's version): what a framework's training loop does with a loader, iterate
     it and nothing else: ``steps`` SGD steps (lr 0.1, cross-entropy) on ``(images, labels)`` batches; the images seen."""
     import itertools
@@ -244,11 +244,11 @@ def folder_bytes(folder: str | os.PathLike[str]) -> int:
 
 def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "The same images, three formats") -> Any:
     """Notebook 11, section 4: bars of the median samples/s of each format, relative to the first."""
-    from .viz import _relative_bars
+    from .viz import relative_bars
 
     med = medians(results)
     first = next(iter(med))
-    return _relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
+    return relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
                          ["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(med)], ax=ax)
 
 

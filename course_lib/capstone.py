@@ -2,7 +2,7 @@
 
 One pipeline (:func:`build_dataset`): every epoch the shard list is dealt out anew between the readers (the workers
 of all ranks), every reader cycles through its own share and mixes its samples in a buffer, and every rank takes the
-same number of steps per epoch. :func:`measure`/:func:`sweep` time it in the
+same number of steps per epoch. :func:`timed_epoch`/:func:`sweep` time it in the
 notebook; ``torchrun -m course_lib.capstone train --shards DIR`` trains on every rank and writes
 ``rankN.json``; ``decode_ms``/``step_ms`` are simulated costs (sleeps), 0 on a cluster.
 
@@ -31,11 +31,11 @@ from ._programs import one_line, run_on_one_rank
 from .datasets import DataNotFoundError, image_tensor
 from .instrument import EpochRecord, InstrumentedLoader, simulated_step
 from .resume import load_checkpoint, save_checkpoint
-from .shards import ShardError, _find_shards, check_enough_shards, read_shardset, write_image_shards
+from .shards import ShardError, find_shards, check_enough_shards, read_shardset, write_image_shards
 from .train import ddp_model, epoch_mean_loss, weights_digest
 
 __all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "RotatingShardList", "SHUFFLE_BUFFER", "STALL_TARGET", "STEP_MS",
-           "ShuffleBuffer", "SimulatedDecode", "build_dataset", "check_job", "cpus_per_task", "make_loader", "measure",
+           "ShuffleBuffer", "SimulatedDecode", "build_dataset", "check_job", "cpus_per_task", "make_loader", "timed_epoch",
            "plot_stall", "run_epoch", "sweep"]
 
 #: The notebook's workload: what one sample costs to decode, and one training step, in ms.
@@ -219,7 +219,7 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
     return record, [b.worker for b in record.batches]
 
 
-def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
+def timed_epoch(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
             step_ms: float = STEP_MS, decode_ms: float = DECODE_MS, batch_size: int = BATCH_SIZE, seed: int = 0) -> EpochRecord:
     """Notebook 13, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
@@ -231,10 +231,10 @@ def measure(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: in
 
 
 def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: Any) -> dict[int, EpochRecord]:
-    """Notebook 13, section 3: :func:`measure` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
+    """Notebook 13, section 3: :func:`timed_epoch` once per value of one setting (``"num_workers"`` or ``"prefetch_factor"``)."""
     if name not in ("num_workers", "prefetch_factor"):
         raise ValueError(f"sweep over 'num_workers' or 'prefetch_factor', not {name!r}")
-    return {v: measure(urls, **{**fixed, name: v}) for v in values}
+    return {v: timed_epoch(urls, **{**fixed, name: v}) for v in values}
 
 
 def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
@@ -263,7 +263,7 @@ def check_job(shards: str | os.PathLike[str], world_size: int, num_workers: int)
     """Notebook 13, section 4: the job's shard files, after checking they exist and are enough for ranks × workers readers."""
     if world_size < 1 or num_workers < 0:
         raise ValueError(f"need world_size >= 1 and num_workers >= 0, got {world_size} and {num_workers}")
-    paths = _find_shards(shards)  # ShardError naming what is missing
+    paths = find_shards(shards)  # ShardError naming what is missing
     try:
         check_enough_shards(len(paths), world_size, num_workers)
     except ShardError as exc:

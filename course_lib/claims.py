@@ -101,7 +101,7 @@ class LoadWatch:
 
 
 @dataclass(frozen=True)
-class _Rounds:
+class Rounds:
     """What :func:`interleave` measured: one value per round for each variant, and the others' CPU meanwhile."""
 
     values: dict[str, list[float]]
@@ -121,7 +121,7 @@ class _Rounds:
         return statistics.median(self.values[name])
 
 
-def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> _Rounds:
+def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> Rounds:
     """Notebooks 01-14: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
 
     The order alternates (A B C, then C B A, ...), so that a machine growing busier or warmer during the
@@ -136,11 +136,11 @@ def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> _Ro
         for r in range(rounds):
             for name in names if r % 2 == 0 else reversed(names):
                 values[name].append(float(variants[name]()))
-    return _Rounds(values, load.others_cores, load.cores)
+    return Rounds(values, load.others_cores, load.cores)
 
 
 @dataclass(frozen=True)
-class _Claim:
+class Claim:
     """A statement about a measured quantity, judged by the module's rule: see :func:`claim`."""
 
     statement: str
@@ -197,11 +197,11 @@ class _Claim:
 
 
 def claim(statement: str, values: Sequence[float], *, above: float | None = None, below: float | None = None,
-          load: Any = None, unit: str = "×") -> _Claim:
+          load: Any = None, unit: str = "×") -> Claim:
     """Notebooks 01-14: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
     ``below`` a threshold, by the rule in this module's docstring.
 
-    ``load`` is what measured the other processes' CPU meanwhile (a :class:`_Rounds` or a :class:`LoadWatch`);
+    ``load`` is what measured the other processes' CPU meanwhile (a :class:`Rounds` or a :class:`LoadWatch`);
     ``unit`` is ``"×"`` for a ratio or ``"%"`` for a share given as a fraction (0.15 prints "15%").
     """
     if (above is None) == (below is None):
@@ -217,4 +217,4 @@ def claim(statement: str, values: Sequence[float], *, above: float | None = None
     spread = max(deviation, MIN_SPREAD * abs(threshold or median))
     others = getattr(load, "others_cores", 0.0)
     cores = getattr(load, "cores", len(_cores()))
-    return _Claim(statement, median, spread, threshold, above is not None, len(values), others, cores, unit)
+    return Claim(statement, median, spread, threshold, above is not None, len(values), others, cores, unit)

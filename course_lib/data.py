@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ._support import check_int, new_folder, scratch_folder
+from .support import check_int, new_folder, scratch_folder
 
 __all__ = ["CLASSES", "data_dir", "dataset_name", "describe", "draw_shape", "prepare_data", "read_manifest", "scratch_folder", "verify"]
 

@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from . import data as _data
-from ._support import check_int
+from .support import check_int
 
 __all__ = ["DataNotFoundError", "ImageFileDataset", "InMemoryDataset", "RandomSequences", "WithIndex",
            "check_index", "image_tensor", "shapes"]

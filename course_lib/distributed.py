@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._support import check_int, write_atomic
+from .support import check_int, write_atomic
 
 __all__ = ["DistEnv", "DistEnvError", "check_one_gpu_per_rank", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
            "read_reports", "sampler_shares", "start", "write_report"]

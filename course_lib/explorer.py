@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from torch.utils.data import Dataset
 
-from .instrument import InstrumentedLoader, measure, plot_timeline
+from .instrument import InstrumentedLoader, plot_timeline, timed_loader
 
 __all__ = ["LoaderExplorer"]
 
@@ -54,7 +54,7 @@ class LoaderExplorer:
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: allowed here
-                loader = measure(self.dataset, step_s=self.step_ms.value / 1000, max_batches=self.max_batches, **self.settings())
+                loader = timed_loader(self.dataset, step_s=self.step_ms.value / 1000, max_batches=self.max_batches, **self.settings())
         finally:
             self.button.disabled = False
         self.history.append(loader)

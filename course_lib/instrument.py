@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .iterable import worker_slot
 from .timing import format_seconds
 
-__all__ = ["BatchRecord", "EpochRecord", "InstrumentedLoader", "measure", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
+__all__ = ["BatchRecord", "EpochRecord", "InstrumentedLoader", "timed_loader", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
 
 _MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
 _clock = time.perf_counter
@@ -330,7 +330,7 @@ def simulated_step(batch: Any, seconds: float, device: torch.device | str | None
         time.sleep(seconds)
 
 
-def measure(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs: int = 1, max_batches: int | None = None,
+def timed_loader(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs: int = 1, max_batches: int | None = None,
             **loader_kwargs: Any) -> InstrumentedLoader:
     """Notebook 04, section 3: run ``epochs`` passes of a loop that takes ``step_s`` per batch; return the loader and its records."""
     loader = InstrumentedLoader(dataset, **loader_kwargs)
@@ -353,7 +353,7 @@ def sweep(dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], 
         kwargs = {**loader_kwargs, name: v}
         if name == "num_workers" and v == 0:  # torch refuses these two without workers
             kwargs = {k: x for k, x in kwargs.items() if k not in ("prefetch_factor", "persistent_workers")}
-        out[v] = measure(dataset, step_s=step_s, **kwargs).last
+        out[v] = timed_loader(dataset, step_s=step_s, **kwargs).last
     return out
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ._support import check_int
+from .support import check_int
 from .datasets import ImageFileDataset
 
 __all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream",
-           "buffer_shuffle", "contiguous_share", "copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
+           "buffer_shuffle", "contiguous_share", "count_copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
            "plot_copies", "split_range_per_worker", "strided_share", "worker_shares", "worker_slot"]
 
 _T = TypeVar("_T")
@@ -255,7 +255,7 @@ def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_las
 
 
 @dataclass(frozen=True)
-class _BatchInfo:
+class BatchInfo:
     worker: int  # which worker made it (-1: the main process)
     samples: tuple[int, ...]
 
@@ -264,7 +264,7 @@ class _BatchInfo:
         return len(self.samples)
 
 
-def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_BatchInfo]:
+def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[BatchInfo]:
     """Notebook 08, section 5: one epoch of a real DataLoader over a stream of ``(number, worker)`` pairs: its batches.
     The dataset yields pairs (``with_worker=True``), and the loader batches; a batch mixing workers is an error."""
     out = []
@@ -272,11 +272,11 @@ def loader_batches(dataset: IterableDataset, **loader_kwargs: Any) -> list[_Batc
         ws = {int(w) for w in workers}
         if len(ws) != 1:
             raise RuntimeError(f"a batch mixes samples of workers {sorted(ws)}")
-        out.append(_BatchInfo(ws.pop(), tuple(int(i) for i in numbers)))
+        out.append(BatchInfo(ws.pop(), tuple(int(i) for i in numbers)))
     return out
 
 
-def copies(numbers: Iterable[Any], n: int) -> np.ndarray:
+def count_copies(numbers: Iterable[Any], n: int) -> np.ndarray:
     """Notebook 08, section 2: how many times each of ``0..n-1`` occurs in ``numbers`` (an array of length ``n``)."""
     values = np.fromiter((int(i) for i in numbers), dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() >= n):
@@ -304,7 +304,7 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
     colors = _worker_colors(w for _, w in pairs)
     bottom = np.zeros(n)
     for w, color in colors.items():
-        counts = copies([i for i, ww in pairs if ww == w], n)
+        counts = count_copies([i for i, ww in pairs if ww == w], n)
         ax.bar(np.arange(n), counts, bottom=bottom, color=color, edgecolor="white", label=_worker_label(w))
         bottom += counts
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -315,7 +315,7 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
     return ax
 
 
-def plot_batches(runs: dict[str, Sequence[_BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
+def plot_batches(runs: dict[str, Sequence[BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
                  ) -> Any:
     """Notebook 08, section 5: a row per run: its batches in arrival order, as wide as their sizes, coloured by worker."""
     import matplotlib.pyplot as plt

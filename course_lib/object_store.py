@@ -5,7 +5,7 @@ An object store has buckets and keys, not folders and files: a request lists key
 object, whole or a byte range. Every request pays a round trip, which is why shards (a few large objects) beat
 many small ones there even more than on a file system. The clients here take the endpoint and the keys from the
 standard AWS variables (``AWS_ENDPOINT_URL``, a profile): the course's server sets them
-(``course_tools.s3server``), and so would a site's S3, MinIO or SeaweedFS.
+(``course_lib.s3server``), and so would a site's S3, MinIO or SeaweedFS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from ._support import write_atomic
+from .support import write_atomic
 
 __all__ = ["ObjectReadError", "ShardCache", "list_objects", "read_many", "read_object",
            "register_in_worker", "register_s3_scheme", "s3_client", "split_url", "using_endpoint"]

@@ -43,7 +43,7 @@ def expect_error(*kinds: type[BaseException], lines: int = 1) -> Iterator[None]:
     gc.collect()
 
 
-class _CapturedStderr:
+class CapturedStderr:
     """What child processes wrote to standard error inside :func:`capture_stderr_fd`."""
 
     text: str = ""
@@ -54,7 +54,7 @@ class _CapturedStderr:
 
 
 @contextlib.contextmanager
-def capture_stderr_fd() -> Iterator[_CapturedStderr]:
+def capture_stderr_fd() -> Iterator[CapturedStderr]:
     """Notebook 05, section 3: collect what is written to file descriptor 2 (also by child processes) in the block.
 
     A worker process that crashes while starting writes its traceback to the operating system's standard error, not to
@@ -62,7 +62,7 @@ def capture_stderr_fd() -> Iterator[_CapturedStderr]:
     in the cell output with machine-specific paths. This puts it in a temporary file instead, so a notebook can show
     the line that matters.
     """
-    captured = _CapturedStderr()
+    captured = CapturedStderr()
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as tmp:

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampl
 
 from . import distributed
 from ._programs import add_data_arguments, one_line, run_on_one_rank
-from ._support import fsync_folder, new_file, write_atomic
+from .support import fsync_folder, new_file, write_atomic
 from .datasets import DataNotFoundError, image_tensor, shapes
 from .train import ddp_model, weights_digest
 

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from torch.utils.data import Sampler
 
-from ._support import check_int
+from .support import check_int
 
 __all__ = ["BucketBatchSampler", "balancing_weights", "class_counts", "coverage", "imbalanced_subset", "index_orders",
            "one_epoch", "padding_fraction", "plot_index_orders", "shared_batchmates"]
@@ -166,7 +166,7 @@ def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.
 
 
 @dataclass(frozen=True)
-class _Coverage:
+class Coverage:
     """What one epoch drew (:func:`coverage`); ``repeated``: samples drawn more than once, ``missing``: never drawn."""
 
     drawn: int  # indices yielded
@@ -190,7 +190,7 @@ class _Coverage:
         return f"Coverage(drawn={self.drawn}, distinct={self.distinct}, repeats={self.repeats}, unseen={self.unseen})"
 
 
-def coverage(indices: Iterable[Any], n: int) -> _Coverage:
+def coverage(indices: Iterable[Any], n: int) -> Coverage:
     """Notebook 06, section 2: count duplicates and never-seen samples in one epoch of ``indices`` over ``n`` samples.
     ``indices`` may be a sampler, a batch sampler, a list of indices, or one list per rank or per
     worker (notebooks 07-09): they are joined into one epoch."""
@@ -199,7 +199,7 @@ def coverage(indices: Iterable[Any], n: int) -> _Coverage:
     if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
         raise ValueError(f"indices must lie in 0..{n - 1}; got {drawn.min()}..{drawn.max()}")
     counts = np.bincount(drawn, minlength=n)
-    return _Coverage(int(drawn.size), int((counts > 0).sum()), np.flatnonzero(counts > 1).tolist(),
+    return Coverage(int(drawn.size), int((counts > 0).sum()), np.flatnonzero(counts > 1).tolist(),
                      np.flatnonzero(counts == 0).tolist())
 
 

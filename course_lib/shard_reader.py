@@ -25,7 +25,7 @@ from ._programs import run_on_one_rank
 from .iterable import worker_slot
 from .object_store import register_s3_scheme
 
-__all__ = ["build_loader"]
+__all__ = ["rank_webloader"]
 
 # webdataset 1.0.2 cannot open s3:// URLs (notebook 10): registered when this module is imported, which is in every
 # rank, and in every spawn or forkserver worker too, since each imports this module to unpickle the pipeline
@@ -37,7 +37,7 @@ def _tag_worker(sample: tuple) -> tuple:
     return (*sample, worker_slot(main=-1)[0])
 
 
-def build_loader(args: argparse.Namespace, epoch: int = 0):
+def rank_webloader(args: argparse.Namespace, epoch: int = 0):
     """Notebook 09, section 7: this rank's WebLoader for ``epoch``: batches of ``(keys, labels, shard urls, worker ids)``."""
     import webdataset as wds
 
@@ -75,7 +75,7 @@ def _read_epoch(args: argparse.Namespace, epoch: int, device: torch.device) -> d
     shards_by_worker: dict[str, list[str]] = {}
     batches = 0
     step = torch.zeros(1, device=device)  # a collective's tensor lives on the rank's device
-    for batch_keys, _labels, urls, workers in build_loader(args, epoch):
+    for batch_keys, _labels, urls, workers in rank_webloader(args, epoch):
         for key, url, worker in zip(batch_keys, urls, workers):
             keys_by_worker.setdefault(str(int(worker)), []).append(key)
             names = shards_by_worker.setdefault(str(int(worker)), [])

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from . import claims as _claims, data as _data
-from ._support import check_int, new_folder
+from .support import check_int, new_folder
 
 __all__ = ["ShardError", "ShardSet", "brace_urls", "check_enough_shards", "compare_small_files_and_shards", "corrupt_copy",
            "count_batches", "list_members", "read_shardset", "reader_shares", "shard_error_summary", "shard_folder",
@@ -105,7 +105,7 @@ def _expand_urls(urls: str) -> list[str]:
     return list(expand(urls))
 
 
-def _find_shards(location: _StrPath) -> list[Path]:
+def find_shards(location: _StrPath) -> list[Path]:
     """Notebook 13, section 4: the existing shard files a folder, a brace pattern or a glob names, sorted; a
     :class:`ShardError` saying how to write shards if there are none, or if the pattern names missing files."""
     how = "Write shards first (course_lib.shards.write_image_shards(folder) for the shapes images), or check the path."
@@ -200,7 +200,7 @@ def corrupt_copy(shard: _StrPath, out: _StrPath, keep: float = 0.5, cut: str = "
     return out
 
 
-def _load_npy(payload: bytes) -> np.ndarray:
+def load_npy(payload: bytes) -> np.ndarray:
     """Notebook 12, section 3: decode a ``.npy`` member; ``allow_pickle=False``, so a data file can never run code."""
     return np.load(io.BytesIO(payload), allow_pickle=False)
 
@@ -320,7 +320,7 @@ def _tensor_samples(n: int, values: int, seed: int) -> Iterator[dict]:
 def write_tensor_shards(out_dir: _StrPath, n: int, sample_bytes: int = 1 << 20, maxcount: int = 64, seed: int = 0,
                         prefix: str = "tensors", force: bool = False) -> ShardSet:
     """Notebook 12, section 3: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
-    [0, 1), read with :func:`_load_npy`) and ``KEY.cls`` (``index % 10``); deterministic, reused like image shards."""
+    [0, 1), read with :func:`load_npy`) and ``KEY.cls`` (``index % 10``); deterministic, reused like image shards."""
     check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:
         raise ValueError(f"sample_bytes must be a positive multiple of 4 (float32 values), got {sample_bytes}")
@@ -432,7 +432,7 @@ def _read_shards(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
 
 
 @dataclass(frozen=True)
-class _FilesVsShards:
+class FilesVsShards:
     """Seconds to read the same samples as small files and as shards (with and without latency), per round."""
 
     samples: int
@@ -453,7 +453,7 @@ class _FilesVsShards:
 
 
 def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths: Sequence[_StrPath],
-                                   latency: float = 0.001, rounds: int = 5) -> _FilesVsShards:
+                                   latency: float = 0.001, rounds: int = 5) -> FilesVsShards:
     """Notebook 09, section 10: seconds to read ``image_paths`` (a file per sample) and ``shard_paths`` (the same
     samples) in ``rounds`` interleaved rounds (:func:`course_lib.claims.interleave`): from the page cache (per-file
     overhead) and with ``latency`` seconds per ``open`` (simulated metadata cost). Bytes only: decoding costs the
@@ -476,4 +476,4 @@ def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths:
                                    "shards": seconds(_read_shards, shard_paths, 0.0),
                                    "small files + latency": seconds(_read_small_files, image_paths, latency),
                                    "shards + latency": seconds(_read_shards, shard_paths, latency)}, rounds=rounds)
-    return _FilesVsShards(samples, len(image_paths), len(shard_paths), latency, measured)
+    return FilesVsShards(samples, len(image_paths), len(shard_paths), latency, measured)

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._support import write_atomic
+from .support import write_atomic
 from .capstone import cpus_per_task
 
 __all__ = ["render_slurm_script", "write_slurm_script"]

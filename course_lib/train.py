@@ -30,7 +30,7 @@ from . import distributed
 from ._programs import add_data_arguments, one_line, run_on_one_rank
 from .datasets import DataNotFoundError, WithIndex, image_tensor, shapes
 
-__all__ = ["SmallCNN", "build_loader", "ddp_model", "epoch_mean_loss", "weights_digest"]
+__all__ = ["SmallCNN", "rank_dataloader", "ddp_model", "epoch_mean_loss", "weights_digest"]
 
 
 class SmallCNN(nn.Module):
@@ -74,7 +74,7 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
+def rank_dataloader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
     """Notebook 07, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
     dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=args.image_size),
                                size=args.size, root=args.data))
@@ -97,7 +97,7 @@ def build_loader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory:
 # --------------------------------------------------------------------------- one rank's training
 def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device) -> dict:
     """One rank's training: its loader, DDP, ``set_epoch`` every epoch, a report of what it loaded."""
-    loader, n = build_loader(args, env, pin_memory=device.type == "cuda")
+    loader, n = rank_dataloader(args, env, pin_memory=device.type == "cuda")
     model, ddp, opt = ddp_model(device, args.seed, args.lr)
     report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
                               "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}

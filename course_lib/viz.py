@@ -104,7 +104,7 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
     return fig
 
 
-def _relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
+def relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
                    ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
     """Horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line): a ratio to a reference
     measured in the same run means the same on every machine, where absolute rates do not."""

@@ -26,13 +26,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from . import claims
-from ._support import check_int, fork_context
+from .support import check_int, fork_context
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 from .iterable import worker_slot
 
 __all__ = ["CudaInWorker", "EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
-           "decode_jpeg", "decode_ppm", "jpeg_payloads", "limits", "open_files_demo", "parallel_rounds",
+           "decode_jpeg", "decode_ppm", "jpeg_payloads", "os_limits", "open_files_demo", "parallel_rounds",
            "ppm_payloads", "private_memory_growth", "shm_needed_mb"]
 
 
@@ -274,7 +274,7 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def limits() -> dict[str, Any]:
+def os_limits() -> dict[str, Any]:
     """Notebook 05, section 4: the operating-system limits that decide how many workers and how large batches can be."""
     try:
         import resource

@@ -9,5 +9,5 @@ is a command of ``python -m course_lib`` (:mod:`course_tools.cli`):
 * :mod:`~course_tools.slides`: ``slides build``, the offline decks;
 * :mod:`~course_tools.authoring`: ``authoring build|check|renumber``, learner notebooks from solutions, renumbering;
 * :mod:`~course_tools.versions`: the tested and accepted versions, in one place;
-* :mod:`~course_tools.launch`: starts ``torchrun`` jobs from a notebook, with timeouts;
+* :mod:`~course_lib.jobs`: starts ``torchrun`` jobs from a notebook, with timeouts;
 """

@@ -87,10 +87,6 @@ def learner_source(source: str) -> str:
     return "\n".join(out)
 
 
-def has_markers(source: str) -> bool:
-    return any(m in source for m in (BEGIN_SOLUTION, BEGIN_STUB))
-
-
 def make_learner(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A learner notebook: solution lines removed, stubs uncommented, outputs cleared."""
     nb = copy.deepcopy(solution)

@@ -10,11 +10,11 @@
 bytes (a raw file of 1 MiB float32 samples, written first if missing) as a plain sequential
 read into one reused sample-sized buffer (the limit), into reused and fresh batch-sized buffers,
 through a plain ``DataLoader`` with 0
-and N workers, and through :class:`~course_lib.further.highrate.RingLoader` (reused shared-memory
-slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.further.highrate`). With
+and N workers, and through :class:`~course_lib.highrate.RingLoader` (reused shared-memory
+slots), and prints GB/s and ratios to the limit (see :mod:`course_lib.highrate`). With
 ``--source shards`` the same samples are ``.npy`` members of tar shards (a folder, written first
 if missing): webdataset with workers against a RingLoader reading by an index of the shards. On a raw
-file it then compares threads with processes (:mod:`course_lib.further.threads`: SPDL, torchdata.nodes and a
+file it then compares threads with processes (:mod:`course_lib.threads`: SPDL, torchdata.nodes and a
 thread pool against DataLoader and RingLoader workers) on work that releases the GIL and work that holds it:
 GB/s, CPU seconds per GB of the main process and in total, and PSS.
 
@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from course_lib import alternatives as alt
 from course_lib import data
-from course_lib._support import fork_context, new_folder
+from course_lib.support import fork_context, new_folder
 from course_lib.datasets import DataNotFoundError, ImageFileDataset
 from course_lib.instrument import InstrumentedLoader
 from course_lib.timing import medians
@@ -173,7 +173,7 @@ GOAL_RING_SHARE = 0.5  # RingLoader / raw read into a reused buffer
 
 def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Write (or reuse) the raw file or the tensor shards, then compare every reader on them."""
-    from course_lib.further import highrate
+    from course_lib import highrate
 
     sample_bytes = int(args.sample_mb * 2**20) // 4 * 4
     n = max(args.batch_size, int(args.size_mb * 2**20) // sample_bytes)
@@ -206,7 +206,7 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
     }
     out = {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals, "threads": {}}
     if args.source == "raw":  # threads against processes, on both kinds of work (notebook 12, section 6)
-        from course_lib.further import threads
+        from course_lib import threads
 
         for kind, work in threads.WORK.items():
             log(f"threads and processes, {kind} ...")
@@ -239,7 +239,7 @@ def write_mds(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str],
     Columns ``jpg`` (raw bytes) and ``cls`` (int); no compression, as JPEG is compressed already.
     Written into a temporary folder and renamed, so a crash never leaves a half-written set.
     """
-    streaming = alt._require("streaming", "mosaicml-streaming")
+    streaming = alt.require_package("streaming", "mosaicml-streaming")
     with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
         with streaming.MDSWriter(out=str(tmp), columns={"jpg": "bytes", "cls": "int"}, size_limit=size_limit,
                                  progress_bar=False) as writer:
@@ -258,7 +258,7 @@ def write_litdata(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[s
     it exists: ``spawn`` would start every worker by importing torch again. ``keep_data_ordered``
     gives each worker a fixed slice, so sample ``i`` of the output is ``items[i]`` on every run.
     """
-    litdata = alt._require("litdata", "litdata")
+    litdata = alt.require_package("litdata", "litdata")
     method = start_method or fork_context().get_start_method()
     previous = multiprocessing.get_start_method(allow_none=True)
     with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
@@ -284,8 +284,8 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
     if args.out is None:
         scratch = tempfile.TemporaryDirectory(prefix="formats-bench-")
     out = Path(args.out or scratch.name)
-    alt._require("streaming", "mosaicml-streaming")  # imported before the clock starts (several seconds)
-    alt._require("litdata", "litdata")
+    alt.require_package("streaming", "mosaicml-streaming")  # imported before the clock starts (several seconds)
+    alt.require_package("litdata", "litdata")
     try:
         written = {}
         start = time.perf_counter()
@@ -398,12 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from course_lib.alternatives import FormatError
-    from course_lib.further.highrate import RawDataError
+    from course_lib.highrate import RawDataError
     from course_lib.shards import ShardError
 
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
-    from .s3server import ServerError
+    from course_lib.s3server import ServerError
     from .store_bench import run_store_bench, store_report
 
     run, show = {"loader": (run_loader_bench, report), "highrate": (run_highrate_bench, highrate_report),

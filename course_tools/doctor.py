@@ -1,6 +1,6 @@
 """The workshop doctor: ``python -m course_lib doctor`` checks a participant's environment.
 
-It reads the machine once (:func:`gather`), then runs one small pure check per concern on those
+It reads the machine once (:func:`read_facts`), then runs one small pure check per concern on those
 facts (:func:`run_checks`), so that every failing case can be tested by passing other facts. Each
 check returns a :class:`Result`: ``ok``, ``warn`` (the course runs, but something will bite) or
 ``fail`` (something will break), a one-line finding, and a concrete fix. The report prints the
@@ -66,7 +66,7 @@ class Result:
 
 @dataclass
 class Facts:
-    """What :func:`gather` read from the machine; every check is a function of these alone."""
+    """What :func:`read_facts` read from the machine; every check is a function of these alone."""
 
     python: str
     versions: dict[str, str | None]
@@ -299,7 +299,7 @@ def check_s3_server(seconds: float | None, listeners: list[str], error: str | No
     outside = [address for address in listeners if not address.startswith("127.0.0.1:")]
     if outside:
         return Result(name, FAIL, f"SeaweedFS listened beyond this machine: {', '.join(outside)}",
-                      "report it: the course starts it with -ip.bind=127.0.0.1 (course_tools/s3server.py)")
+                      "report it: the course starts it with -ip.bind=127.0.0.1 (course_lib/s3server.py)")
     return Result(name, OK, f"SeaweedFS started in {seconds:.1f} s, {len(listeners)} listeners, all on 127.0.0.1")
 
 
@@ -437,8 +437,8 @@ def hub_limits(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple
     return number("CPU_LIMIT"), None if mem is None else mem / 2**20
 
 
-def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
-    """Read this machine: versions, limits (via :func:`course_lib.workers.limits`), disk, data, GPU."""
+def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
+    """Read this machine: versions, limits (via :func:`course_lib.workers.os_limits`), disk, data, GPU."""
     facts = Facts(
         python=platform.python_version(),
         versions={name: _version(name) for name in versions.CHECKED if name != "python"},
@@ -455,9 +455,9 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     except Exception:  # noqa: BLE001 - psutil missing: the version checks say so
         pass
     try:  # torch may be missing or broken: the version checks say so, the other checks go on
-        from course_lib import workers as _workers
+        from course_lib.workers import os_limits
 
-        lim = _workers.limits()
+        lim = os_limits()
         facts.cpus, facts.start_method, facts.sharing_strategy = lim["cpus"], lim["start_method"], lim["sharing_strategy"]
         facts.open_files_soft, facts.open_files_hard = lim["open_files_soft"], lim["open_files_hard"]
         facts.shm_total_mb, facts.shm_free_mb = lim["shm_total_mb"], lim["shm_free_mb"]
@@ -487,7 +487,7 @@ def gather(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     try:  # a real server, started and stopped: what the object-storage notebook will do
         import tempfile
 
-        from . import s3server
+        from course_lib import s3server
 
         with tempfile.TemporaryDirectory(prefix="doctor-s3-") as where, s3server.S3Server(where) as server:
             facts.s3_listeners = [f"{ip}:{port}" for ip, port in server.listeners()]
@@ -580,7 +580,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 0:
         print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
         return 2
-    facts = gather(args.workers, args.root)
+    facts = read_facts(args.workers, args.root)
     results = run_checks(facts, root_given=args.root is not None)
     if args.json:
         payload: dict[str, Any] = {"ok": exit_code(results) == 0, "results": [asdict(r) for r in results], "facts": asdict(facts)}

@@ -48,11 +48,11 @@ def pinned_copy(torch: Any, mb: int) -> Item:
     n = mb * 2**20 // 4
     pageable, pinned = torch.empty(n), torch.empty(n).pin_memory()
     dev = torch.empty(n, device="cuda")
-    from course_lib.further.gpu_feed import _best_seconds  # best of 5, the GPU synchronised around each copy
+    from course_lib.gpu_feed import best_seconds  # best of 5, the GPU synchronised around each copy
 
     cuda = torch.device("cuda")
-    t_pageable = _best_seconds(lambda: dev.copy_(pageable), cuda)
-    t_pinned = _best_seconds(lambda: dev.copy_(pinned, non_blocking=True), cuda)
+    t_pageable = best_seconds(lambda: dev.copy_(pageable), cuda)
+    t_pinned = best_seconds(lambda: dev.copy_(pinned, non_blocking=True), cuda)
     figures = {"pageable_gbps": _gb_per_s(4 * n, t_pageable), "pinned_gbps": _gb_per_s(4 * n, t_pinned)}
     ratio = figures["pinned_gbps"] / figures["pageable_gbps"]
     return Item("pinned copy", RUN, f"{mb} MiB host to device: pageable {figures['pageable_gbps']:.1f} GB/s, "
@@ -79,8 +79,8 @@ def loader_to_device(torch: Any, mb: int, pinned_gbps: float) -> Item:
                 f"{share:.2f}× the pinned copy bandwidth", {"gbps": gbps, "share_of_pinned": share})
 
 
-def copy_stage(torch: Any, mb: int) -> Item:
-    from course_lib.further.gpu_feed import copy_stage as measure
+def prefetcher_copy(torch: Any, mb: int) -> Item:
+    from course_lib.gpu_feed import copy_stage as measure
 
     batch_mb, batches = max(1, mb // 4), 8
     figures = measure(batch_mb=batch_mb, batches=batches)
@@ -111,9 +111,10 @@ def nccl_one_rank(torch: Any) -> Item:
 
 
 def jpeg_decode(torch: Any) -> Item:
-    from course_lib.further.gpu_feed import gpu_decode, jpeg_payloads
+    from course_lib.gpu_feed import gpu_decode
+    from course_lib.workers import jpeg_payloads
 
-    found = gpu_decode(jpeg_payloads(64, 256))
+    found = gpu_decode(jpeg_payloads(n=64, side=256, distinct=64))
     figures = {k: float(found[k]) for k in ("gpu_images_per_s", "cpu_images_per_s")}
     ratio = figures["gpu_images_per_s"] / figures["cpu_images_per_s"]
     warned = f"; DeprecationWarning: {found['deprecation']}" if found["deprecation"] else ""
@@ -142,7 +143,7 @@ def run_checklist(mb: int = 64) -> list[Item]:
     steps: list[tuple[str, Callable[[], Item]]] = [
         ("pinned copy", lambda: pinned_copy(torch, mb)),
         ("loader to device", lambda: loader_to_device(torch, mb, items[0].figures.get("pinned_gbps", 0.0))),
-        ("copy stage", lambda: copy_stage(torch, mb)),
+        ("copy stage", lambda: prefetcher_copy(torch, mb)),
         ("nccl", lambda: nccl_one_rank(torch)),
         ("jpeg decode", lambda: jpeg_decode(torch)),
         ("dali", lambda: dali_decode(torch)),

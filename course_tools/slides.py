@@ -35,7 +35,7 @@ import mistune
 from mistune.renderers.html import HTMLRenderer
 from PIL import Image, UnidentifiedImageError
 
-from course_lib._support import write_atomic
+from course_lib.support import write_atomic
 
 
 # The slide size reveal.js lays out at (and scales to the screen): a 16:9 projector.

@@ -9,7 +9,7 @@ read once to warm up (workers started, page cache and store warm), then once per
 * the store at least 0.8x local disk, at equal workers (both read from the disk: the page cache of the local shards
   and of the server's files is dropped before each epoch; a row with the page cache is shown beside);
 * a local cache of the store (its second epoch) at least 0.95x local disk;
-* 20 ms more per request, through :class:`course_tools.s3server.Proxy`, at least 0.8x the same proxy without it,
+* 20 ms more per request, through :class:`course_lib.s3server.Proxy`, at least 0.8x the same proxy without it,
   by concurrency: each shard fetched as ``--in-flight`` ranged GETs at once (the proxy's own cost is in both).
 """
 
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_lib import claims
 
-from . import s3server
+from course_lib import s3server
 
 PIECE = 1 << 20  # bytes read at a time, into the reused buffer
 GOALS = {"store": 0.8, "cache": 0.95, "latency": 0.8}
@@ -48,7 +48,7 @@ class ShardBytes(Dataset):
     """Item ``i``: shard ``i``'s raw bytes, read whole into a reused buffer; returns how many.
 
     ``urls`` are local paths or ``s3://bucket/key``. For S3: ``endpoint`` (default: ``AWS_ENDPOINT_URL``), keys from
-    the AWS variables (:meth:`course_tools.s3server.S3Server.use`); ``in_flight`` ranged GETs at once per shard;
+    the AWS variables (:meth:`course_lib.s3server.S3Server.use`); ``in_flight`` ranged GETs at once per shard;
     ``cache_dir``: read a cached copy there if one is, else fetch and keep one (written under a temporary name)."""
 
     def __init__(self, urls: list[str], endpoint: str | None = None, in_flight: int = 1,

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 from jupyterlab_ui import end_group, poll_until
 

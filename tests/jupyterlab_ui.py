@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import psutil
 
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 try:  # the README's command is tested without a browser: only the stage needs Playwright
     from playwright.sync_api import expect

@@ -5,7 +5,7 @@ start method given, reads ``--epochs`` epochs of each recipe in real DataLoader 
 
 * ``sampler``: a map-style dataset through ``DistributedSampler`` with ``set_epoch`` (notebook 07), persistent workers;
 * ``stream``: the course's ``iterable.ShardedStream`` with ``set_epoch`` (notebook 08), a loader per epoch;
-* ``shards``: ``shard_reader.build_loader(args, epoch)``, the shard list dealt anew by (seed, epoch) before the
+* ``shards``: ``shard_reader.rank_webloader(args, epoch)``, the shard list dealt anew by (seed, epoch) before the
   node and worker split, samples mixed in shuffle buffers (notebook 09);
 * ``resampled``: the same loader with ``--resampled`` and ``--epoch-batches`` (notebook 09, section 8), and the shard
   draws of its source alone, many of them, to count how many distinct shards k draws reach;
@@ -71,7 +71,7 @@ def reader_args(urls: str, **options) -> argparse.Namespace:
 
 
 def shard_epochs(urls: str, epochs: int, **options) -> list[list[int]]:
-    return [[key_index(k) for keys, *_ in shard_reader.build_loader(reader_args(urls, **options), epoch) for k in keys]
+    return [[key_index(k) for keys, *_ in shard_reader.rank_webloader(reader_args(urls, **options), epoch) for k in keys]
             for epoch in range(epochs)]
 
 

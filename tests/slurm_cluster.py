@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 
 import psutil
 
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 #: The programs the cluster needs (Debian packages slurm-wlm and munge).
 PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "scontrol", "squeue", "scancel", "sinfo", "srun")

@@ -136,7 +136,7 @@ def test_missing_folders_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(alt.FormatError, match="litdata.optimize"):
         alt.litdata_images(tmp_path)
     with pytest.raises(alt.FormatError, match="pip install nothing-such"):
-        alt._require("nothing_such_module", "nothing-such")
+        alt.require_package("nothing_such_module", "nothing-such")
 
 
 def test_dali_is_reported_unavailable_without_a_gpu() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from course_lib import capstone, shards
 from course_lib.distributed import read_reports
-from course_tools.launch import launch
+from course_lib.jobs import launch
 from course_lib.shards import ShardError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -163,7 +163,7 @@ def test_08_batches_per_epoch() -> None:
 
 
 def test_08_eviction_policy() -> None:
-    from course_lib.further.growing import evict_oldest
+    from course_lib.growing import evict_oldest
 
     assert status(nb08.eviction_policy, evict_oldest)[0] is Status.SOLVED
     assert status(nb08.eviction_policy, ...)[0] is Status.NOT_ATTEMPTED

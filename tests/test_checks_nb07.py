@@ -11,7 +11,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from course_lib.checks import Status, nb07
-from course_tools.launch import launch
+from course_lib.jobs import launch
 from exercise_status import right_and_stubs, status
 
 

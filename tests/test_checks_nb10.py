@@ -18,7 +18,7 @@ from botocore.config import Config
 
 from course_lib import object_store
 from course_lib.checks import Status, nb10
-from course_tools import s3server
+from course_lib import s3server
 from exercise_status import status
 
 pytestmark = [pytest.mark.full, pytest.mark.timeout(180)]

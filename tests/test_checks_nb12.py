@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from course_lib.further import highrate, threads
+from course_lib import highrate, threads
 from course_lib.checks import Status, nb12
 from exercise_status import right_and_stubs, status
 

@@ -11,13 +11,13 @@ import time
 import pytest
 
 from course_lib import claims
-from course_lib.claims import _Rounds, claim, interleave
+from course_lib.claims import Rounds, claim, interleave
 
 pytestmark = pytest.mark.quick
 
 
-def _idle(others: float = 0.0) -> _Rounds:
-    return _Rounds({}, others_cores=others, cores=2)
+def _idle(others: float = 0.0) -> Rounds:
+    return Rounds({}, others_cores=others, cores=2)
 
 
 def test_a_clear_effect_holds_and_its_opposite_does_not() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from course_lib import _support, data
+from course_lib import data, support
 
 pytestmark = pytest.mark.quick
 
@@ -88,7 +88,7 @@ def test_failure_mid_write_leaves_nothing_that_looks_complete(tmp_path: Path, mo
 
 KILL_SCRIPT = """
 import sys
-from course_lib import _support, data
+from course_lib import data, support
 data.prepare_data("workshop", root=sys.argv[1], progress=False)
 """
 
@@ -110,14 +110,14 @@ def test_killed_run_is_not_reused_and_is_cleaned_up(tmp_path: Path) -> None:
     final = tmp_path / "shapes-workshop-seed0"
     assert not final.exists(), "a killed run must not leave a folder under the final name"
     assert list(tmp_path.glob(".shapes-workshop-seed0.tmp-*")), "the killed run's temp folder should still be there"
-    _support._remove_dead_temps(tmp_path / "shapes-workshop-seed0")  # what the next prepare_data() does first
+    support._remove_dead_temps(tmp_path / "shapes-workshop-seed0")  # what the next prepare_data() does first
     assert not list(tmp_path.glob(".shapes-workshop-seed0.tmp-*"))
 
 
 def test_stale_temp_of_a_live_process_is_kept(tmp_path: Path) -> None:
-    mine = tmp_path / f".shapes-tiny-seed0.tmp-{_support._host()}-{os.getpid()}-abcd"
+    mine = tmp_path / f".shapes-tiny-seed0.tmp-{support._host()}-{os.getpid()}-abcd"
     mine.mkdir()
-    _support._remove_dead_temps(tmp_path / "shapes-tiny-seed0")
+    support._remove_dead_temps(tmp_path / "shapes-tiny-seed0")
     assert mine.exists()
 
 
@@ -146,10 +146,10 @@ def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
     foreign.mkdir()
     other_host = tmp_path / "course09-otherhost"  # a dead pid, but written on another host (a shared /tmp)
     other_host.mkdir()
-    (other_host / _support._SCRATCH_OWNER).write_text(f"elsewhere {killed_pid_stand_in()}")
+    (other_host / support._SCRATCH_OWNER).write_text(f"elsewhere {killed_pid_stand_in()}")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     first = data.scratch_folder("07")
-    assert first.name.startswith("course07-") and (first / _support._SCRATCH_OWNER).exists()
+    assert first.name.startswith("course07-") and (first / support._SCRATCH_OWNER).exists()
     assert foreign.exists() and other_host.exists() and first.exists()
     again = data.scratch_folder("07")  # the notebook's first cell, run again in the same kernel
     assert again.is_dir() and not first.exists(), "a second call for the same notebook replaces the first folder"
@@ -164,7 +164,7 @@ def killed_pid_stand_in() -> int:
 
 CONCURRENT_SCRIPT = """
 import sys
-from course_lib import _support, data
+from course_lib import data, support
 print(data.prepare_data("tiny", root=sys.argv[1], progress=False).name)
 """
 

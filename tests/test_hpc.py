@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 pytestmark = pytest.mark.full
 

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 
 from course_lib.datasets import ImageFileDataset, InMemoryDataset
-from course_lib.instrument import _MAIN, EpochRecord, InstrumentedLoader, measure, plot_sweep, plot_timeline, sweep
+from course_lib.instrument import _MAIN, EpochRecord, InstrumentedLoader, timed_loader, plot_sweep, plot_timeline, sweep
 
 pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 
@@ -77,7 +77,7 @@ def _check_consistent(epoch: EpochRecord, n_samples: int, batch_size: int, worke
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_timeline_is_consistent(images, num_workers: int) -> None:
-    loader = measure(images, step_s=0.002, batch_size=16, num_workers=num_workers)
+    loader = timed_loader(images, step_s=0.002, batch_size=16, num_workers=num_workers)
     epoch = loader.last
     _check_consistent(epoch, len(images), 16, num_workers)
     assert epoch.nbytes == sum(x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in DataLoader(images, batch_size=16))
@@ -93,16 +93,16 @@ def test_timeline_is_consistent(images, num_workers: int) -> None:
 
 
 def test_persistent_workers_start_once(images) -> None:
-    loader = measure(images, epochs=3, batch_size=16, num_workers=2, persistent_workers=True, prefetch_factor=4)
+    loader = timed_loader(images, epochs=3, batch_size=16, num_workers=2, persistent_workers=True, prefetch_factor=4)
     assert [bool(e.worker_started) for e in loader.history] == [True, False, False]
-    fresh = measure(images, epochs=2, batch_size=16, num_workers=2)
+    fresh = timed_loader(images, epochs=2, batch_size=16, num_workers=2)
     assert [bool(e.worker_started) for e in fresh.history] == [True, True]
     for e in loader.history:
         _check_consistent(e, len(images), 16, 2)
 
 
 def test_breaking_off_keeps_what_was_seen(images) -> None:
-    loader = measure(images, max_batches=2, batch_size=8, num_workers=0)
+    loader = timed_loader(images, max_batches=2, batch_size=8, num_workers=0)
     assert not loader.last.complete and len(loader.last.batches) == 2
     assert loader.last.wall > 0
 
@@ -188,11 +188,11 @@ def test_pin_memory(images) -> None:
 
 
 def test_pictures(images) -> None:
-    loader = measure(images, epochs=2, batch_size=16, num_workers=2, persistent_workers=True)
+    loader = timed_loader(images, epochs=2, batch_size=16, num_workers=2, persistent_workers=True)
     fig = plot_timeline(loader)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["worker 1", "worker 0", "training loop"]
-    fig = plot_timeline(measure(images, batch_size=16).last, title="one lane")
+    fig = plot_timeline(timed_loader(images, batch_size=16).last, title="one lane")
     assert fig.axes[0].get_title() == "one lane"
     results = sweep(images, "num_workers", [0, 1], batch_size=16, prefetch_factor=2)
     assert list(results) == [0, 1] and all(r.complete for r in results.values())
@@ -235,5 +235,5 @@ def test_no_stale_start_after_a_skipped_error_or_the_end_of_a_stream(num_workers
 
 
 def test_the_end_of_an_epoch_counts_as_waiting(images) -> None:
-    epoch = measure(images, batch_size=16, num_workers=1).last
+    epoch = timed_loader(images, batch_size=16, num_workers=1).last
     assert epoch.shutdown_s > 0 and epoch.waited > sum(b.wait for b in epoch.batches)

@@ -29,7 +29,7 @@ from course_lib.iterable import (
     ShardedStream,
     buffer_shuffle,
     contiguous_share,
-    copies,
+    count_copies,
     epoch_batch_sizes,
     loader_batches,
     split_range_per_worker,
@@ -85,7 +85,7 @@ def test_unknown_sharding_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match="size must be"):
         list(buffer_shuffle(range(3), 0, np.random.default_rng(0)))
     with pytest.raises(ValueError, match="lie in"):
-        copies([0, 5], 3)
+        count_copies([0, 5], 3)
 
 
 # ------------------------------------------------------------------ the pitfall and the fix, in this process
@@ -109,12 +109,12 @@ def test_sharded_stream_yields_each_item_once_over_workers(n, k, sharding, shuff
 def test_the_naive_stream_is_repeated_by_every_worker(n: int, k: int) -> None:
     parts = in_workers(lambda: RangeStream(n), k)
     assert all(p == list(range(n)) for p in parts)
-    assert copies([i for p in parts for i in p], n).tolist() == [k] * n
+    assert count_copies([i for p in parts for i in p], n).tolist() == [k] * n
 
 
 def test_a_seed_per_worker_loses_and_repeats_samples() -> None:
     parts = in_workers(lambda: ShardedStream(12, shuffle=True, seed=0, seed_per_worker=True), 3)
-    counts = copies([i for p in parts for i in p], 12)
+    counts = count_copies([i for p in parts for i in p], 12)
     assert counts.sum() == 12 and counts.max() > 1 and (counts == 0).any()
 
 
@@ -234,7 +234,7 @@ def test_real_dataloader_matches_the_prediction_and_yields_each_item_once(n, b, 
 def test_real_dataloader_naive_vs_sharded_vs_worker_init_fn(k: int) -> None:
     wait = 60 if k else 0  # a timeout needs worker processes
     naive = numbers(DataLoader(RangeStream(12), batch_size=None, num_workers=k, timeout=wait))
-    assert copies(naive, 12).tolist() == [max(k, 1)] * 12
+    assert count_copies(naive, 12).tolist() == [max(k, 1)] * 12
     sharded = numbers(DataLoader(ShardedStream(12), batch_size=None, num_workers=k, timeout=wait))
     assert sorted(sharded) == list(range(12))
     if k:

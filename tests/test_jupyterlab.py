@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group, expect,
                            find_chromium, opened_notebook, readme_jupyter_command, request, wait_for_server)

@@ -2,12 +2,16 @@
 
 Layers, bottom to top (an import may only point down, or within its own layer):
 
-1. ``course_lib`` (the lesson library, ``course_lib/further/`` included): imports neither the checks, nor the tools,
+1. ``course_lib`` (the lesson library, ``course_lib/`` included): imports neither the checks, nor the tools,
    nor the tests. The one exception is ``course_lib/__main__.py``, the command entry that nothing imports: it hands
    ``python -m course_lib doctor`` and the like to the tools.
 2. ``course_lib.checks``: imports the library, never the tools or the tests.
 3. ``course_tools``: the instructors' and maintainers' tools, on top; never imports the tests.
-4. the notebooks may import all three; nothing imports the tests.
+4. the notebooks import ``course_lib`` and its checks, never the tools; nothing imports the tests.
+
+No module reaches into another's privates: ``from X import _name`` names a module's own helper only inside that
+module, and a private module (``_core``, ``_programs``) is imported only from its own package. A helper that modules
+share is public where it is defined (``course_lib.support``, ``shards.find_shards``).
 
 And every name a lesson module exports (``__all__``) is used by the code of some notebook: imported from it, or
 reached as an attribute of it (``resume.read_steps``). Markdown does not count. A name nothing teaches is private
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -36,9 +41,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """The absolute names of every module a file imports, at any depth of its code (lazy imports too)."""
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+def imports(path: Path, module: str | None = None) -> set[str]:
+    """The absolute names of every module a file imports, at any depth of its code (lazy imports too). ``module``:
+    the file's module name, where it does not lie in the repository (a sample in a temporary folder)."""
+    module = module or module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -54,12 +61,12 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-def layer_violations(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+def layer_violations(paths: list[Path], forbidden: tuple[str, ...], module: str | None = None) -> list[str]:
     bad = []
     for path in paths:
-        for name in sorted(imports(path)):
+        for name in sorted(imports(path, module)):
             if name.split(".")[0] in TEST_MODULES or any(name == f or name.startswith(f + ".") for f in forbidden):
-                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+                bad.append(f"{module or path.relative_to(ROOT)} imports {name}")
     return bad
 
 
@@ -110,14 +117,46 @@ def test_no_import_cycle_in_the_library() -> None:
 
 def test_the_layer_reader_sees_relative_and_lazy_imports(tmp_path: Path) -> None:
     """The reader above can fail: relative imports resolve against the package; imports inside functions count."""
-    sample = ROOT / "course_lib" / "checks" / "_layering_sample.py"
-    sample.write_text("from .. import shards\nfrom ._core import Hint\ndef f():\n    from course_tools.launch import launch\n")
-    try:
-        assert {"course_lib.shards", "course_lib.checks._core", "course_tools.launch"} <= imports(sample)
-        assert "course_lib/checks/_layering_sample.py imports course_tools.launch" in layer_violations(
-            [sample], ("course_tools",))
-    finally:
-        sample.unlink()
+    sample = tmp_path / "sample.py"
+    sample.write_text("from .. import shards\nfrom ._core import Hint\ndef f():\n    from course_tools.bench import main\n")
+    module = "course_lib.checks.sample"
+    assert {"course_lib.shards", "course_lib.checks._core", "course_tools.bench"} <= imports(sample, module)
+    assert "course_lib.checks.sample imports course_tools.bench" in layer_violations([sample], ("course_tools",), module)
+
+
+# --------------------------------------------------------------------------- no private reaches
+def private_reaches(path: Path, module: str | None = None) -> list[str]:
+    """Where a file imports another module's private name (``from .shards import _find``), or a private module of
+    another package (``course_lib.checks`` importing ``course_lib._programs``)."""
+    module = module or module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for name in sorted(imports(path, module)):
+        parts = name.split(".")
+        if parts[0] not in ("course_lib", "course_tools"):
+            continue
+        for i, part in enumerate(parts):
+            if part.startswith("_") and not part.startswith("__"):
+                owner = ".".join(parts[:i])  # the package or module the private part belongs to
+                if owner != package and owner != module:
+                    found.append(f"{module} imports {name}")
+                break
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    assert [r for p in LIBRARY + TOOLS for r in private_reaches(p)] == []
+
+
+def test_the_private_reach_reader_can_fail(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from .shards import _find\nfrom ._programs import one_line\nfrom . import _programs\n"
+                      "from .checks._core import Hint\ndef f():\n    from course_lib._programs import run\n")
+    assert private_reaches(sample, "course_lib.sample") == [
+        "course_lib.sample imports course_lib.checks._core", "course_lib.sample imports course_lib.checks._core.Hint",
+        "course_lib.sample imports course_lib.shards._find"]
+    sample.write_text("from course_lib import _programs, shards\nfrom course_lib.support import check_int\n")
+    assert private_reaches(sample, "course_tools.sample") == ["course_tools.sample imports course_lib._programs"]
 
 
 # --------------------------------------------------------------------------- public names, taught
@@ -155,8 +194,49 @@ def names_notebooks_use() -> frozenset[tuple[str, str]]:
     return frozenset(used)
 
 
-LESSON_MODULES = sorted(p for p in LIBRARY if "checks" not in p.parts and not any(
+#: helpers that the lesson modules, the checks and the tools share; no lesson of their own, and no ``__all__``
+SHARED_MODULES = [ROOT / "course_lib" / "support.py"]
+LESSON_MODULES = sorted(p for p in LIBRARY if "checks" not in p.parts and p not in SHARED_MODULES and not any(
     part.startswith("_") for part in p.relative_to(ROOT / "course_lib").parts))
+
+
+@functools.cache
+def names_modules_import() -> frozenset[tuple[str, str]]:
+    """``(module, name)`` for every name of ``course_lib`` that another module of the library, the checks or the
+    tools imports: a shared helper, public where it is defined."""
+    used = set()
+    for path in LIBRARY + TOOLS:
+        own = module_name(path)
+        package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+        aliases: dict[str, str] = {}  # a name in the file -> the course_lib module or name it is bound to
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname: a.name for a in node.names if a.asname}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                aliases.setdefault(f"{node.value.id}.{node.attr}", f"{aliases[node.value.id]}.{node.attr}")
+        for target in aliases.values():
+            module, _, attr = target.rpartition(".")
+            if module.split(".")[0] == "course_lib" and module != own:
+                used.add((module.removeprefix("course_lib").lstrip("."), attr))
+    return frozenset(used)
+
+
+def returned_by(tree: ast.Module, names: list[str]) -> set[str]:
+    """The names that the return annotations of the functions ``names`` mention: a class a taught function returns."""
+    found: set[str] = set()
+    taught = [node for node in tree.body if getattr(node, "name", None) in names]
+    for node in [n for t in taught for n in ast.walk(t)]:  # the functions, and the methods of the classes
+        if isinstance(node, ast.FunctionDef) and node.returns is not None:
+            found |= {n.id for n in ast.walk(node.returns) if isinstance(n, ast.Name)}
+            found |= {word for n in ast.walk(node.returns) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                      for word in re.findall(r"\w+", n.value)}  # a quoted annotation, "NoCuda.Stream"
+    return found
 
 
 def exported(path: Path) -> list[str] | None:
@@ -184,17 +264,58 @@ def test_public_names_are_listed_and_say_where_they_are_taught(path: Path) -> No
         if name in defined:
             doc = ast.get_docstring(defined[name]) or ""
             assert doc.startswith(("Notebook ", "Notebooks ")), f"{name}'s docstring should start 'Notebook NN, ...'"
+    module = module_name(path).removeprefix("course_lib.")
+    allowed = set(names) | returned_by(tree, names) | {n for m, n in names_modules_import() if m == module}
     for name, node in defined.items():
         is_error = name.endswith(("Error", "Timeout")) or isinstance(node, ast.ClassDef) and any(
             isinstance(b, (ast.Name, ast.Attribute)) and getattr(b, "id", getattr(b, "attr", "")).endswith("Error")
             for b in node.bases)
-        assert name in names or name.startswith("_") or is_error or name == "main", (
-            f"{name} is public but not in __all__: a lesson's name goes in __all__, anything else starts with _")
+        assert name in allowed or name.startswith("_") or is_error or name == "main", (
+            f"{name} is public but not in __all__, returned by a name in it, or shared with another module: a "
+            "lesson's name goes in __all__, anything else starts with _")
+
+
+@pytest.mark.parametrize("path", SHARED_MODULES, ids=[module_name(p) for p in SHARED_MODULES])
+def test_every_shared_helper_is_shared(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    assert ast.get_docstring(tree), "a module docstring"
+    module = module_name(path).removeprefix("course_lib.")
+    public = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+    unshared = [n for n in public if (module, n) not in names_modules_import()]
+    assert not unshared, f"{unshared}: no other module uses them; make them private (a leading _) or remove them"
+
+
+def notebook_imports(path: Path) -> set[str]:
+    """The modules a notebook's code imports, its ``%%writefile`` scripts included."""
+    found: set[str] = set()
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            for node in ast.walk(ast.parse(_cell_code("".join(cell["source"])))):
+                if isinstance(node, ast.Import):
+                    found |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.relative_to(ROOT / "notebooks").as_posix() for p in NOTEBOOKS])
+def test_notebooks_import_the_library_and_its_checks_never_the_tools(path: Path) -> None:
+    assert sorted(n for n in notebook_imports(path) if n.split(".")[0] == "course_tools") == []
+
+
+def test_the_notebook_import_reader_can_fail(tmp_path: Path) -> None:
+    sample = tmp_path / "99_sample.ipynb"
+    cells = ["import course_lib", "%%writefile job.py\nfrom course_tools.bench import main", "x = 1\nimport course_tools"]
+    sample.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
+    assert {"course_lib", "course_tools.bench", "course_tools"} <= notebook_imports(sample)
 
 
 def test_the_usage_reader_sees_aliases_attributes_and_writefile() -> None:
     used = names_notebooks_use()
     assert ("resume", "read_steps") in used  # `from course_lib import ... resume` then resume.read_steps(...)
-    assert ("further.growing", "GrowingCache") in used  # from course_lib.further.growing import GrowingCache
+    assert ("growing", "GrowingCache") in used  # from course_lib.growing import GrowingCache
     assert ("datasets", "image_tensor") in used
     assert not any(module.startswith("checks") and name == "nonexistent" for module, name in used)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from course_tools.launch import launch
+from course_lib.jobs import launch
 
 pytestmark = pytest.mark.full
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import object_store as store
-from course_tools import s3server
+from course_lib import s3server
 
 pytestmark = [pytest.mark.full, pytest.mark.timeout(120)]
 
@@ -140,7 +140,7 @@ def test_two_ranks_read_the_bucket_every_sample_once_per_epoch_each_epoch_new(le
     """A real 2-rank torchrun job, 2 workers per rank, reads the bucket for 3 epochs with notebook 09's reader: every
     sample exactly once per epoch over both ranks, and each epoch in a new order on every rank."""
     from course_lib.distributed import read_reports
-    from course_tools.launch import launch
+    from course_lib.jobs import launch
 
     urls = "s3://course/train/shard-{00..05}.tar"
     launch("course_lib.shard_reader", "--urls", urls, "--workers", "2", "--batch-size", "3", "--epochs", "3",

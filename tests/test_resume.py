@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from course_lib import resume
 from course_lib.distributed import read_reports
-from course_tools.launch import launch
+from course_lib.jobs import launch
 
 
 @pytest.mark.quick

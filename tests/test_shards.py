@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from course_lib import data, shards
 from course_lib.datasets import ImageFileDataset
 from course_lib.distributed import read_reports
-from course_tools.launch import launch
+from course_lib.jobs import launch
 
 warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle")
 
@@ -148,13 +148,13 @@ def test_tensor_shards(tmp_path: Path, tensor_shards: shards.ShardSet) -> None:
     assert a.counts == [4, 4, 2] and [p.read_bytes() for p in a.paths] == [p.read_bytes() for p in b.paths]
     samples = list(wds.WebDataset(a.urls, shardshuffle=False))
     assert [s["__key__"] for s in samples] == [f"{i:08d}" for i in range(10)]
-    arrays = [shards._load_npy(s["npy"]) for s in samples]
+    arrays = [shards.load_npy(s["npy"]) for s in samples]
     assert all(x.dtype == np.float32 and x.shape == (16,) and 0 <= x.min() and x.max() < 1 for x in arrays)
     assert [int(s["cls"]) for s in samples] == [i % 10 for i in range(10)]
     assert not np.array_equal(arrays[0], arrays[1])
     # the same sample i has the same values whatever the shard size
     c = shards.write_tensor_shards(tmp_path / "c", n=10, sample_bytes=64, maxcount=10, seed=3)
-    assert np.array_equal(shards._load_npy(next(iter(wds.WebDataset(c.urls, shardshuffle=False)))["npy"]), arrays[0])
+    assert np.array_equal(shards.load_npy(next(iter(wds.WebDataset(c.urls, shardshuffle=False)))["npy"]), arrays[0])
     for bad in ({"n": 0}, {"sample_bytes": 6}, {"prefix": "x y"}):
         with pytest.raises(ValueError):
             shards.write_tensor_shards(tmp_path / "bad", **{"n": 2, **bad})
@@ -165,7 +165,7 @@ def test_load_npy_refuses_pickles() -> None:
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="allow_pickle"):
-        shards._load_npy(buf.getvalue())
+        shards.load_npy(buf.getvalue())
 
 
 # ----------------------------------------------------------------- names, patterns, listings
@@ -191,19 +191,19 @@ def test_brace_urls_round_trip(numbers: set[int], ext: str) -> None:
 
 @pytest.mark.quick
 def test_find_shards(image_shards: shards.ShardSet, tmp_path: Path) -> None:
-    assert shards._find_shards(image_shards.folder) == image_shards.paths
-    assert shards._find_shards(image_shards.urls) == image_shards.paths
-    assert shards._find_shards(image_shards.folder / "*-00000[12].tar") == image_shards.paths[1:3]
-    assert shards._find_shards(image_shards.paths[0]) == image_shards.paths[:1]
+    assert shards.find_shards(image_shards.folder) == image_shards.paths
+    assert shards.find_shards(image_shards.urls) == image_shards.paths
+    assert shards.find_shards(image_shards.folder / "*-00000[12].tar") == image_shards.paths[1:3]
+    assert shards.find_shards(image_shards.paths[0]) == image_shards.paths[:1]
     (tmp_path / "empty").mkdir()
     cases = [tmp_path / "nowhere", tmp_path / "empty", str(tmp_path / "nowhere" / "a-{000000..000003}.tar"),
              str(image_shards.folder / "shapes-train-{000006..000009}.tar"), tmp_path / "*.tar"]
     for location in cases:
         with pytest.raises(shards.ShardError, match="write_image_shards") as err:
-            shards._find_shards(location)
+            shards.find_shards(location)
         assert str(tmp_path) not in str(err.value), "names, not machine paths"
     with pytest.raises(shards.ShardError, match="2 of the 4"):
-        shards._find_shards(str(image_shards.folder / "shapes-train-{000006..000009}.tar"))
+        shards.find_shards(str(image_shards.folder / "shapes-train-{000006..000009}.tar"))
 
 
 @pytest.mark.quick
@@ -442,13 +442,13 @@ def test_shard_reader_arguments() -> None:
 
 
 def _reader_epoch(urls: str, rank: int, epoch: int, *options: str) -> list[tuple[list[str], list[str]]]:
-    """Rank ``rank`` of 2's batches of ``shard_reader.build_loader`` in ``epoch``: (keys, shard names) per batch."""
+    """Rank ``rank`` of 2's batches of ``shard_reader.rank_webloader`` in ``epoch``: (keys, shard names) per batch."""
     from course_lib import shard_reader
 
     args = shard_reader._parse_args(["--urls", urls, "--workers", "2", "--batch-size", "4", "--buffer", "10", *options])
     with shards.simulated_reader(rank, 2):
         return [(list(keys), [os.path.basename(u) for u in names])
-                for keys, _labels, names, _workers in shard_reader.build_loader(args, epoch)]
+                for keys, _labels, names, _workers in shard_reader.rank_webloader(args, epoch)]
 
 
 @pytest.mark.quick
@@ -507,7 +507,7 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     def keys(seed: int) -> list[str]:
         args = _reader_args(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "4",
                              "--resampled", "--epoch-batches", "5", "--seed", str(seed)])
-        batches = itertools.islice(iter(shard_reader.build_loader(args)), 5)
+        batches = itertools.islice(iter(shard_reader.rank_webloader(args)), 5)
         return [k for batch in batches for k in batch[0]]
 
     first = keys(0)
@@ -522,4 +522,4 @@ def test_shard_reader_without_nodesplitter_refuses_several_ranks(image_shards: s
 
     args = shard_reader._parse_args(["--urls", image_shards.urls, "--workers", "0", "--no-nodesplitter"])
     with shards.simulated_reader(0, 2), pytest.raises(ValueError, match="explicit nodesplitter"):
-        next(iter(shard_reader.build_loader(args)))
+        next(iter(shard_reader.rank_webloader(args)))

@@ -376,7 +376,7 @@ EXIT_DRIVER = r'''"""Written by tests/test_slurm.py: RUNS runs of 2 ranks of cou
 import gc, json, os, signal, sys, time
 import torch, torchvision.transforms.v2  # noqa: F401  what a rank imports anyway; once, here
 import course_lib.train as course_train
-from course_tools.launch import free_ports
+from course_lib.jobs import free_ports
 
 RUNS, PARALLEL, OUT, DATA = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 ARGS = ["--data", DATA, "--size", "tiny", "--limit", "32", "--epochs", "1", "--workers", "1", "--batch-size", "8",

@@ -93,7 +93,7 @@ def test_open_file_limit_and_its_fix() -> None:
 
 
 def test_limits_and_shm_arithmetic() -> None:
-    info = workers.limits()
+    info = workers.os_limits()
     assert info["cpus"] >= 1 and info["sharing_strategy"] in torch.multiprocessing.get_all_sharing_strategies()
     assert workers.shm_needed_mb(1.5, num_workers=4, prefetch_factor=2) == 12.0
 

@@ -8,7 +8,7 @@ import torch
 
 from torch.utils.data import DataLoader
 
-from .._support import fork_context
+from ..support import fork_context
 from ..datasets import RandomSequences
 from ._core import Hint, attempted, drain, exercise, require
 

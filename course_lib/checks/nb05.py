@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from .._support import fork_context
+from ..support import fork_context
 from ..datasets import InMemoryDataset
 from ..workers import NoisyDataset, private_memory_growth
 from ._core import attempted, drain, exercise, require, solved

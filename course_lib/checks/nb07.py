@@ -211,7 +211,7 @@ def check_ddp_reports(reports: list[dict[str, Any]], world: int = 2) -> None:
 @exercise("07.5", "your script's 2 ranks split every epoch, reshuffled, trained identical models, and counted every "
                   "validation sample exactly once.")
 def ddp_script(path: Any, launch: Callable[..., Any]) -> None:
-    """Start the learner's script with ``launch`` (``course_tools.launch.launch``) on 2 ranks; check their reports."""
+    """Start the learner's script with ``launch`` (``course_lib.jobs.launch``) on 2 ranks; check their reports."""
     if re.search(r"^\s*raise NotImplementedError", Path(path).read_text(), flags=re.MULTILINE):
         raise NotAttempted(f"{path} still holds the stub's `raise NotImplementedError`: write the script, run its "
                            "cell, then run this check again.")

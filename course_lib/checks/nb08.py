@@ -201,8 +201,8 @@ def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
 
 
 def iterable_evict(entries: Sequence[tuple[str, int]], budget: int) -> list[str]:
-    """The reference answer (``course_lib.further.growing.evict_oldest``)."""
-    from ..further.growing import evict_oldest
+    """The reference answer (``course_lib.growing.evict_oldest``)."""
+    from ..growing import evict_oldest
 
     return evict_oldest(entries, budget)
 

@@ -17,7 +17,7 @@ import torch
 
 from .. import data as _data
 from ..shards import ShardSet, reader_shares
-from ._core import Hint, attempted, exercise, require
+from ._core import Hint, attempted, exercise, labelled_shards, require
 
 
 def _stage_names(pipeline: Any) -> list[str]:
@@ -187,25 +187,6 @@ def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
 # ----------------------------------------------------------------- 09.4: one rank's loader, equal steps on every rank
 
 
-def _labelled_shards(folder: Any, shards: int, per_shard: int) -> list[str]:
-    """``shards`` small tar shards whose every sample says where it comes from: class ``shard * 100 + i``."""
-    import io
-
-    import webdataset as wds
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (4, 4), (90, 60, 30)).save(buf, "JPEG")
-    urls = []
-    for s in range(shards):
-        path = f"{folder}/check-{s:06d}.tar"
-        with wds.TarWriter(path) as sink:
-            for i in range(per_shard):
-                sink.write({"__key__": f"s{s:02d}i{i:02d}", "jpg": buf.getvalue(), "cls": s * 100 + i})
-        urls.append(path)
-    return urls
-
-
 def _refuses_several_ranks(loader: Any) -> bool:
     """Whether the dataset inside ``loader`` refuses to read as one of several ranks (no ``nodesplitter=``).
 
@@ -293,7 +274,7 @@ def rank_loader(fn: Callable[..., Any]) -> None:
     attempted(fn)
     world, batch_size, steps, shards, per_shard = 2, 4, 7, 5, 10
     with tempfile.TemporaryDirectory(prefix="course09-") as folder:
-        urls = _labelled_shards(folder, shards=shards, per_shard=per_shard)  # rank 0 gets 3 shards, rank 1 gets 2
+        urls = labelled_shards(folder, shards=shards, per_shard=per_shard)  # rank 0 gets 3 shards, rank 1 gets 2
         runs: list[list[list[list[int]]]] = [[] for _ in range(world)]  # per rank, per epoch: the batches' labels
         for epoch in range(3):
             for rank in range(world):
@@ -342,7 +323,7 @@ def rotating_dataset(fn: Callable[..., Any]) -> None:
     attempted(fn)
     world, n = 2, 6
     with tempfile.TemporaryDirectory(prefix="course09-") as folder:
-        urls = _labelled_shards(folder, shards=n, per_shard=3)
+        urls = labelled_shards(folder, shards=n, per_shard=3)
         shares = []  # per epoch, per rank: the set of shards read
         for epoch in range(4):
             runs = [_rotation_run(fn, urls, rank, world, 0, epoch) for rank in range(world)]

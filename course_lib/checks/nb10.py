@@ -1,7 +1,7 @@
 """Checks for notebook 10 (object storage).
 
 Every check runs the learner's code against the course's real S3 server. The faults come from the notebook's proxy
-(``course_tools.s3server.Proxy``, passed in: this library never imports the tools above it), which the checks make
+(``course_lib.s3server.Proxy``, passed in: this library never imports the tools above it), which the checks make
 slow, throttle (503) or cut as each test needs, and which counts the requests it saw and how many it held at once.
 """
 

@@ -1,6 +1,6 @@
 """Checks for notebook 12 (the high-rate question).
 
-12.1 runs the learner's batch-keeping code on a real :class:`~course_lib.further.highrate.RingLoader` (whose slots
+12.1 runs the learner's batch-keeping code on a real :class:`~course_lib.highrate.RingLoader` (whose slots
 are overwritten, so kept batches must be copies); 12.2 compares their shared-memory arithmetic with what a RingLoader
 allocates; 12.3 runs their memory-mapped batch reader over a real raw file for two epochs; 12.4 times their rate meter
 against loops whose wall and CPU time are known, and reads a file of known values with their raw reader; 12.5 runs their thread reader over a real raw file, compares every
@@ -27,7 +27,7 @@ __all__ = ["first_batches", "mapped_batches", "measure", "ring_bytes", "solved",
 @exercise("12.1", "a reused buffer is overwritten by the next batch: keep a copy (.clone()), not the view.")
 def first_batches(fn: Callable[[Any, int], Any]) -> None:
     """``fn(loader, n)`` returns a list of the first ``n`` batches of ``loader``, kept intact."""
-    from ..further.highrate import RingLoader, write_raw_tensors
+    from ..highrate import RingLoader, write_raw_tensors
 
     attempted(fn)
     with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
@@ -94,7 +94,7 @@ def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int
                   "batch gathered into one buffer allocated once.")
 def mapped_batches(cls: Any) -> None:
     """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
-    from ..further.highrate import write_raw_tensors
+    from ..highrate import write_raw_tensors
 
     attempted(cls)
     n, size, batch = 50, 256, 8
@@ -258,7 +258,7 @@ THREAD_CASES = [(2, 2, 4), (2, 3, 4), (4, 4, 1)]  # (threads, in_flight, batch_s
                   "never more than in_flight batches ahead of the loop.")
 def thread_batches(cls: Any) -> None:
     """``cls(raw, batch_size, threads=2, in_flight=2)``: an iterable of ``[rows, raw.sample_len]`` batches of a raw file."""
-    from ..further.highrate import write_raw_tensors
+    from ..highrate import write_raw_tensors
 
     attempted(cls)
     source = _source_of(cls)

@@ -22,8 +22,7 @@ from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS
 from ..shards import simulated_reader
 from ..instrument import EpochRecord
 from ..workers import cpu_count
-from ._core import Hint, attempted, exercise, require, whole_number
-from .nb09 import _labelled_shards
+from ._core import Hint, attempted, exercise, labelled_shards, require, whole_number
 
 #: Exercise 13.5's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
 NODES, GPUS_PER_NODE, CPUS_PER_NODE = 2, 4, 32
@@ -44,7 +43,7 @@ def _validate_results(results: Any) -> dict[int, EpochRecord]:
         decode, step = r.settings.get("decode_ms"), r.settings.get("step_ms")
         require(decode == DECODE_MS and step == STEP_MS,
                 f"num_workers={k} was measured with decode_ms={decode}, step_ms={step}: measure every setting with the "
-                f"capstone's workload (decode_ms={DECODE_MS}, step_ms={STEP_MS}, the defaults of capstone.measure).")
+                f"capstone's workload (decode_ms={DECODE_MS}, step_ms={STEP_MS}, the defaults of capstone.timed_epoch).")
         require(len(r.batches) >= 8, f"num_workers={k} was measured over {len(r.batches)} batches: use at least 8.")
     require(len({r.settings.get("batch_size") for r in results.values()}) == 1, "measure every setting with the same batch size.")
     return results
@@ -82,7 +81,7 @@ def build_dataset(fn: Callable[..., Any]) -> None:
     """``fn(urls, seed, decode_ms)``: the capstone's pipeline (notebook 13, section 1), assembled by the learner."""
     attempted(fn)
     with tempfile.TemporaryDirectory(prefix="course13-") as folder:
-        urls = _labelled_shards(folder, shards=16, per_shard=2)  # 2 ranks x 2 workers: 4 shards, 8 samples per reader
+        urls = labelled_shards(folder, shards=16, per_shard=2)  # 2 ranks x 2 workers: 4 shards, 8 samples per reader
         first = _reader(fn, urls, 0, 0, 1)[0]
         require(len(first) == 1, "the pipeline yielded nothing for rank 0's worker 0.")
         image, *rest = first[0]

@@ -346,7 +346,7 @@ def doctor_cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]
 
 
 def test_gather_reads_this_machine(tmp_path: Path) -> None:
-    facts = doctor.gather(2, str(tmp_path))
+    facts = doctor.read_facts(2, str(tmp_path))
     assert facts.cpus and facts.cpus >= 1 and facts.start_method in ("fork", "spawn", "forkserver")
     assert facts.versions["torch"] and facts.disk_free_mb and facts.data_folder == str(tmp_path)
     assert facts.data_ready == {name: False for name in preparation.STEPS}

@@ -22,12 +22,12 @@ import numpy.lib.format as npformat
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .._support import check_int, new_file, write_atomic
-from ..shards import _load_npy, brace_urls
-from ..iterable import worker_slot
-from ..timing import medians
+from .support import check_int, new_file, write_atomic
+from .shards import load_npy, brace_urls
+from .iterable import worker_slot
+from .timing import medians
 
-__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards", "measure", "raw_read",
+__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards", "rate_and_cpu", "raw_read",
            "plot_main_process", "plot_rates", "write_raw_tensors"]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
@@ -38,7 +38,7 @@ class RawDataError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class _Float32Samples:
+class Float32Samples:
     """``n`` float32 samples of ``sample_bytes`` each; sample ``i`` lies at ``locations[i] = (file number, offset)``:
     back to back in one raw tensor file (:func:`write_raw_tensors`), or the ``.npy`` payloads of tar shards
     (:func:`index_tensor_shards`). A :class:`RingLoader` reads either."""
@@ -65,11 +65,11 @@ class _Float32Samples:
         return self.sample_bytes // 4
 
 
-def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int = 0) -> _Float32Samples:
-    return _Float32Samples((str(path),), tuple((0, i * sample_bytes) for i in range(n)), sample_bytes, seed)
+def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int = 0) -> Float32Samples:
+    return Float32Samples((str(path),), tuple((0, i * sample_bytes) for i in range(n)), sample_bytes, seed)
 
 
-def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> _Float32Samples:
+def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> Float32Samples:
     """Notebook 12, section 1: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
     Same arguments, same bytes. Written to a temporary name and renamed, the ``.json`` sidecar last, so a
@@ -94,13 +94,13 @@ def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = 
     return want
 
 
-def _open_raw(path: str | os.PathLike[str]) -> _Float32Samples:
+def _open_raw(path: str | os.PathLike[str]) -> Float32Samples:
     """Describe an existing raw tensor file, checking its size against its sidecar."""
     path, sidecar = Path(path), Path(f"{path}.json")
     if not path.is_file() or not sidecar.is_file():
         raise RawDataError(
             f"no raw tensor file {path.name} (with its .json description) in {path.parent.name or '.'}: write one with "
-            f"course_lib.further.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
+            f"course_lib.highrate.write_raw_tensors(path, n) or `python -m course_lib bench highrate --data PATH`"
         )
     meta = json.loads(sidecar.read_text())
     raw = _raw_file(path, int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
@@ -110,7 +110,7 @@ def _open_raw(path: str | os.PathLike[str]) -> _Float32Samples:
     return raw
 
 
-def _read_into(fd: int, view: memoryview, offset: int) -> None:
+def read_into(fd: int, view: memoryview, offset: int) -> None:
     """Fill ``view`` from ``fd`` at ``offset``: one ``preadv`` system call (repeated if the OS returns less)."""
     done = 0
     while done < len(view):
@@ -126,7 +126,7 @@ class RawTensorDataset(Dataset):
     Each call reads 1 sample with ``os.preadv`` into a **fresh** array. Each process opens the file itself:
     a descriptor inherited through ``fork`` would share its offset, and ``spawn`` has none."""
 
-    def __init__(self, raw: _Float32Samples) -> None:
+    def __init__(self, raw: Float32Samples) -> None:
         self.raw, self._fd, self._pid = raw, None, -1  # the file, opened in each process on first use
 
     def __len__(self) -> int:
@@ -139,7 +139,7 @@ class RawTensorDataset(Dataset):
             self._fd, self._pid = os.open(self.raw.path, os.O_RDONLY), os.getpid()
         nbytes = count * self.raw.sample_bytes
         out = _shared_empty(nbytes) if shared else torch.empty(nbytes // 4, dtype=torch.float32)
-        _read_into(self._fd, memoryview(out.numpy()).cast("B"), first * self.raw.sample_bytes)
+        read_into(self._fd, memoryview(out.numpy()).cast("B"), first * self.raw.sample_bytes)
         return out.view(count, self.raw.sample_len)
 
     def __getitem__(self, index: int) -> torch.Tensor:
@@ -161,7 +161,7 @@ class _RawBatchDataset(RawTensorDataset):
     """Batch ``b`` of a raw tensor file, read whole with one system call (use it with ``batch_size=None``): no
     per-sample arrays, no collate; in a worker born in shared memory, but still **fresh** for every batch."""
 
-    def __init__(self, raw: _Float32Samples, batch_size: int) -> None:
+    def __init__(self, raw: Float32Samples, batch_size: int) -> None:
         super().__init__(raw)
         self.batch_size = check_int(batch_size, "batch_size", 1)
 
@@ -182,7 +182,7 @@ def _touch(batch: torch.Tensor) -> float:
     return float(flat[:: 4096 // flat.element_size()].sum())
 
 
-def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samples:
+def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> Float32Samples:
     """Notebook 12, section 3: index the ``.npy`` members of tar shards (e.g. from ``shards.write_tensor_shards``), in order.
 
     Tar stores members uncompressed and a ``.npy`` file is a short header and the raw array, so sample ``i``
@@ -215,12 +215,12 @@ def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> _Float32Samp
                 locations.append((number, f.tell()))
     if not locations:
         raise RawDataError("no .npy members in the shards given: write them with shards.write_tensor_shards(...)")
-    return _Float32Samples(tuple(files), tuple(locations), sample_bytes)
+    return Float32Samples(tuple(files), tuple(locations), sample_bytes)
 
 
 def _npy_tensor(sample: dict) -> torch.Tensor:
     """A webdataset sample's ``.npy`` member as a tensor (never unpickled: ``allow_pickle=False``)."""
-    return torch.from_numpy(_load_npy(sample["npy"]))
+    return torch.from_numpy(load_npy(sample["npy"]))
 
 
 def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_options: Any) -> Any:
@@ -248,7 +248,7 @@ def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse
                 yield torch.from_numpy(buf[: n // itemsize])
 
 
-def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: Any,
+def _ring_worker(raw: Float32Samples, slots: torch.Tensor, tasks: Any, done: Any,
                  transform: Callable[[torch.Tensor], None] | None = None) -> None:
     """Worker process: read each task's samples (at ``raw.locations``) into its slot; a task is ``(batch, slot, indices)``.
     ``transform``, if given, works on each sample in place, in the slot."""
@@ -265,7 +265,7 @@ def _ring_worker(raw: _Float32Samples, slots: torch.Tensor, tasks: Any, done: An
                 file, offset = raw.locations[index]
                 if file not in fds:
                     fds[file] = os.open(raw.files[file], os.O_RDONLY)
-                _read_into(fds[file], memory[i * size:(i + 1) * size], offset)
+                read_into(fds[file], memory[i * size:(i + 1) * size], offset)
                 if transform is not None:
                     transform(slots[slot, i * length:(i + 1) * length])
             done.put((number, slot, None))
@@ -285,7 +285,7 @@ class RingLoader:
     epoch from ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`).
     ``transform`` (a module-level function, sent to the workers) works on each sample in place, in its slot."""
 
-    def __init__(self, raw: _Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
+    def __init__(self, raw: Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, timeout: float = 60.0,
                  start_method: str | None = None, transform: Callable[[torch.Tensor], None] | None = None) -> None:
         self.raw, self.batch_size = raw, check_int(batch_size, "batch_size", 1)
@@ -438,7 +438,7 @@ def raw_read(path: str | os.PathLike[str], chunk_bytes: int) -> Iterator[torch.T
             yield buffer[: filled // 4]
 
 
-def measure(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int,
+def rate_and_cpu(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int,
             step: Callable[[torch.Tensor], Any] = _touch) -> tuple[float, float]:
     """Notebook 12, exercise 12.4 (the course's version): ``(GB/s, CPU seconds per GB)`` of one pass of
     ``make_batches()``, each batch given to ``step``: 10^9 bytes per wall-clock second, and the CPU time (user +
@@ -457,8 +457,8 @@ def measure(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int,
 
 def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
          step: Callable[[torch.Tensor], Any] = _touch) -> float:
-    """Notebook 12, section 1: GB/s of one pass (:func:`measure`); with a ``cpu`` list, appends its CPU seconds per GB."""
-    rate, seconds_per_gb = measure(make_batches, nbytes, step)
+    """Notebook 12, section 1: GB/s of one pass (:func:`rate_and_cpu`); with a ``cpu`` list, appends its CPU seconds per GB."""
+    rate, seconds_per_gb = rate_and_cpu(make_batches, nbytes, step)
     if cpu is not None:
         cpu.append(seconds_per_gb)
     return rate
@@ -485,7 +485,7 @@ def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]
         torch.set_num_threads(threads)
 
 
-def compare(raw: _Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
+def compare(raw: Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
             cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Notebook 12, section 1: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
@@ -578,11 +578,11 @@ def _colour(name: str) -> str:
 
 def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Reading the same bytes") -> Any:
     """Notebook 12, section 1: horizontal bars of the median GB/s per method, each relative to the first (the limit)."""
-    from ..viz import _relative_bars
+    from .viz import relative_bars
 
     med = medians(results)
     first = next(iter(med))
-    return _relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
+    return relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
                          [_colour(n) for n in med], ax=ax, width=7, pad=0.5)
 
 

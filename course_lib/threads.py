@@ -24,8 +24,8 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .._support import check_int
-from .highrate import RawDataError, RingLoader, _Float32Samples, _read_into, measure
+from .support import check_int
+from .highrate import RawDataError, RingLoader, Float32Samples, read_into, rate_and_cpu
 
 __all__ = ["ThreadBatches", "WORK", "WorkedSamples", "compare_threads", "nodes_batches", "plot_threads", "python_work",
            "spdl_batches", "torch_work", "worker_method_available"]
@@ -59,7 +59,7 @@ class WorkedSamples(Dataset):
     The file is opened in each process (or once, shared by threads: ``preadv`` takes its offset, so threads never
     disturb each other)."""
 
-    def __init__(self, raw: _Float32Samples, work: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, raw: Float32Samples, work: Callable[[torch.Tensor], None]) -> None:
         self.raw, self.work = raw, work
         self._fd, self._pid = None, -1
 
@@ -70,7 +70,7 @@ class WorkedSamples(Dataset):
         if self._fd is None or self._pid != os.getpid():
             self._fd, self._pid = os.open(self.raw.path, os.O_RDONLY), os.getpid()
         sample = torch.empty(self.raw.sample_len)
-        _read_into(self._fd, memoryview(sample.numpy()).cast("B"), index * self.raw.sample_bytes)
+        read_into(self._fd, memoryview(sample.numpy()).cast("B"), index * self.raw.sample_bytes)
         self.work(sample)
         return sample
 
@@ -124,7 +124,7 @@ class ThreadBatches:
     which releases the GIL and never moves a shared file position. ``work``, if given, runs on every sample, in the
     reading thread."""
 
-    def __init__(self, raw: _Float32Samples, batch_size: int, threads: int = 2, in_flight: int = 2,
+    def __init__(self, raw: Float32Samples, batch_size: int, threads: int = 2, in_flight: int = 2,
                  work: Callable[[torch.Tensor], None] | None = None) -> None:
         if len(raw.files) != 1:
             raise RawDataError(f"ThreadBatches reads one raw file; this description spans {len(raw.files)} files")
@@ -139,7 +139,7 @@ class ThreadBatches:
     def _read(self, fd: int, number: int, buffer: torch.Tensor) -> torch.Tensor:
         first = number * self.batch_size
         batch = buffer[: min(self.batch_size, self.raw.n - first)]
-        _read_into(fd, memoryview(batch.numpy()).cast("B"), first * self.raw.sample_bytes)
+        read_into(fd, memoryview(batch.numpy()).cast("B"), first * self.raw.sample_bytes)
         if self.work is not None:
             for sample in batch:
                 self.work(sample)
@@ -175,7 +175,7 @@ def worker_method_available() -> bool:
 
 
 @dataclass
-class _Measured:
+class Measured:
     """Notebook 12, section 6: one reader's measurements, one per round: GB/s, CPU seconds per GB (the training
     process alone, and with its worker processes), and MB of PSS (the training process and its workers, after the pass)."""
 
@@ -210,12 +210,12 @@ def _pss_mb(processes: Iterable[psutil.Process]) -> float:
     return total / 1e6
 
 
-def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: _Measured | None,
+def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: Measured | None,
               workers: Callable[[], list[psutil.Process]] = list) -> None:
-    """One pass (:func:`highrate.measure`: GB/s and this process's CPU per GB), plus its workers' CPU and the PSS."""
+    """One pass (:func:`highrate.rate_and_cpu`: GB/s and this process's CPU per GB), plus its workers' CPU and the PSS."""
     me = psutil.Process()
     before = _children_cpu(me)
-    rate, main_per_gb = measure(make, nbytes)
+    rate, main_per_gb = rate_and_cpu(make, nbytes)
     if row is None:
         return
     others = sum(cpu - before.get(pid, 0.0) for pid, cpu in _children_cpu(me).items())
@@ -225,8 +225,8 @@ def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: _Mea
     row.pss_mb.append(_pss_mb([me, *workers()]))
 
 
-def compare_threads(raw: _Float32Samples, work: Callable[[torch.Tensor], None], batch_size: int = 16,
-                    workers: int = 2, rounds: int = 3) -> dict[str, _Measured]:
+def compare_threads(raw: Float32Samples, work: Callable[[torch.Tensor], None], batch_size: int = 16,
+                    workers: int = 2, rounds: int = 3) -> dict[str, Measured]:
     """Notebook 12, section 6: every reader over the same file with the same per-sample ``work``, ``workers`` processes or threads each.
 
     Each reader makes one untimed pass (which starts its workers), then one pass per round, in turn, on one torch
@@ -248,7 +248,7 @@ def compare_threads(raw: _Float32Samples, work: Callable[[torch.Tensor], None], 
     if _spdl_available():
         readers[f"SPDL pipeline, {workers} threads"] = lambda: spdl_batches(dataset, batch_size, workers)
     try:
-        rows = {name: _Measured() for name in readers}
+        rows = {name: Measured() for name in readers}
         own: dict[str, list[psutil.Process]] = {}  # each reader's worker processes (none for threads)
         for name, make in readers.items():
             known = {c.pid for c in me.children(recursive=True)}
@@ -262,10 +262,10 @@ def compare_threads(raw: _Float32Samples, work: Callable[[torch.Tensor], None], 
     finally:
         torch.set_num_threads(threads)
         ring.close()
-        del loader
+        loader = None  # the last reference: its persistent workers stop now  # noqa: F841
 
 
-def plot_threads(by_work: dict[str, dict[str, _Measured]]) -> Any:
+def plot_threads(by_work: dict[str, dict[str, Measured]]) -> Any:
     """Notebook 12, section 6: per kind of work (a row), each reader's median GB/s, and its CPU seconds per GB:
     the training process's own (solid) and its worker processes' (hatched). Threads blue, processes orange."""
     import statistics

@@ -1,4 +1,4 @@
-"""course_lib.further.highrate: the raw tensor file, the readers, and the reused-buffer RingLoader."""
+"""course_lib.highrate: the raw tensor file, the readers, and the reused-buffer RingLoader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from course_tools import bench
 from course_lib.timing import medians
-from course_lib.further.highrate import (
+from course_lib.highrate import (
     MappedBatches,
     RawDataError,
     RawTensorDataset,
@@ -209,12 +209,12 @@ def tensor_shards(tmp_path: Path):
 def shard_values(shardset) -> torch.Tensor:
     import tarfile
 
-    from course_lib.shards import _load_npy
+    from course_lib.shards import load_npy
 
     arrays = []
     for path in shardset.paths:
         with tarfile.open(path) as tar:
-            arrays += [_load_npy(tar.extractfile(m).read()) for m in tar if m.name.endswith(".npy")]
+            arrays += [load_npy(tar.extractfile(m).read()) for m in tar if m.name.endswith(".npy")]
     return torch.from_numpy(np.stack(arrays))
 
 

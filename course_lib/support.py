@@ -1,7 +1,7 @@
-"""Internal support for the lesson modules, one helper per idea: files and folders written under a temporary
+"""The helpers the lesson modules share, one per idea: files and folders written under a temporary
 name and renamed (a reader never sees half of one; a folder the course did not write is never replaced),
-the ``fork`` context where the platform has it, argument checks that say what was wrong, and a Jupyter kernel
-that exits by itself when asked to."""
+the ``fork`` context where the platform has it, and argument checks that say what was wrong. Public because the
+checks and the tools share them too; no notebook needs them."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def write_atomic(path: str | os.PathLike[str], payload: bytes | str, durable: bo
     return Path(path)
 
 
-def process_gone(host: str, pid: int) -> bool:
+def _process_gone(host: str, pid: int) -> bool:
     """True if ``pid`` ran on this host and runs no more (another user's live process counts as running)."""
     try:
         os.kill(pid, 0)
@@ -83,7 +83,7 @@ def _remove_dead_temps(final: Path) -> None:
     prefix = f".{final.name}.tmp-{_host()}-"
     for tmp in final.parent.glob(f"{prefix}*"):
         with contextlib.suppress(ValueError):  # a name that is not one of ours
-            if process_gone(_host(), int(tmp.name[len(prefix):].split("-", 1)[0])):
+            if _process_gone(_host(), int(tmp.name[len(prefix):].split("-", 1)[0])):
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -96,7 +96,7 @@ def scratch_folder(notebook: str) -> Path:
     for old in Path(tempfile.gettempdir()).glob("course*-*"):
         with contextlib.suppress(OSError, ValueError):  # another user's folder, or not one of ours
             host, pid = (old / _SCRATCH_OWNER).read_text().split()
-            if process_gone(host, int(pid)):
+            if _process_gone(host, int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f"course{notebook}-"))
     (folder / _SCRATCH_OWNER).write_text(f"{_host()} {os.getpid()}")
@@ -160,65 +160,3 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
     if n < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {n}")
     return n
-
-
-def let_the_kernel_exit() -> None:
-    """In a Jupyter kernel: when it is asked to shut down or restart, let it exit by itself, so that its ``atexit``
-    handlers run and a restart takes no extra seconds, after ``spawn`` workers and shared memory too.
-
-    At a shutdown request, ipykernel sends SIGTERM to the kernel's child processes and waits until none is left, for
-    up to 14 s; Jupyter waits 2.5 s, then ends the kernel with SIGTERM, and no ``atexit`` handler runs. Two kinds
-    of child outlive that SIGTERM:
-
-    * multiprocessing's resource tracker, which the kernel starts with its first ``spawn`` or ``forkserver`` worker
-      or its first shared-memory segment (an MDS ``StreamingDataset``): it ignores SIGTERM. Closing the kernel's
-      end of its pipe ends it instead (once the workers, which hold copies, are gone): it unlinks what is still
-      registered, as it would have after the kernel died, and exits;
-    * children that die of the SIGTERM (a DataLoader's persistent workers, the forkserver): they stay as zombies,
-      which ipykernel counts as alive, until the kernel reaps them, and it does not. A thread reaps them here.
-
-    Nothing is done outside a kernel, or twice.
-    """
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None or _KERNEL_HOOKED:
-        return
-    _KERNEL_HOOKED.append(shell)
-    shell.observe(_before_the_kernel_exits, names="exit_now")  # ipykernel's do_shutdown sets it before it waits
-
-
-_KERNEL_HOOKED: list[Any] = []  # the kernel's shell, once let_the_kernel_exit has hooked it
-
-
-def _before_the_kernel_exits(change: dict[str, Any]) -> None:
-    """Close this process's end of the resource tracker's pipe, without waiting (private attributes of
-    ``multiprocessing.resource_tracker``, checked with Python 3.11 only; without them, the tracker is left as it
-    is), and reap the children as they end."""
-    if not change["new"]:
-        return
-    from multiprocessing import resource_tracker
-
-    tracker = resource_tracker._resource_tracker
-    fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
-    if fd is not None and pid is not None:
-        tracker._fd = tracker._pid = None  # a later register() starts a new tracker rather than write to a closed pipe
-        os.close(fd)
-    threading.Thread(target=_reap_children, name="course_lib: reap ended children", daemon=True).start()
-
-
-def _reap_children() -> None:
-    """Until the kernel exits: join the workers that ended (multiprocessing's own bookkeeping), then reap every
-    other child that ended (the resource tracker, the forkserver)."""
-    import psutil
-
-    me = psutil.Process()
-    while True:
-        mp.active_children()
-        for child in me.children():
-            with contextlib.suppress(psutil.Error, ChildProcessError):
-                if child.status() == psutil.STATUS_ZOMBIE:
-                    os.waitpid(child.pid, os.WNOHANG)
-        time.sleep(0.05)

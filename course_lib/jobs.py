@@ -1,7 +1,8 @@
-"""Start a ``torchrun`` job from a notebook or a test, with a timeout, and collect each rank's output.
+"""Notebooks 07, 09, 10, 13 and 14: start a ``torchrun`` job from a notebook, with a timeout, and collect each
+rank's output.
 
-Process plumbing, not a lesson: notebooks 07, 09 and 13 call :func:`launch` to run the course's
-training scripts as real ``torchrun`` jobs. The rendezvous listens on 127.0.0.1 only; each rank's
+The notebooks call :func:`launch` to run the course's programs as real ``torchrun`` jobs; the tests and the tools
+call it too. The rendezvous listens on 127.0.0.1 only; each rank's
 output is shown in rank order when the job ends; a failed rank raises :class:`LaunchError` with
 that rank's own error line; a job still running at the timeout is killed, every rank and every
 DataLoader worker below it included, instead of hanging the notebook.
@@ -23,11 +24,13 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from course_lib.distributed import SLURM_NODELIST_VARS, SLURM_VARS, TORCHRUN_VARS
+from .distributed import SLURM_NODELIST_VARS, SLURM_VARS, TORCHRUN_VARS
+
+__all__ = ["LaunchError", "launch"]
 
 
 class LaunchError(RuntimeError):
-    """A launched job failed or timed out; ``result`` holds every rank's output."""
+    """Notebooks 07, 09, 10, 13 and 14: a launched job failed or timed out; ``result`` holds every rank's output."""
 
     def __init__(self, message: str, result: "LaunchResult") -> None:
         super().__init__(message)
@@ -120,7 +123,7 @@ def _split_by_rank(text: str, nproc: int) -> tuple[dict[int, list[str]], list[st
     return ranks, launcher
 
 
-def torchrun_command(target: Sequence[str], nproc: int, module: bool = True, log_dir: str | None = None) -> list[str]:
+def _torchrun_command(target: Sequence[str], nproc: int, module: bool = True, log_dir: str | None = None) -> list[str]:
     """The torchrun command line :func:`launch` runs: ``--standalone``, pinned to 127.0.0.1.
 
     ``--standalone`` means a one-node rendezvous on a free port of ``localhost``; the explicit
@@ -149,7 +152,8 @@ def launch(
     show: bool = True,
     style: str = "torchrun",
 ) -> LaunchResult:
-    """Run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and collect the output.
+    """Notebooks 07, 09, 10, 13 and 14: run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and
+    collect the output.
 
     ``style="srun"`` starts the ``nproc`` processes as ``srun`` starts the tasks of one node instead: with
     ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, ``SLURM_STEP_NODELIST`` and
@@ -185,7 +189,7 @@ def launch(
     else:
         # the ranks' output comes through the pipe; torchrun's own copy of it goes to a folder removed afterwards
         with tempfile.TemporaryDirectory(prefix="course-torchrun-", ignore_cleanup_errors=True) as logs:
-            proc = subprocess.Popen(torchrun_command([target, *args], nproc, module=module, log_dir=logs),
+            proc = subprocess.Popen(_torchrun_command([target, *args], nproc, module=module, log_dir=logs),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
                                     start_new_session=True)
             timed_out = False

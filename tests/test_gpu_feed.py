@@ -1,4 +1,4 @@
-"""course_lib.further.gpu_feed: the Prefetcher's loop on a CPU (order, look-ahead, reused slots, the stream and event
+"""course_lib.gpu_feed: the Prefetcher's loop on a CPU (order, look-ahead, reused slots, the stream and event
 protocol), the recordings and show() in its three outcomes, and on a CUDA GPU the parts themselves.
 
 Quick but for the command run in a fresh interpreter (about 2 s of imports) and the GPU measurements."""
@@ -14,15 +14,15 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from course_lib.further import gpu_feed
-from course_lib.further.gpu_feed import (
+from course_lib import gpu_feed
+from course_lib.workers import jpeg_payloads
+from course_lib.gpu_feed import (
     PARTS,
     RECORDINGS,
     NoGPUError,
     Prefetcher,
     copy_stage,
     gpu_decode,
-    jpeg_payloads,
     nonblocking_hazard,
     _record,
     _recorded,
@@ -169,16 +169,15 @@ def test_bad_inputs_get_clear_errors() -> None:
 def test_without_a_gpu_the_gpu_parts_say_so() -> None:
     with pytest.raises(NoGPUError, match="no CUDA GPU"):
         Prefetcher([], "cuda")
-    for part in (copy_stage, nonblocking_hazard, lambda: gpu_decode(jpeg_payloads(2, 16))):
+    for part in (copy_stage, nonblocking_hazard, lambda: gpu_decode(jpeg_payloads(n=2, side=16))):
         with pytest.raises(NoGPUError, match="measures a CUDA GPU"):
             part()
 
 
 @pytest.mark.quick
-def test_jpeg_payloads_are_jpegs() -> None:
-    payloads = jpeg_payloads(3, image_size=32)
-    assert len(payloads) == 3 and all(p[:2] == b"\xff\xd8" for p in payloads)  # JPEG's start-of-image marker
-    assert payloads == jpeg_payloads(3, image_size=32)
+def test_the_cpu_reference_decodes_the_course_jpegs() -> None:
+    payloads = jpeg_payloads(n=3, side=32, distinct=3)
+    assert len(set(payloads)) == 3 and all(p[:2] == b"\xff\xd8" for p in payloads)  # JPEG's start-of-image marker
     assert tuple(gpu_feed._pillow_decode(payloads[0]).shape) == (3, 32, 32)
 
 
@@ -307,7 +306,7 @@ def test_main_without_a_gpu_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pyt
 @pytest.mark.full
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_command_without_a_gpu_exits_1(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "course_lib.further.gpu_feed", "--record", str(tmp_path / "o.json")],
+    done = subprocess.run([sys.executable, "-m", "course_lib.gpu_feed", "--record", str(tmp_path / "o.json")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "no CUDA GPU here" in done.stderr and not (tmp_path / "o.json").exists()
 
@@ -338,7 +337,7 @@ def test_on_a_gpu_the_parts_measure(tmp_path: Path) -> None:
     assert copy["copy_gbps"] > 0 and copy["pinned_gbps"] > 0 and copy["share"] > 0
     hazard = nonblocking_hazard(mb=16)
     assert hazard["wrong_after_sync"] == 0 and hazard["wrong_before_sync"] > 0
-    decode = gpu_decode(jpeg_payloads(16, 128))
+    decode = gpu_decode(jpeg_payloads(n=16, side=128, distinct=16))
     assert decode["gpu_images_per_s"] > 0 and decode["cpu_images_per_s"] > 0
     if decode["decoder"].startswith("torchvision"):
         assert decode["deprecation"] is None or "deprecated" in decode["deprecation"]

@@ -1,4 +1,4 @@
-"""course_tools.s3server: a real SeaweedFS S3 server, on loopback only, stopped by its pid, with a read-only learner."""
+"""course_lib.s3server: a real SeaweedFS S3 server, on loopback only, stopped by its pid, with a read-only learner."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_tools import s3server
-from course_tools.s3server import S3Server, ServerError
+from course_lib import s3server
+from course_lib.s3server import S3Server, ServerError
 
 pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 
@@ -132,7 +132,7 @@ def test_a_killed_kernel_takes_its_server_along(tmp_path: Path, where: str) -> N
     (re)started from a thread that has ended since (a timer ending an outage: notebook 10's restart)."""
     start = ("s.start()" if where == "main thread" else
              "t = threading.Thread(target=s.start); t.start(); t.join()")
-    code = ("import sys, threading, time; from course_tools.s3server import S3Server; "
+    code = ("import sys, threading, time; from course_lib.s3server import S3Server; "
             f"s = S3Server({str(tmp_path)!r}); {start}; print(s.pid, flush=True); time.sleep(120)")
     kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -142,12 +142,12 @@ def test_a_killed_kernel_takes_its_server_along(tmp_path: Path, where: str) -> N
         kernel.send_signal(signal.SIGKILL)
         kernel.wait(10)
     assert _gone(pid), f"weed mini {pid} outlived the process that started it"
-    # it could not tidy up: the next start (or remove_stale_sockets) removes its sockets, and no live server's
+    # it could not tidy up: the next start (or _remove_stale_sockets) removes its sockets, and no live server's
     killed_ports = {int(p.name.rsplit("-", 1)[1][:-5]) for p in Path("/tmp").glob("seaweedfs-*.sock")} - live_ports()
     with S3Server(tmp_path / "next"):
         left = {int(p.name.rsplit("-", 1)[1][:-5]) for p in Path("/tmp").glob("seaweedfs-*.sock")}
         assert not left & killed_ports, left & killed_ports
-        assert left <= live_ports() and s3server.remove_stale_sockets() == []
+        assert left <= live_ports() and s3server._remove_stale_sockets() == []
 
 
 def live_ports() -> set[int]:

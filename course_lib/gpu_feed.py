@@ -7,7 +7,7 @@ GPU; :func:`nonblocking_hazard` shows what ``non_blocking=True`` does and does n
 JPEG decoding itself onto the GPU (nvJPEG).
 
 The course runs on CPUs, so this section ships figures recorded on a GPU (``gpu_recordings.json``, written by
-``python -m course_lib.further.gpu_feed --record``): :func:`show` runs a part where a CUDA GPU is present and prints
+``python -m course_lib.gpu_feed --record``): :func:`show` runs a part where a CUDA GPU is present and prints
 the recording, labelled with its GPU, date and versions, where none is.
 """
 
@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .._support import check_int, write_atomic
-from ..data import CLASSES, draw_shape
-from ..timing import seconds_per_call
+from .support import check_int, write_atomic
+from .timing import seconds_per_call
+from .workers import jpeg_payloads
 
-__all__ = ["Prefetcher", "copy_stage", "gpu_decode", "jpeg_payloads", "nonblocking_hazard", "show"]
+__all__ = ["Prefetcher", "copy_stage", "gpu_decode", "nonblocking_hazard", "show"]
 
 RECORDINGS = Path(__file__).with_name("gpu_recordings.json")  # shipped with the course: figures from a real GPU
 PARTS = ("copy stage", "non_blocking", "gpu decode")
@@ -179,11 +179,11 @@ def copy_stage(batch_mb: int = 32, batches: int = 16, device: str | torch.device
             batch.mul_(2.0)  # a trivial step: the copies are what is measured
 
     consume()  # warm: the CUDA context, the pinned slots, the caching allocator
-    copy_s = _best_seconds(consume, device_, repeat=3)
+    copy_s = best_seconds(consume, device_, repeat=3)
 
     big = torch.rand(4 * numel).pin_memory()
     on_device = torch.empty_like(big, device=device_)
-    pinned_s = _best_seconds(lambda: on_device.copy_(big, non_blocking=True), device_)
+    pinned_s = best_seconds(lambda: on_device.copy_(big, non_blocking=True), device_)
     copy_gbps = n * numel * 4 / copy_s / 1e9
     pinned_gbps = big.numel() * 4 / pinned_s / 1e9
     return {"copy_gbps": copy_gbps, "pinned_gbps": pinned_gbps, "share": copy_gbps / pinned_gbps}
@@ -208,10 +208,10 @@ def nonblocking_hazard(device: str | torch.device = "cuda", mb: int = 64) -> dic
     wrong_after = torch.count_nonzero(on_host != 7.0).item() / numel
 
     pageable = torch.rand(numel)
-    plain_s = _best_seconds(lambda: pageable.to(device_), device_)
-    pin_then_copy_s = _best_seconds(lambda: pageable.pin_memory().to(device_, non_blocking=True), device_)
+    plain_s = best_seconds(lambda: pageable.to(device_), device_)
+    pin_then_copy_s = best_seconds(lambda: pageable.pin_memory().to(device_, non_blocking=True), device_)
     pinned = pageable.pin_memory()
-    pinned_s = _best_seconds(lambda: pinned.to(device_, non_blocking=True), device_)
+    pinned_s = best_seconds(lambda: pinned.to(device_, non_blocking=True), device_)
     return {"wrong_before_sync": wrong_before, "wrong_after_sync": wrong_after, "pageable_ms": plain_s * 1e3,
             "pin_then_copy_ms": pin_then_copy_s * 1e3, "pinned_ms": pinned_s * 1e3,
             "pin_then_copy_vs_pageable": pin_then_copy_s / plain_s}
@@ -225,32 +225,20 @@ def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") 
     ``deprecation`` is the warning it gave (None for torchcodec)."""
     device_ = _require_cuda(device, "gpu_decode")
     if not jpeg_payloads or not all(isinstance(p, (bytes, bytearray)) for p in jpeg_payloads):
-        raise ValueError("jpeg_payloads must be a non-empty list of JPEG files' bytes (see jpeg_payloads())")
+        raise ValueError("jpeg_payloads must be a non-empty list of JPEG files' bytes (see course_lib.workers.jpeg_payloads)")
     encoded = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in jpeg_payloads]
     decoder, decode, deprecation = _nvjpeg_decoder(encoded[:4], device_)  # its first call loads nvJPEG
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # said once, above
         on_gpu = decode(encoded, device=device_)
-        gpu_s = _best_seconds(lambda: decode(encoded, device=device_), device_, repeat=3)
+        gpu_s = best_seconds(lambda: decode(encoded, device=device_), device_, repeat=3)
     on_cpu = [_pillow_decode(p) for p in jpeg_payloads]
-    cpu_s = _best_seconds(lambda: [_pillow_decode(p) for p in jpeg_payloads], None, repeat=3)
+    cpu_s = best_seconds(lambda: [_pillow_decode(p) for p in jpeg_payloads], None, repeat=3)
     if [tuple(i.shape) for i in on_gpu] != [tuple(i.shape) for i in on_cpu]:
         raise RuntimeError(f"{decoder} and Pillow disagree on the images' shapes: {tuple(on_gpu[0].shape)} vs "
                            f"{tuple(on_cpu[0].shape)} for the first")
     n = len(jpeg_payloads)
     return {"decoder": decoder, "deprecation": deprecation, "gpu_images_per_s": n / gpu_s, "cpu_images_per_s": n / cpu_s}
-
-
-def jpeg_payloads(count: int = 64, image_size: int = 256, seed: int = 0) -> list[bytes]:
-    """Notebook 12, section 8: ``count`` JPEG files' bytes of the course's shapes, ``image_size`` px square."""
-    count, image_size = check_int(count, "count", minimum=1), check_int(image_size, "image_size", minimum=8)
-    rng = np.random.default_rng(seed)
-    payloads = []
-    for i in range(count):
-        buffer = io.BytesIO()
-        draw_shape(i % len(CLASSES), rng, image_size).save(buffer, "JPEG", quality=90)
-        payloads.append(buffer.getvalue())
-    return payloads
 
 
 def _require_cuda(device: str | torch.device, what: str) -> torch.device:
@@ -261,7 +249,7 @@ def _require_cuda(device: str | torch.device, what: str) -> torch.device:
     return device_
 
 
-def _best_seconds(fn: Callable[[], Any], device: torch.device | None, repeat: int = 5) -> float:
+def best_seconds(fn: Callable[[], Any], device: torch.device | None, repeat: int = 5) -> float:
     """Best-of-``repeat`` seconds of ``fn()`` (:func:`course_lib.timing.seconds_per_call`, one call a round), each call
     waiting for the GPU (where ``device`` is one) to finish what it queued."""
     if device is None:
@@ -393,7 +381,7 @@ def _describe_gpu_decode(f: dict[str, Any]) -> str:
 _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "copy stage": _describe_copy_stage, "non_blocking": _describe_non_blocking, "gpu decode": _describe_gpu_decode}
 _RUNS: dict[str, Callable[[], dict[str, Any]]] = {  # each part with its defaults, as _show_all() and main() run it
-    "copy stage": copy_stage, "non_blocking": nonblocking_hazard, "gpu decode": lambda: gpu_decode(jpeg_payloads())}
+    "copy stage": copy_stage, "non_blocking": nonblocking_hazard, "gpu decode": lambda: gpu_decode(jpeg_payloads(n=64, side=256, distinct=64))}
 
 
 def _check_part(part: str) -> None:
@@ -446,13 +434,13 @@ def _check_entry(part: str, entry: Any, path: str | Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three parts on this machine's GPU and print them; with ``--record``, store them as recordings."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.further.gpu_feed",
+    parser = argparse.ArgumentParser(prog="python -m course_lib.gpu_feed",
                                      description="Notebook 12, section 8's GPU parts, run and recorded on a CUDA GPU.")
     parser.add_argument("--record", metavar="OUT.json", nargs="?", const=str(RECORDINGS), default=None,
                         help=f"write the figures as recordings to OUT.json (default: {RECORDINGS})")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("python -m course_lib.further.gpu_feed: no CUDA GPU here (torch.cuda.is_available() is False); run it "
+        print("python -m course_lib.gpu_feed: no CUDA GPU here (torch.cuda.is_available() is False); run it "
               "on a machine with one: nothing was measured or recorded", file=sys.stderr)
         return 1
     failed = False

@@ -1,4 +1,4 @@
-"""course_lib.further.threads: thread pipelines against worker processes, on the same file and the same work."""
+"""course_lib.threads: thread pipelines against worker processes, on the same file and the same work."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from packaging.version import Version
 from torch.utils.data import DataLoader
 
-from course_lib.further import threads
-from course_lib.further.highrate import RawDataError, RingLoader, index_tensor_shards, write_raw_tensors
+from course_lib import threads
+from course_lib.highrate import RawDataError, RingLoader, index_tensor_shards, write_raw_tensors
 from course_lib.shards import write_tensor_shards
 
 pytestmark = pytest.mark.quick

@@ -1,4 +1,4 @@
-"""course_tools.launch: torchrun jobs started from a notebook, their output by rank, failures and hangs."""
+"""course_lib.jobs: torchrun jobs started from a notebook, their output by rank, failures and hangs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_tools.launch import LaunchError, _ephemeral_ports, free_ports, launch
+from course_lib.jobs import LaunchError, _ephemeral_ports, free_ports, launch
 
 
 SCRIPT_OK = """
@@ -103,7 +103,7 @@ def test_launch_rejects_bad_arguments(tmp_path: Path) -> None:
 @pytest.mark.quick
 def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
     """torchrun's root cause is ordered to the second: a peer's consequence error can come first in it."""
-    from course_tools.launch import LaunchResult
+    from course_lib.jobs import LaunchResult
 
     result = LaunchResult(2, 1, False, 3.0)
     result.ranks = {0: ["epoch 0", "RuntimeError: Connection closed by peer [127.0.0.1]:59556. This is typically caused "

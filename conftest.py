@@ -51,8 +51,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     notebook = _notebook(item)
     if notebook and notebook not in _hogs and under_load(notebook):
         report = Path(tempfile.mkdtemp(prefix="load-stage-")) / "busy-core.json"
-        _hogs[notebook] = subprocess.Popen([sys.executable, str(BUSY_CORE), "--watch", str(os.getpid()),
-                                            "--report", str(report)])
+        _hogs[notebook] = subprocess.Popen(
+            [sys.executable, str(BUSY_CORE), "--watch", str(os.getpid()), "--report", str(report)]
+        )
         _started[notebook], _reports[notebook] = time.monotonic(), report
 
 
@@ -61,8 +62,10 @@ INCONCLUSIVE = re.compile(r"^.+ → inconclusive on this machine: .*$", re.M)
 
 def _claims_left_open(item: pytest.Item) -> list[str]:
     """The claims a notebook cell just printed as "inconclusive on this machine" (nbval keeps the fresh outputs)."""
-    text = "".join(str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
-                   for out in getattr(item, "test_outputs", None) or [])
+    text = "".join(
+        str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
+        for out in getattr(item, "test_outputs", None) or []
+    )
     return INCONCLUSIVE.findall(text)
 
 
@@ -84,13 +87,18 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             hog.wait(timeout=10)
         seconds = time.monotonic() - _started.pop(notebook)
         if ended_early is not None:
-            raise RuntimeError(f"the load stage's busy process (tests/busy_core.py) ended early, with exit status "
-                               f"{ended_early}: {notebook} did not run under load")
+            raise RuntimeError(
+                f"the load stage's busy process (tests/busy_core.py) ended early, with exit status "
+                f"{ended_early}: {notebook} did not run under load"
+            )
         seen = json.loads(report.read_text()) if report.is_file() else {}
         shutil.rmtree(report.parent, ignore_errors=True)
-        load = (f", other work {seen['competing_cores']:.2f} cores on average (the busy process "
-                f"{seen['own_cores']:.2f}), at least 0.9 core in {seen['seconds_at_target']:.0%} of its seconds"
-                if seen else "")
+        load = (
+            f", other work {seen['competing_cores']:.2f} cores on average (the busy process "
+            f"{seen['own_cores']:.2f}), at least 0.9 core in {seen['seconds_at_target']:.0%} of its seconds"
+            if seen
+            else ""
+        )
         item.user_properties.append(("load_stage", f"{notebook} {seconds:.0f}{load}"))
 
 
@@ -101,8 +109,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed:
-        stderr = "".join(str(out.get("text", "")) for out in getattr(item, "test_outputs", None) or []
-                         if out.get("output_type") == "stream" and out.get("name") == "stderr")
+        stderr = "".join(
+            str(out.get("text", ""))
+            for out in getattr(item, "test_outputs", None) or []
+            if out.get("output_type") == "stream" and out.get("name") == "stderr"
+        )
         if stderr:
             report.sections.append(("the cell's stderr", stderr))
 
@@ -117,7 +128,6 @@ def pytest_sessionfinish() -> None:
     _hogs.clear()
     _reports.clear()
     _started.clear()
-
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

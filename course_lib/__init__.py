@@ -27,4 +27,5 @@ def require(version: str) -> None:
             f"({__file__}): the notebooks were updated, the environment was not. On a JupyterHub, ask its admin to "
             "update the course's environment (git pull in its clone of the course, then pip install -r "
             "requirements.txt); on your own machine, run git pull and pip install -r requirements.txt yourself, "
-            "then restart the kernel")
+            "then restart the kernel"
+        )

@@ -12,7 +12,7 @@ import importlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -20,8 +20,20 @@ from torch.utils.data import DataLoader, IterableDataset
 from .datasets import ImageFileDataset, image_tensor
 from .timing import medians
 
-__all__ = ["compare_formats", "dali_available", "encoded_sample", "train_steps", "folder_bytes", "image_items", "litdata_images",
-           "mds_dataset", "mds_images", "plot_formats", "release_mds", "webdataset_images"]
+__all__ = [
+    "compare_formats",
+    "dali_available",
+    "encoded_sample",
+    "train_steps",
+    "folder_bytes",
+    "image_items",
+    "litdata_images",
+    "mds_dataset",
+    "mds_images",
+    "plot_formats",
+    "release_mds",
+    "webdataset_images",
+]
 
 Item = tuple[str, int]  # (path of a JPEG file, class number)
 
@@ -35,8 +47,9 @@ def require_package(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise FormatError(f"{module} is not importable ({exc}): pip install {package} "
-                          "(it is in the course's requirements.txt)") from None
+        raise FormatError(
+            f"{module} is not importable ({exc}): pip install {package} (it is in the course's requirements.txt)"
+        ) from None
 
 
 def image_items(folder: str | os.PathLike[str], split: str = "train", limit: int | None = None) -> list[Item]:
@@ -186,7 +199,9 @@ def litdata_images(folder: str | os.PathLike[str]) -> IterableDataset:
     """Notebook 11, section 3: litdata chunks in a local folder, read by ``litdata.StreamingDataset``."""
     litdata = require_package("litdata", "litdata")
     if not (Path(folder) / "index.json").is_file():
-        raise FormatError(f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first")
+        raise FormatError(
+            f"no litdata index.json in {Path(folder).name}/: write it with litdata.optimize(..., output_dir=folder) first"
+        )
     return _Decoded(litdata.StreamingDataset(str(folder)))
 
 
@@ -220,8 +235,14 @@ def _samples_per_second(make_loader: Callable[[], Iterable[Any]], expected: int 
     return seen / seconds
 
 
-def compare_formats(datasets: dict[str, Callable[[], IterableDataset]], samples: int, batch_size: int = 32,
-                    num_workers: int = 2, rounds: int = 3, seed: int = 0) -> dict[str, list[float]]:
+def compare_formats(
+    datasets: dict[str, Callable[[], IterableDataset]],
+    samples: int,
+    batch_size: int = 32,
+    num_workers: int = 2,
+    rounds: int = 3,
+    seed: int = 0,
+) -> dict[str, list[float]]:
     """Notebook 11, section 4: ``{format: [samples/s per round]}``, each dataset through the same ``DataLoader`` settings.
 
     Formats take turns within every round, so drift of the machine hits them alike; each pass builds a fresh loader
@@ -230,9 +251,15 @@ def compare_formats(datasets: dict[str, Callable[[], IterableDataset]], samples:
     results: dict[str, list[float]] = {name: [] for name in datasets}
     for _ in range(rounds):
         for name, make in datasets.items():
+
             def loader(make: Callable[[], IterableDataset] = make) -> DataLoader:
-                return DataLoader(make(), batch_size=batch_size, num_workers=num_workers,
-                                  generator=torch.Generator().manual_seed(seed))
+                return DataLoader(
+                    make(),
+                    batch_size=batch_size,
+                    num_workers=num_workers,
+                    generator=torch.Generator().manual_seed(seed),
+                )
+
             results[name].append(_samples_per_second(loader, samples))
     return results
 
@@ -248,8 +275,13 @@ def plot_formats(results: dict[str, list[float]], ax: Any = None, title: str = "
 
     med = medians(results)
     first = next(iter(med))
-    return relative_bars(med, f"samples/s relative to {first} (same decoding, same DataLoader)", title,
-                         ["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(med)], ax=ax)
+    return relative_bars(
+        med,
+        f"samples/s relative to {first} (same decoding, same DataLoader)",
+        title,
+        ["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(med)],
+        ax=ax,
+    )
 
 
 def dali_available() -> bool:

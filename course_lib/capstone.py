@@ -34,9 +34,25 @@ from .resume import load_checkpoint, save_checkpoint
 from .shards import ShardError, find_shards, check_enough_shards, read_shardset, write_image_shards
 from .train import ddp_model, epoch_mean_loss, weights_digest
 
-__all__ = ["BATCH_SIZE", "DECODE_MS", "EndlessShardCycle", "RotatingShardList", "SHUFFLE_BUFFER", "STALL_TARGET", "STEP_MS",
-           "ShuffleBuffer", "SimulatedDecode", "build_dataset", "check_job", "cpus_per_task", "make_loader", "timed_epoch",
-           "plot_stall", "run_epoch", "sweep"]
+__all__ = [
+    "BATCH_SIZE",
+    "DECODE_MS",
+    "EndlessShardCycle",
+    "RotatingShardList",
+    "SHUFFLE_BUFFER",
+    "STALL_TARGET",
+    "STEP_MS",
+    "ShuffleBuffer",
+    "SimulatedDecode",
+    "build_dataset",
+    "check_job",
+    "cpus_per_task",
+    "make_loader",
+    "timed_epoch",
+    "plot_stall",
+    "run_epoch",
+    "sweep",
+]
 
 #: The notebook's workload: what one sample costs to decode, and one training step, in ms.
 DECODE_MS = 9.0
@@ -90,8 +106,10 @@ class EndlessShardCycle:
         urls = [d["url"] for d in src]
         rank, world, worker, workers = wds.utils.pytorch_worker_info()
         if not urls:
-            raise ShardError(f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
-                             "write more shards or use fewer workers")
+            raise ShardError(
+                f"worker {worker} of rank {rank} got no shard ({world} ranks × {workers} workers share them): "
+                "write more shards or use fewer workers"
+            )
         rng = random.Random(f"{self.seed}-{rank}-{worker}-{self.epoch}")  # str seeds are stable across runs
         self.epoch += 1
         while True:
@@ -166,14 +184,21 @@ def _decode(sample: tuple[bytes, bytes, str]) -> tuple[torch.Tensor, int, str]:
     return image_tensor(jpg), int(cls), key
 
 
-def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = DECODE_MS, first_epoch: int = 0,
-                  buffer: int = SHUFFLE_BUFFER):
+def build_dataset(
+    urls: str | Sequence[str],
+    seed: int = 0,
+    decode_ms: float = DECODE_MS,
+    first_epoch: int = 0,
+    buffer: int = SHUFFLE_BUFFER,
+):
     """Notebook 13, section 1: the shards as an endless stream of ``(image [3, H, W] float, label, key)`` for this reader,
     its shards dealt anew every epoch (``first_epoch``: the epoch a resumed job starts at)."""
     import webdataset as wds
 
     return wds.DataPipeline(
-        RotatingShardList(urls, seed, first_epoch),  # all shards, in an order drawn from (seed, epoch): alike everywhere
+        RotatingShardList(
+            urls, seed, first_epoch
+        ),  # all shards, in an order drawn from (seed, epoch): alike everywhere
         wds.split_by_node,  # this rank's shards (rank from torch.distributed, or RANK/WORLD_SIZE)
         wds.split_by_worker,  # this worker's share of them
         EndlessShardCycle(seed, first_epoch),
@@ -185,17 +210,30 @@ def build_dataset(urls: str | Sequence[str], seed: int = 0, decode_ms: float = D
     )
 
 
-def make_loader(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batch_size: int = BATCH_SIZE,
-                decode_ms: float = DECODE_MS, seed: int = 0, pin_memory: bool = False,
-                first_epoch: int = 0) -> InstrumentedLoader:
+def make_loader(
+    urls: str | Sequence[str],
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    batch_size: int = BATCH_SIZE,
+    decode_ms: float = DECODE_MS,
+    seed: int = 0,
+    pin_memory: bool = False,
+    first_epoch: int = 0,
+) -> InstrumentedLoader:
     """Notebook 13, section 2: an :class:`InstrumentedLoader` over :func:`build_dataset`; workers are persistent, and each
     ``iter(loader)`` starts the next epoch of the pipeline's seeded stages in them. ``seed`` must be the same on every
     rank: it deals out the shards."""
     if num_workers < 0 or prefetch_factor < 1 or batch_size < 1:
-        raise ValueError(f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
-                         f"got {num_workers}, {prefetch_factor} and {batch_size}")
-    kwargs: dict[str, Any] = dict(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
-                                  generator=torch.Generator().manual_seed(seed))
+        raise ValueError(
+            f"need num_workers >= 0, prefetch_factor >= 1 and batch_size >= 1, "
+            f"got {num_workers}, {prefetch_factor} and {batch_size}"
+        )
+    kwargs: dict[str, Any] = dict(
+        batch_size=batch_size,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+    )
     if num_workers:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=True)
     gc.collect()  # earlier loaders' leftovers must not be copied into this loader's forked workers
@@ -219,8 +257,16 @@ def run_epoch(loader: InstrumentedLoader, batches: int, step: Callable[[Any], No
     return record, [b.worker for b in record.batches]
 
 
-def timed_epoch(urls: str | Sequence[str], num_workers: int = 0, prefetch_factor: int = 2, batches: int = 20,
-            step_ms: float = STEP_MS, decode_ms: float = DECODE_MS, batch_size: int = BATCH_SIZE, seed: int = 0) -> EpochRecord:
+def timed_epoch(
+    urls: str | Sequence[str],
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    batches: int = 20,
+    step_ms: float = STEP_MS,
+    decode_ms: float = DECODE_MS,
+    batch_size: int = BATCH_SIZE,
+    seed: int = 0,
+) -> EpochRecord:
     """Notebook 13, section 2: time ``batches`` batches of the pipeline in this process, each followed by a ``step_ms`` step."""
     loader = make_loader(urls, num_workers, prefetch_factor, batch_size, decode_ms, seed)
     record, _ = run_epoch(loader, batches, lambda batch: simulated_step(batch, step_ms / 1000))
@@ -237,7 +283,9 @@ def sweep(urls: str | Sequence[str], name: str, values: Iterable[int], **fixed: 
     return {v: timed_epoch(urls, **{**fixed, name: v}) for v in values}
 
 
-def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None):
+def plot_stall(
+    results: dict[int, EpochRecord], target: float = STALL_TARGET, name: str = "num_workers", ax: Any = None
+):
     """Notebook 13, section 3: the steady data stall (after the first batch, whose start-up would otherwise weigh as
     much as a long job's warm-up) of each setting as bars, green under ``target``, and the target line."""
     import matplotlib.pyplot as plt
@@ -252,8 +300,12 @@ def plot_stall(results: dict[int, EpochRecord], target: float = STALL_TARGET, na
     ax.bar(labels, stalls, color=["#2ca02c" if s < 100 * target else "#d62728" for s in stalls])
     ax.axhline(100 * target, color="black", linestyle="--", linewidth=1)
     ax.text(len(labels) - 0.5, 100 * target, f"target {100 * target:.0f} %", ha="right", va="bottom", fontsize=9)
-    ax.set(ylim=(0, 100), xlabel=name, ylabel="% of time waiting for data\n(after the first batch)",
-           title=f"data stall vs {name}")
+    ax.set(
+        ylim=(0, 100),
+        xlabel=name,
+        ylabel="% of time waiting for data\n(after the first batch)",
+        title=f"data stall vs {name}",
+    )
     fig.tight_layout()
     return fig
 
@@ -297,8 +349,10 @@ def _one_pass_batches(paths: Sequence[Path], world_size: int, batch_size: int) -
         ) from None
     batches = samples // (world_size * batch_size)
     if batches < 1:
-        raise ShardError(f"{samples} samples are less than one batch of {batch_size} per rank for {world_size} ranks: "
-                         "use a smaller --batch-size or give --epoch-batches")
+        raise ShardError(
+            f"{samples} samples are less than one batch of {batch_size} per rank for {world_size} ranks: "
+            "use a smaller --batch-size or give --epoch-batches"
+        )
     return batches
 
 
@@ -307,31 +361,54 @@ def _train(args: argparse.Namespace) -> dict:
     env = distributed.dist_env()
     paths = check_job(args.shards, env.world_size, args.workers)  # before any rendezvous: all ranks alike
     epoch_batches = args.epoch_batches or _one_pass_batches(paths, env.world_size, args.batch_size)
-    return run_on_one_rank(lambda env, device: _train_rank(args, env, device, paths, epoch_batches),
-                           args.device, args.timeout)
+    return run_on_one_rank(
+        lambda env, device: _train_rank(args, env, device, paths, epoch_batches), args.device, args.timeout
+    )
 
 
-def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path],
-                epoch_batches: int) -> dict:
+def _train_rank(
+    args: argparse.Namespace, env: distributed.DistEnv, device: torch.device, paths: Sequence[Path], epoch_batches: int
+) -> dict:
     """One rank's training (section 4): the instrumented shard pipeline, DDP, a report with each epoch's stall."""
     model, ddp, opt = ddp_model(device, args.seed, args.lr)
-    report: dict = {"rank": env.rank, "world_size": env.world_size, "source": env.source, "shards": len(paths),
-                    "workers": args.workers, "prefetch_factor": args.prefetch_factor,
-                    "batch_size": args.batch_size, "epoch_batches": epoch_batches, "epochs": [], "resumed_at": []}
+    report: dict = {
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "source": env.source,
+        "shards": len(paths),
+        "workers": args.workers,
+        "prefetch_factor": args.prefetch_factor,
+        "batch_size": args.batch_size,
+        "epoch_batches": epoch_batches,
+        "epochs": [],
+        "resumed_at": [],
+    }
     ckpt = load_checkpoint(args.ckpt, env.rank) if args.ckpt else None
-    if ckpt is not None:  # the end of an epoch: the next one's stream is a fresh seeded one (build_dataset's first_epoch)
+    if (
+        ckpt is not None
+    ):  # the end of an epoch: the next one's stream is a fresh seeded one (build_dataset's first_epoch)
         if ckpt["world_size"] != env.world_size or not ckpt["rank_part"]:
-            raise distributed.DistEnvError(f"the checkpoint in {args.ckpt} was written by {ckpt['world_size']} "
-                                           f"ranks, this job has {env.world_size}: resume it with as many, or start "
-                                           "afresh with another --ckpt folder")
+            raise distributed.DistEnvError(
+                f"the checkpoint in {args.ckpt} was written by {ckpt['world_size']} "
+                f"ranks, this job has {env.world_size}: resume it with as many, or start "
+                "afresh with another --ckpt folder"
+            )
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         report = ckpt["report"]
         report["resumed_at"].append(len(report["epochs"]))
         print(f"resumed from {args.ckpt}: {len(report['epochs'])} epoch(s) done", flush=True)
     first = len(report["epochs"])
-    loader = make_loader([str(p) for p in paths], args.workers, args.prefetch_factor, args.batch_size,
-                         args.decode_ms, args.seed, pin_memory=device.type == "cuda", first_epoch=first)
+    loader = make_loader(
+        [str(p) for p in paths],
+        args.workers,
+        args.prefetch_factor,
+        args.batch_size,
+        args.decode_ms,
+        args.seed,
+        pin_memory=device.type == "cuda",
+        first_epoch=first,
+    )
     for epoch in range(first, args.epochs):
         keys: list[list[str]] = []
         losses: list[float] = []
@@ -351,16 +428,27 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
         by_worker: dict[str, list[str]] = {}
         for worker, batch_keys in zip(workers, keys):
             by_worker.setdefault(str(worker), []).extend(batch_keys)
-        report["epochs"].append({
-            "batches": len(keys), "samples": sum(map(len, keys)), "keys_by_worker": by_worker,
-            "stall": stats.stall_fraction, "steady_stall": stats.steady_stall_fraction,
-            "first_batch_s": stats.first_batch_s, "mean_wait_ms": 1000 * stats.waited / max(1, len(keys)),
-            "mean_step_ms": 1000 * stats.mean_step, "mean_load_ms": 1000 * stats.mean_load,
-            "seconds": stats.wall, "mean_loss": epoch_mean_loss(losses, device),
-        })
-        print(f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
-              f"{len(by_worker)} reader(s); waiting for data {stats.steady_stall_fraction:.0%} of the time "
-              "after the first batch", flush=True)
+        report["epochs"].append(
+            {
+                "batches": len(keys),
+                "samples": sum(map(len, keys)),
+                "keys_by_worker": by_worker,
+                "stall": stats.stall_fraction,
+                "steady_stall": stats.steady_stall_fraction,
+                "first_batch_s": stats.first_batch_s,
+                "mean_wait_ms": 1000 * stats.waited / max(1, len(keys)),
+                "mean_step_ms": 1000 * stats.mean_step,
+                "mean_load_ms": 1000 * stats.mean_load,
+                "seconds": stats.wall,
+                "mean_loss": epoch_mean_loss(losses, device),
+            }
+        )
+        print(
+            f"epoch {epoch}: {len(keys)} batches, {sum(map(len, keys))} samples from "
+            f"{len(by_worker)} reader(s); waiting for data {stats.steady_stall_fraction:.0%} of the time "
+            "after the first batch",
+            flush=True,
+        )
         if args.ckpt:  # the model and optimizer once (rank 0: DDP keeps them identical), each rank its report
             shared = None
             if env.rank == 0:
@@ -382,8 +470,12 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker prepares ahead")
     t.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="per rank")
     t.add_argument("--epochs", type=int, default=2)
-    t.add_argument("--epoch-batches", type=int, default=0,
-                   help="steps per epoch on every rank (0: one pass's worth, from the shards' manifest)")
+    t.add_argument(
+        "--epoch-batches",
+        type=int,
+        default=0,
+        help="steps per epoch on every rank (0: one pass's worth, from the shards' manifest)",
+    )
     t.add_argument("--decode-ms", type=float, default=0.0, help="simulated extra decoding per sample (0 on a cluster)")
     t.add_argument("--step-ms", type=float, default=0.0, help="simulated accelerator time per step (0 on a cluster)")
     t.add_argument("--lr", type=float, default=0.05)
@@ -391,8 +483,11 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may wait for the other ranks")
     t.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
     t.add_argument("--report", help="folder for one rankN.json report per rank")
-    t.add_argument("--ckpt", help="checkpoint folder: saved at every epoch's end, resumed from when it holds one (a "
-                                  "shard stream has no mid-epoch state: a stopped job redoes its unfinished epoch)")
+    t.add_argument(
+        "--ckpt",
+        help="checkpoint folder: saved at every epoch's end, resumed from when it holds one (a "
+        "shard stream has no mid-epoch state: a stopped job redoes its unfinished epoch)",
+    )
     c = sub.add_parser("check", help="are there enough shards for the job? (run it before starting one)")
     c.add_argument("--shards", required=True)
     c.add_argument("--ranks", type=int, required=True, help="the job's world size (nodes × ranks per node)")
@@ -404,8 +499,16 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     w.add_argument("--maxcount", type=int, default=50, help="samples per shard")
     args = p.parse_args(argv)
     if args.command == "train":
-        if args.workers < 0 or args.prefetch_factor < 1 or args.batch_size < 1 or args.epochs < 1 or args.epoch_batches < 0:
-            p.error("need --workers >= 0, --prefetch-factor >= 1, --batch-size >= 1, --epochs >= 1, --epoch-batches >= 0")
+        if (
+            args.workers < 0
+            or args.prefetch_factor < 1
+            or args.batch_size < 1
+            or args.epochs < 1
+            or args.epoch_batches < 0
+        ):
+            p.error(
+                "need --workers >= 0, --prefetch-factor >= 1, --batch-size >= 1, --epochs >= 1, --epoch-batches >= 0"
+            )
         if args.decode_ms < 0 or args.step_ms < 0:
             p.error("--decode-ms and --step-ms cannot be negative")
     if args.command == "check" and (args.ranks < 1 or args.workers < 0):
@@ -421,8 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             record(_train)(args)  # torchrun then names the rank whose error came first
         elif args.command == "check":
             paths = check_job(args.shards, args.ranks, args.workers)
-            print(f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
-                  f"{len(paths) / (args.ranks * max(1, args.workers)):.1f} shards per reader")
+            print(
+                f"{len(paths)} shards for {args.ranks} ranks × {max(1, args.workers)} readers each: "
+                f"{len(paths) / (args.ranks * max(1, args.workers)):.1f} shards per reader"
+            )
         else:
             written = write_image_shards(args.out, size=args.size, root=args.data, maxcount=args.maxcount)
             print(written.describe())

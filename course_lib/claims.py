@@ -128,8 +128,10 @@ def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> Rou
     measurement does not favour the variant that happens to run first. Other processes' CPU is watched meanwhile.
     """
     if len(variants) < 1 or rounds < 3:
-        raise ValueError(f"interleave needs at least one variant and 3 rounds (a median and a spread), "
-                         f"got {len(variants)} variants and rounds={rounds}")
+        raise ValueError(
+            f"interleave needs at least one variant and 3 rounds (a median and a spread), "
+            f"got {len(variants)} variants and rounds={rounds}"
+        )
     names = list(variants)
     values: dict[str, list[float]] = {name: [] for name in names}
     with LoadWatch() as load:
@@ -186,18 +188,26 @@ class Claim:
         if self.verdict != "inconclusive":
             return f"{measured}, spread ±{self._fmt(self.spread)})"
         if abs(self.margin) <= 2 * self.spread:
-            return (f"{measured}) is within twice the rounds' spread (±{self._fmt(self.spread)}) "
-                    f"of {self._fmt(self.threshold)}")
-        return (f"{measured}), but other processes used {self.others_cores:.1f} of the {self.cores} cores "
-                f"while it ran")
+            return (
+                f"{measured}) is within twice the rounds' spread (±{self._fmt(self.spread)}) "
+                f"of {self._fmt(self.threshold)}"
+            )
+        return f"{measured}), but other processes used {self.others_cores:.1f} of the {self.cores} cores while it ran"
 
     def __str__(self) -> str:
         verdict = "inconclusive on this machine" if self.verdict == "inconclusive" else self.verdict
         return f"{self.statement} → {verdict}: {self.why()}"
 
 
-def claim(statement: str, values: Sequence[float], *, above: float | None = None, below: float | None = None,
-          load: Any = None, unit: str = "×") -> Claim:
+def claim(
+    statement: str,
+    values: Sequence[float],
+    *,
+    above: float | None = None,
+    below: float | None = None,
+    load: Any = None,
+    unit: str = "×",
+) -> Claim:
     """Notebooks 01-14: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
     ``below`` a threshold, by the rule in this module's docstring.
 
@@ -208,8 +218,10 @@ def claim(statement: str, values: Sequence[float], *, above: float | None = None
         raise ValueError("give exactly one of above= or below=: the threshold the statement says the quantity passes")
     values = [float(v) for v in values]
     if len(values) < 3:
-        raise ValueError(f"a claim needs at least 3 rounds to know their spread, got {len(values)}: "
-                         "measure with interleave(..., rounds=5)")
+        raise ValueError(
+            f"a claim needs at least 3 rounds to know their spread, got {len(values)}: "
+            "measure with interleave(..., rounds=5)"
+        )
     threshold = above if above is not None else below
     assert threshold is not None
     median = statistics.median(values)

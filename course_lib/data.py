@@ -21,7 +21,17 @@ from PIL import Image, ImageDraw
 
 from .support import check_int, new_folder, scratch_folder
 
-__all__ = ["CLASSES", "data_dir", "dataset_name", "describe", "draw_shape", "prepare_data", "read_manifest", "scratch_folder", "verify"]
+__all__ = [
+    "CLASSES",
+    "data_dir",
+    "dataset_name",
+    "describe",
+    "draw_shape",
+    "prepare_data",
+    "read_manifest",
+    "scratch_folder",
+    "verify",
+]
 
 ENV_VAR = "COURSE_DATA_DIR"
 _FORMAT_VERSION = 1
@@ -80,8 +90,10 @@ def dataset_name(size: str = DEFAULT_SIZE, seed: int = 0) -> str:
 def _polygon(cx: float, cy: float, radii: list[float], angle: float) -> list[tuple[float, float]]:
     """Corners at ``radii[k]`` from the centre, evenly spaced around it starting at ``angle``."""
     n = len(radii)
-    return [(cx + rk * math.cos(angle + 2 * math.pi * k / n), cy + rk * math.sin(angle + 2 * math.pi * k / n))
-            for k, rk in enumerate(radii)]
+    return [
+        (cx + rk * math.cos(angle + 2 * math.pi * k / n), cy + rk * math.sin(angle + 2 * math.pi * k / n))
+        for k, rk in enumerate(radii)
+    ]
 
 
 def _rotate(points: list[tuple[float, float]], cx: float, cy: float, angle: float) -> list[tuple[float, float]]:
@@ -174,9 +186,19 @@ def _generate_into(target: Path, spec: _SizeSpec, size: str, seed: int, progress
                     bar.update(1)
     digest = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
     counts = {split: dict.fromkeys(CLASSES, n) for split, n in per_split.items()}
-    return {"name": "shapes", "format_version": _FORMAT_VERSION, "size": size, "seed": seed, **asdict(spec),
-            "classes": list(CLASSES), "counts": counts, "total_images": len(files), "total_bytes": total_bytes,
-            "digest": digest, "files": files}
+    return {
+        "name": "shapes",
+        "format_version": _FORMAT_VERSION,
+        "size": size,
+        "seed": seed,
+        **asdict(spec),
+        "classes": list(CLASSES),
+        "counts": counts,
+        "total_images": len(files),
+        "total_bytes": total_bytes,
+        "digest": digest,
+        "files": files,
+    }
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> dict:
@@ -185,11 +207,15 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise DataError(f"{Path(folder).name}/ has no {_MANIFEST}, so it is not a complete generated set. If you made it "
-                        "yourself, use it directly with ImageFileDataset(path); if it is a leftover, delete it and run "
-                        "course_lib.data.prepare_data() again.") from None
+        raise DataError(
+            f"{Path(folder).name}/ has no {_MANIFEST}, so it is not a complete generated set. If you made it "
+            "yourself, use it directly with ImageFileDataset(path); if it is a leftover, delete it and run "
+            "course_lib.data.prepare_data() again."
+        ) from None
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path.name} in {Path(folder).name}/ is damaged ({exc}); run prepare_data(force=True).") from None
+        raise DataError(
+            f"{path.name} in {Path(folder).name}/ is damaged ({exc}); run prepare_data(force=True)."
+        ) from None
 
 
 def verify(folder: str | os.PathLike[str], checksums: bool = False) -> dict:
@@ -203,16 +229,29 @@ def verify(folder: str | os.PathLike[str], checksums: bool = False) -> dict:
             missing.append(rel)
         elif checksums and _sha256(folder / rel) != digest:
             damaged.append(rel)
-    what = [f"{len(found)} {kind} (e.g. {found[0]})" for kind, found in (("missing", missing), ("damaged", damaged)) if found]
+    what = [
+        f"{len(found)} {kind} (e.g. {found[0]})"
+        for kind, found in (("missing", missing), ("damaged", damaged))
+        if found
+    ]
     if what:
-        raise DataError(f"{folder.name}/ is incomplete: {', '.join(what)} of {len(manifest['files'])} files. "
-                        f"Re-create it with prepare_data(size={manifest['size']!r}, seed={manifest['seed']}, force=True) "
-                        f"or `python -m course_lib prepare --size {manifest['size']} --force`.")
+        raise DataError(
+            f"{folder.name}/ is incomplete: {', '.join(what)} of {len(manifest['files'])} files. "
+            f"Re-create it with prepare_data(size={manifest['size']!r}, seed={manifest['seed']}, force=True) "
+            f"or `python -m course_lib prepare --size {manifest['size']} --force`."
+        )
     return manifest
 
 
-def prepare_data(size: str = DEFAULT_SIZE, seed: int = 0, root: str | os.PathLike[str] | None = None, *,
-                 progress: bool = True, force: bool = False, checksums: bool = False) -> Path:
+def prepare_data(
+    size: str = DEFAULT_SIZE,
+    seed: int = 0,
+    root: str | os.PathLike[str] | None = None,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    checksums: bool = False,
+) -> Path:
     """Notebook 01, section 0: generate the shapes set (or reuse it if it is already there) and return its folder.
 
     ``size`` is one of ``SIZES`` (``"small"`` takes a second or two, ``"workshop"`` is for
@@ -229,15 +268,19 @@ def prepare_data(size: str = DEFAULT_SIZE, seed: int = 0, root: str | os.PathLik
         verify(final, checksums=checksums)
         return final
     if base.exists() and not base.is_dir():
-        raise DataError(f"cannot create the data folder: {base.name} is a file. Set {ENV_VAR} to a folder, or pass root=...")
+        raise DataError(
+            f"cannot create the data folder: {base.name} is a file. Set {ENV_VAR} to a folder, or pass root=..."
+        )
     try:
         with new_folder(final, _MANIFEST, DataError) as tmp:
             manifest = _generate_into(tmp, SIZES[size], size, seed, progress)
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))  # last: the set is finished
     except OSError as exc:  # read-only shared folder, full disk, quota...
-        raise DataError(f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
-                        f"folder with free space; if an instructor prepared a shared folder, ask for "
-                        f"`python -m course_lib prepare --size {size}` there.") from exc
+        raise DataError(
+            f"cannot write the {name} set into {base}: {exc.strerror or exc}. Set {ENV_VAR} to a writable "
+            f"folder with free space; if an instructor prepared a shared folder, ask for "
+            f"`python -m course_lib prepare --size {size}` there."
+        ) from exc
     verify(final)
     return final
 
@@ -247,5 +290,7 @@ def describe(folder: str | os.PathLike[str]) -> str:
     m = read_manifest(folder)
     n_train = sum(m["counts"]["train"].values())
     n_val = sum(m["counts"]["val"].values())
-    return (f"{Path(folder).name}: {n_train} train + {n_val} val images of "
-            f"{m['image_size']}x{m['image_size']} px, {len(m['classes'])} classes, seed {m['seed']}")
+    return (
+        f"{Path(folder).name}: {n_train} train + {n_val} val images of "
+        f"{m['image_size']}x{m['image_size']} px, {len(m['classes'])} classes, seed {m['seed']}"
+    )

@@ -20,8 +20,16 @@ from torch.utils.data import Dataset
 from . import data as _data
 from .support import check_int
 
-__all__ = ["DataNotFoundError", "ImageFileDataset", "InMemoryDataset", "RandomSequences", "WithIndex",
-           "check_index", "image_tensor", "shapes"]
+__all__ = [
+    "DataNotFoundError",
+    "ImageFileDataset",
+    "InMemoryDataset",
+    "RandomSequences",
+    "WithIndex",
+    "check_index",
+    "image_tensor",
+    "shapes",
+]
 
 _IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
@@ -37,8 +45,10 @@ def check_index(index: Any, length: int) -> int:
     try:
         i = operator.index(index)  # accepts int, numpy ints and 0-d integer tensors
     except TypeError:
-        raise TypeError(f"dataset indices must be integers, got {type(index).__name__}; "
-                        "to take several samples use torch.utils.data.Subset or a DataLoader") from None
+        raise TypeError(
+            f"dataset indices must be integers, got {type(index).__name__}; "
+            "to take several samples use torch.utils.data.Subset or a DataLoader"
+        ) from None
     if i < 0:
         i += length
     if not 0 <= i < length:
@@ -52,10 +62,13 @@ class InMemoryDataset(Dataset):
     ``dataset[i]`` is ``transform(data[i])``, or ``(transform(data[i]), target_transform(targets[i]))`` with targets.
     """
 
-    def __init__(self, data: Sequence[Any] | torch.Tensor | np.ndarray,
-                 targets: Sequence[Any] | torch.Tensor | np.ndarray | None = None,
-                 transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        data: Sequence[Any] | torch.Tensor | np.ndarray,
+        targets: Sequence[Any] | torch.Tensor | np.ndarray | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
         if targets is not None and len(targets) != len(data):
             raise ValueError(f"data has {len(data)} samples but targets has {len(targets)}; they must match")
         self.data = data
@@ -90,23 +103,31 @@ class ImageFileDataset(Dataset):
     when it holds the class folders. Paths and targets are NumPy arrays, which forked workers share (notebook 05).
     """
 
-    def __init__(self, root: str | os.PathLike[str], split: str | None = "train",
-                 transform: Callable[[Image.Image], Any] | None = None,
-                 target_transform: Callable[[int], Any] | None = None,
-                 extensions: Sequence[str] = _IMG_EXTENSIONS) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str | None = "train",
+        transform: Callable[[Image.Image], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        extensions: Sequence[str] = _IMG_EXTENSIONS,
+    ) -> None:
         self.root = Path(root).expanduser()
         self.split = split
         self.transform = transform
         self.target_transform = target_transform
         folder = self.root if split is None else self.root / split
         if not self.root.is_dir():
-            raise DataNotFoundError(f"no data folder at {str(self.root)!r}. Create the course data with "
-                                    "course_lib.data.prepare_data() (or `python -m course_lib prepare`), "
-                                    "or pass the path of an existing ImageFolder-style dataset.")
+            raise DataNotFoundError(
+                f"no data folder at {str(self.root)!r}. Create the course data with "
+                "course_lib.data.prepare_data() (or `python -m course_lib prepare`), "
+                "or pass the path of an existing ImageFolder-style dataset."
+            )
         if not folder.is_dir():
             splits = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
-            raise DataNotFoundError(f"{self.root.name}/ has no {split!r} split; it holds: {', '.join(splits) or 'nothing'}. "
-                                    "Pass split=... (or split=None if the class folders are directly inside).")
+            raise DataNotFoundError(
+                f"{self.root.name}/ has no {split!r} split; it holds: {', '.join(splits) or 'nothing'}. "
+                "Pass split=... (or split=None if the class folders are directly inside)."
+            )
         self.classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         exts = tuple(e.lower() for e in extensions)
@@ -117,8 +138,10 @@ class ImageFileDataset(Dataset):
                     paths.append(f"{cls}/{f.name}")
                     targets.append(self.class_to_idx[cls])
         if not paths:
-            raise DataNotFoundError(f"no images ({', '.join(exts)}) in class folders under {folder.name}/. "
-                                    "Generate the course data with course_lib.data.prepare_data(), or check the path.")
+            raise DataNotFoundError(
+                f"no images ({', '.join(exts)}) in class folders under {folder.name}/. "
+                "Generate the course data with course_lib.data.prepare_data(), or check the path."
+            )
         self.folder = folder
         self.paths = np.array(paths)  # relative to self.folder
         self.targets = np.array(targets, dtype=np.int64)
@@ -134,8 +157,10 @@ class ImageFileDataset(Dataset):
             with Image.open(self.folder / rel) as img:
                 return img.convert("RGB")
         except (UnidentifiedImageError, OSError) as exc:
-            raise _data.DataError(f"cannot decode image {i} ({self.split or '.'}/{rel}): {exc}. The file is damaged; "
-                                  "re-create the generated set with prepare_data(force=True) or replace the file.") from None
+            raise _data.DataError(
+                f"cannot decode image {i} ({self.split or '.'}/{rel}): {exc}. The file is damaged; "
+                "re-create the generated set with prepare_data(force=True) or replace the file."
+            ) from None
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         img = self.load_image(index)
@@ -147,8 +172,10 @@ class ImageFileDataset(Dataset):
         return img, target
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.root.name}/{self.split or ''}, n={len(self)}, "
-                f"classes={len(self.classes)}, transform={self.transform!r})")
+        return (
+            f"{type(self).__name__}({self.root.name}/{self.split or ''}, n={len(self)}, "
+            f"classes={len(self.classes)}, transform={self.transform!r})"
+        )
 
 
 def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int | None = None) -> torch.Tensor:
@@ -164,15 +191,23 @@ def image_tensor(image: bytes | str | os.PathLike[str] | Image.Image, size: int 
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).float().div_(255)
 
 
-def shapes(split: str = "train", transform: Callable[[Image.Image], Any] | None = None,
-           target_transform: Callable[[int], Any] | None = None, *, size: str = _data.DEFAULT_SIZE, seed: int = 0,
-           root: str | os.PathLike[str] | None = None) -> ImageFileDataset:
+def shapes(
+    split: str = "train",
+    transform: Callable[[Image.Image], Any] | None = None,
+    target_transform: Callable[[int], Any] | None = None,
+    *,
+    size: str = _data.DEFAULT_SIZE,
+    seed: int = 0,
+    root: str | os.PathLike[str] | None = None,
+) -> ImageFileDataset:
     """Notebook 01, section 2: the generated shapes set as an :class:`ImageFileDataset` (prepare it first)."""
     folder = _data.data_dir(root) / _data.dataset_name(size, seed)
     if not folder.is_dir():
-        raise DataNotFoundError(f"the {folder.name} data set has not been generated yet. Run "
-                                f"course_lib.data.prepare_data(size={size!r}, seed={seed}) or "
-                                f"`python -m course_lib prepare --size {size}` (set {_data.ENV_VAR} to choose where).")
+        raise DataNotFoundError(
+            f"the {folder.name} data set has not been generated yet. Run "
+            f"course_lib.data.prepare_data(size={size!r}, seed={seed}) or "
+            f"`python -m course_lib prepare --size {size}` (set {_data.ENV_VAR} to choose where)."
+        )
     return ImageFileDataset(folder, split, transform, target_transform)
 
 

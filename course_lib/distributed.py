@@ -23,8 +23,20 @@ import numpy as np
 
 from .support import check_int, write_atomic
 
-__all__ = ["DistEnv", "DistEnvError", "check_one_gpu_per_rank", "dist_env", "expand_nodelist", "finish", "padding_report", "plot_shares",
-           "read_reports", "sampler_shares", "start", "write_report"]
+__all__ = [
+    "DistEnv",
+    "DistEnvError",
+    "check_one_gpu_per_rank",
+    "dist_env",
+    "expand_nodelist",
+    "finish",
+    "padding_report",
+    "plot_shares",
+    "read_reports",
+    "sampler_shares",
+    "start",
+    "write_report",
+]
 
 #: torchrun sets all of these for every process it starts.
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -53,8 +65,10 @@ class DistEnv:
     local_world_size: int = 1  # processes on this node (what MDS reads as LOCAL_WORLD_SIZE)
 
     def __str__(self) -> str:
-        return (f"rank {self.rank} of {self.world_size} (local rank {self.local_rank} of {self.local_world_size}), "
-                f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}")
+        return (
+            f"rank {self.rank} of {self.world_size} (local rank {self.local_rank} of {self.local_world_size}), "
+            f"rendezvous {self.master_addr}:{self.master_port}, from {self.source}"
+        )
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -127,9 +141,11 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     if any(name in env for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
         missing = [name for name in TORCHRUN_VARS if name not in env]
         if missing:
-            raise DistEnvError(f"torchrun-style environment is half set: {', '.join(missing)} missing "
-                               f"(found {', '.join(n for n in TORCHRUN_VARS if n in env)}). Start the script with torchrun, "
-                               "which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process.")
+            raise DistEnvError(
+                f"torchrun-style environment is half set: {', '.join(missing)} missing "
+                f"(found {', '.join(n for n in TORCHRUN_VARS if n in env)}). Start the script with torchrun, "
+                "which sets all five, or unset RANK/LOCAL_RANK/WORLD_SIZE to run as a single process."
+            )
         rank, local, world = (_int_var(env, n) for n in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         _check_ranks(rank, local, world, ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         local_world = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
@@ -139,8 +155,10 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         if not any(name in env for name in SLURM_NODELIST_VARS) and "MASTER_ADDR" not in env:
             missing.append(" or ".join(SLURM_NODELIST_VARS))
         if missing:
-            raise DistEnvError(f"Slurm environment is half set: {', '.join(missing)} missing. Start one task per process "
-                               "with srun inside an sbatch/salloc allocation (srun sets them all), or use torchrun.")
+            raise DistEnvError(
+                f"Slurm environment is half set: {', '.join(missing)} missing. Start one task per process "
+                "with srun inside an sbatch/salloc allocation (srun sets them all), or use torchrun."
+            )
         rank, local, world = (_int_var(env, n) for n in SLURM_VARS)
         _check_ranks(rank, local, world, SLURM_VARS)
         if "MASTER_ADDR" in env:
@@ -167,10 +185,11 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
     """
     import torch
     import torch.distributed as dist
+
     # before any group exists: imported later (DDP's constructor does), its ``group=group.WORLD`` defaults keep
     # the group and its threads alive past destroy_process_group(), into Python's shutdown, where they can abort
     # the process ("terminate called without an active exception"); checked with torch 2.14, see finish()
-    import torch.distributed.nn  # noqa: F401
+    import torch.distributed.nn
 
     env = dist_env()
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
@@ -185,13 +204,23 @@ def start(device: str = "auto", timeout_s: float = 600.0) -> tuple[DistEnv, Any]
         return env, dev
     # env:// rendezvous reads MASTER_*; spawn/forkserver DataLoader workers inherit no process group, and webdataset's
     # split_by_node then reads RANK/WORLD_SIZE, which srun alone does not set: without them every rank reads every shard
-    for name, value in dict(MASTER_ADDR=env.master_addr, MASTER_PORT=env.master_port, RANK=env.rank, LOCAL_RANK=env.local_rank,
-                            WORLD_SIZE=env.world_size, LOCAL_WORLD_SIZE=env.local_world_size).items():
+    for name, value in dict(
+        MASTER_ADDR=env.master_addr,
+        MASTER_PORT=env.master_port,
+        RANK=env.rank,
+        LOCAL_RANK=env.local_rank,
+        WORLD_SIZE=env.world_size,
+        LOCAL_WORLD_SIZE=env.local_world_size,
+    ).items():
         os.environ.setdefault(name, str(value))
     # timeout_s bounds how long a collective waits for the other ranks: a rank that runs out of
     # data then fails with an error instead of waiting torch's default (30 min for gloo, 10 for NCCL)
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     return env, dev
 
 
@@ -203,11 +232,15 @@ def check_one_gpu_per_rank(env: DistEnv, gpus: int, environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     if gpus == 0:
         raise DistEnvError("device cuda was asked for, but this process sees no GPU; use --device cpu or auto")
-    own_gpu = env.source == "slurm" and gpus == 1 and any(v in environ for v in ("SLURM_GPUS_PER_TASK", "SLURM_GPU_BIND"))
+    own_gpu = (
+        env.source == "slurm" and gpus == 1 and any(v in environ for v in ("SLURM_GPUS_PER_TASK", "SLURM_GPU_BIND"))
+    )
     if env.local_world_size > gpus and not own_gpu:
-        raise DistEnvError(f"{env.local_world_size} ranks on this node but {gpus} GPU(s): NCCL needs a GPU of its own for "
-                           f"every rank. Start at most {gpus} rank(s) per node (--nproc-per-node={gpus}), or train "
-                           "on the CPU with --device cpu (gloo)")
+        raise DistEnvError(
+            f"{env.local_world_size} ranks on this node but {gpus} GPU(s): NCCL needs a GPU of its own for "
+            f"every rank. Start at most {gpus} rank(s) per node (--nproc-per-node={gpus}), or train "
+            "on the CPU with --device cpu (gloo)"
+        )
 
 
 def finish() -> None:
@@ -224,14 +257,25 @@ def finish() -> None:
     group = weakref.ref(dist.group.WORLD)
     dist.destroy_process_group()
     if group() is not None:
-        warnings.warn("torch.distributed's process group is still referenced after destroy_process_group(): its threads "
-                      "will run while Python shuts down, which can abort the process. Release the DDP model and the "
-                      "DataLoaders first.", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "torch.distributed's process group is still referenced after destroy_process_group(): its threads "
+            "will run while Python shuts down, which can abort the process. Release the DDP model and the "
+            "DataLoaders first.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # --------------------------------------------------------------------------- what does each rank get?
-def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: bool = True, drop_last: bool = False,
-                   seed: int = 0, set_epoch: bool = True) -> np.ndarray:
+def sampler_shares(
+    dataset_len: int,
+    world_size: int,
+    epoch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    seed: int = 0,
+    set_epoch: bool = True,
+) -> np.ndarray:
     """Notebook 07, section 1: the indices torch's ``DistributedSampler`` gives each rank, a (world_size, per-rank) array.
     It builds one real sampler per rank with ``num_replicas``/``rank`` given, so no process group
     is needed. ``set_epoch=False`` imitates a loop that forgets to call ``sampler.set_epoch``."""
@@ -239,12 +283,15 @@ def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: b
 
     check_int(dataset_len, "dataset_len", 1), check_int(world_size, "world_size", 1)
     if drop_last and dataset_len < world_size:
-        raise ValueError(f"with drop_last=True, {dataset_len} samples over {world_size} ranks leaves every rank empty; "
-                         "use fewer ranks or drop_last=False")
+        raise ValueError(
+            f"with drop_last=True, {dataset_len} samples over {world_size} ranks leaves every rank empty; "
+            "use fewer ranks or drop_last=False"
+        )
     rows = []
     for rank in range(world_size):
-        sampler = DistributedSampler(range(dataset_len), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
-                                     drop_last=drop_last)
+        sampler = DistributedSampler(
+            range(dataset_len), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         if set_epoch:
             sampler.set_epoch(epoch)
         rows.append(list(sampler))
@@ -254,8 +301,13 @@ def sampler_shares(dataset_len: int, world_size: int, epoch: int = 0, shuffle: b
 def padding_report(shares: np.ndarray, dataset_len: int) -> dict[str, int]:
     """Notebook 07, section 1: count what the ranks' shares do to a data set of ``dataset_len``: seen, repeated, dropped."""
     counts = np.bincount(shares.ravel(), minlength=dataset_len)
-    return {"samples": dataset_len, "drawn": int(shares.size), "seen once": int((counts == 1).sum()),
-            "seen twice or more": int((counts > 1).sum()), "never seen": int((counts == 0).sum())}
+    return {
+        "samples": dataset_len,
+        "drawn": int(shares.size),
+        "seen once": int((counts == 1).sum()),
+        "seen twice or more": int((counts > 1).sum()),
+        "never seen": int((counts == 0).sum()),
+    }
 
 
 def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None = None):
@@ -281,9 +333,12 @@ def plot_shares(shares: np.ndarray, dataset_len: int, ax=None, title: str | None
     for i in np.flatnonzero(totals > 1):  # samples loaded more than once over all ranks
         ax.add_patch(plt.Rectangle((i - 0.5, -0.5), 1, world, fill=False, lw=1.5, ec="black"))
     ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
-    ax.set(xticks=range(0, dataset_len, max(1, dataset_len // 25)), xlim=(-0.5, dataset_len - 0.5),
-           xlabel="sample index in the data set (outlined: loaded more than once; white column: never)",
-           title=title or f"{dataset_len} samples over {world} ranks")
+    ax.set(
+        xticks=range(0, dataset_len, max(1, dataset_len // 25)),
+        xlim=(-0.5, dataset_len - 0.5),
+        xlabel="sample index in the data set (outlined: loaded more than once; white column: never)",
+        title=title or f"{dataset_len} samples over {world} ranks",
+    )
     return fig
 
 

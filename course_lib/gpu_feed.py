@@ -134,8 +134,10 @@ def _check_device(device: str | torch.device) -> torch.device:
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"the Prefetcher feeds a CUDA GPU, or a CPU as its stand-in; got device {str(device)!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise NoGPUError(f"device {str(device)!r} asked for, but torch sees no CUDA GPU here "
-                         "(torch.cuda.is_available() is False): use device='cpu' to run the same loop on the CPU")
+        raise NoGPUError(
+            f"device {str(device)!r} asked for, but torch sees no CUDA GPU here "
+            "(torch.cuda.is_available() is False): use device='cpu' to run the same loop on the CPU"
+        )
     return device
 
 
@@ -153,9 +155,11 @@ def _slot_for(batch: Any, slot: torch.Tensor) -> torch.Tensor:
     """The part of ``slot`` that ``batch`` fills: all of it, or its first rows for a shorter last batch."""
     _check_batch(batch)
     if batch.dtype != slot.dtype or batch.shape[1:] != slot.shape[1:] or batch.shape[0] > slot.shape[0]:
-        raise ValueError(f"the host slots were sized from the first batch, {tuple(slot.shape)} {slot.dtype}; this "
-                         f"batch is {tuple(batch.shape)} {batch.dtype}: every batch needs the first one's dtype and "
-                         "shape (only the last one may have fewer rows)")
+        raise ValueError(
+            f"the host slots were sized from the first batch, {tuple(slot.shape)} {slot.dtype}; this "
+            f"batch is {tuple(batch.shape)} {batch.dtype}: every batch needs the first one's dtype and "
+            "shape (only the last one may have fewer rows)"
+        )
     return slot[: batch.shape[0]]
 
 
@@ -212,9 +216,14 @@ def nonblocking_hazard(device: str | torch.device = "cuda", mb: int = 64) -> dic
     pin_then_copy_s = best_seconds(lambda: pageable.pin_memory().to(device_, non_blocking=True), device_)
     pinned = pageable.pin_memory()
     pinned_s = best_seconds(lambda: pinned.to(device_, non_blocking=True), device_)
-    return {"wrong_before_sync": wrong_before, "wrong_after_sync": wrong_after, "pageable_ms": plain_s * 1e3,
-            "pin_then_copy_ms": pin_then_copy_s * 1e3, "pinned_ms": pinned_s * 1e3,
-            "pin_then_copy_vs_pageable": pin_then_copy_s / plain_s}
+    return {
+        "wrong_before_sync": wrong_before,
+        "wrong_after_sync": wrong_after,
+        "pageable_ms": plain_s * 1e3,
+        "pin_then_copy_ms": pin_then_copy_s * 1e3,
+        "pinned_ms": pinned_s * 1e3,
+        "pin_then_copy_vs_pageable": pin_then_copy_s / plain_s,
+    }
 
 
 def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") -> dict[str, Any]:
@@ -225,7 +234,9 @@ def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") 
     ``deprecation`` is the warning it gave (None for torchcodec)."""
     device_ = _require_cuda(device, "gpu_decode")
     if not jpeg_payloads or not all(isinstance(p, (bytes, bytearray)) for p in jpeg_payloads):
-        raise ValueError("jpeg_payloads must be a non-empty list of JPEG files' bytes (see course_lib.workers.jpeg_payloads)")
+        raise ValueError(
+            "jpeg_payloads must be a non-empty list of JPEG files' bytes (see course_lib.workers.jpeg_payloads)"
+        )
     encoded = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in jpeg_payloads]
     decoder, decode, deprecation = _nvjpeg_decoder(encoded[:4], device_)  # its first call loads nvJPEG
     with warnings.catch_warnings():
@@ -235,17 +246,26 @@ def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") 
     on_cpu = [_pillow_decode(p) for p in jpeg_payloads]
     cpu_s = best_seconds(lambda: [_pillow_decode(p) for p in jpeg_payloads], None, repeat=3)
     if [tuple(i.shape) for i in on_gpu] != [tuple(i.shape) for i in on_cpu]:
-        raise RuntimeError(f"{decoder} and Pillow disagree on the images' shapes: {tuple(on_gpu[0].shape)} vs "
-                           f"{tuple(on_cpu[0].shape)} for the first")
+        raise RuntimeError(
+            f"{decoder} and Pillow disagree on the images' shapes: {tuple(on_gpu[0].shape)} vs "
+            f"{tuple(on_cpu[0].shape)} for the first"
+        )
     n = len(jpeg_payloads)
-    return {"decoder": decoder, "deprecation": deprecation, "gpu_images_per_s": n / gpu_s, "cpu_images_per_s": n / cpu_s}
+    return {
+        "decoder": decoder,
+        "deprecation": deprecation,
+        "gpu_images_per_s": n / gpu_s,
+        "cpu_images_per_s": n / cpu_s,
+    }
 
 
 def _require_cuda(device: str | torch.device, what: str) -> torch.device:
     device_ = torch.device(device)
     if device_.type != "cuda" or not torch.cuda.is_available():
-        raise NoGPUError(f"{what}() measures a CUDA GPU (device {str(device_)!r} asked for, torch.cuda.is_available() "
-                         f"is {torch.cuda.is_available()}); show() prints the figures recorded on one instead")
+        raise NoGPUError(
+            f"{what}() measures a CUDA GPU (device {str(device_)!r} asked for, torch.cuda.is_available() "
+            f"is {torch.cuda.is_available()}); show() prints the figures recorded on one instead"
+        )
     return device_
 
 
@@ -322,19 +342,29 @@ def _record(part: str, figures: dict[str, Any], path: str | Path = RECORDINGS) -
         raise TypeError(f"figures must be a dict of what was measured, got {type(figures).__name__}")
     import torchvision
 
-    entry = {"figures": figures, "gpu": torch.cuda.get_device_name(),
-             "when": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-             "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                          "torchvision": torchvision.__version__,
-                          "cuda": torch.version.cuda or (f"HIP {torch.version.hip}" if torch.version.hip else "none")}}
+    entry = {
+        "figures": figures,
+        "gpu": torch.cuda.get_device_name(),
+        "when": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "cuda": torch.version.cuda or (f"HIP {torch.version.hip}" if torch.version.hip else "none"),
+        },
+    }
     recordings = _read_recordings(path)
     recordings[part] = _check_entry(part, entry, path)
     write_atomic(path, json.dumps(recordings, indent=1, sort_keys=True) + "\n")
     return entry
 
 
-def show(part: str, run: Callable[[], dict[str, Any]], describe: Callable[[dict[str, Any]], str] | None = None,
-         path: str | Path = RECORDINGS) -> dict[str, Any] | None:
+def show(
+    part: str,
+    run: Callable[[], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str] | None = None,
+    path: str | Path = RECORDINGS,
+) -> dict[str, Any] | None:
     """Notebook 12, section 8: with a CUDA GPU, ``run()`` and print ``describe(figures)``; without one, print the
     recording of ``part``, labelled with the GPU, date and versions it was made with (or say there is none).
     ``describe`` defaults to this module's sentence for ``part``. Returns the figures, or None."""
@@ -349,8 +379,10 @@ def show(part: str, run: Callable[[], dict[str, Any]], describe: Callable[[dict[
         print(f"{part}: this part has not run on a GPU yet (this machine has no GPU)")
         return None
     versions = entry["versions"]
-    print(f"recorded on {entry['gpu']}, {entry['when']}, torch {versions['torch']}, CUDA {versions['cuda']} "
-          f"(this machine has no GPU): {describe(entry['figures'])}")
+    print(
+        f"recorded on {entry['gpu']}, {entry['when']}, torch {versions['torch']}, CUDA {versions['cuda']} "
+        f"(this machine has no GPU): {describe(entry['figures'])}"
+    )
     return entry["figures"]
 
 
@@ -361,27 +393,39 @@ def _show_all(path: str | Path = RECORDINGS) -> dict[str, dict[str, Any] | None]
 
 
 def _describe_copy_stage(f: dict[str, Any]) -> str:
-    return (f"the Prefetcher's copy stage moved {f['copy_gbps']:.1f} GB/s into device memory, {f['share']:.2f}× the "
-            f"pinned host-to-device bandwidth measured beside it ({f['pinned_gbps']:.1f} GB/s)")
+    return (
+        f"the Prefetcher's copy stage moved {f['copy_gbps']:.1f} GB/s into device memory, {f['share']:.2f}× the "
+        f"pinned host-to-device bandwidth measured beside it ({f['pinned_gbps']:.1f} GB/s)"
+    )
 
 
 def _describe_non_blocking(f: dict[str, Any]) -> str:
-    return (f"read before torch.cuda.synchronize(), {f['wrong_before_sync']:.0%} of the non_blocking copy's values "
-            f"were not there yet; after it, {f['wrong_after_sync']:.0%}. t.pin_memory().to(device) took "
-            f"{f['pin_then_copy_vs_pageable']:.2f}× the time of a plain t.to(device) from pageable memory")
+    return (
+        f"read before torch.cuda.synchronize(), {f['wrong_before_sync']:.0%} of the non_blocking copy's values "
+        f"were not there yet; after it, {f['wrong_after_sync']:.0%}. t.pin_memory().to(device) took "
+        f"{f['pin_then_copy_vs_pageable']:.2f}× the time of a plain t.to(device) from pageable memory"
+    )
 
 
 def _describe_gpu_decode(f: dict[str, Any]) -> str:
     ratio = f["gpu_images_per_s"] / f["cpu_images_per_s"]
     said = f"; it warns: {f['deprecation']}" if f.get("deprecation") else ""
-    return (f"{f['decoder']}: {f['gpu_images_per_s']:.0f} images/s, Pillow on one CPU core "
-            f"{f['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){said}")
+    return (
+        f"{f['decoder']}: {f['gpu_images_per_s']:.0f} images/s, Pillow on one CPU core "
+        f"{f['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){said}"
+    )
 
 
 _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
-    "copy stage": _describe_copy_stage, "non_blocking": _describe_non_blocking, "gpu decode": _describe_gpu_decode}
+    "copy stage": _describe_copy_stage,
+    "non_blocking": _describe_non_blocking,
+    "gpu decode": _describe_gpu_decode,
+}
 _RUNS: dict[str, Callable[[], dict[str, Any]]] = {  # each part with its defaults, as _show_all() and main() run it
-    "copy stage": copy_stage, "non_blocking": nonblocking_hazard, "gpu decode": lambda: gpu_decode(jpeg_payloads(n=64, side=256, distinct=64))}
+    "copy stage": copy_stage,
+    "non_blocking": nonblocking_hazard,
+    "gpu decode": lambda: gpu_decode(jpeg_payloads(n=64, side=256, distinct=64)),
+}
 
 
 def _check_part(part: str) -> None:
@@ -422,10 +466,14 @@ def _check_entry(part: str, entry: Any, path: str | Path) -> dict[str, Any]:
     except (TypeError, ValueError):
         raise ValueError(f"{where}: when should be an ISO date (YYYY-MM-DD), got {entry['when']!r}") from None
     versions = entry["versions"]
-    if not isinstance(versions, dict) or set(versions) != set(_VERSION_KEYS) or not all(
-            isinstance(versions[k], str) and versions[k] for k in _VERSION_KEYS):
-        raise ValueError(f"{where}: versions should give {', '.join(_VERSION_KEYS)}, each a version string; "
-                         f"got {versions!r}")
+    if (
+        not isinstance(versions, dict)
+        or set(versions) != set(_VERSION_KEYS)
+        or not all(isinstance(versions[k], str) and versions[k] for k in _VERSION_KEYS)
+    ):
+        raise ValueError(
+            f"{where}: versions should give {', '.join(_VERSION_KEYS)}, each a version string; got {versions!r}"
+        )
     return entry
 
 
@@ -434,14 +482,25 @@ def _check_entry(part: str, entry: Any, path: str | Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three parts on this machine's GPU and print them; with ``--record``, store them as recordings."""
-    parser = argparse.ArgumentParser(prog="python -m course_lib.gpu_feed",
-                                     description="Notebook 12, section 8's GPU parts, run and recorded on a CUDA GPU.")
-    parser.add_argument("--record", metavar="OUT.json", nargs="?", const=str(RECORDINGS), default=None,
-                        help=f"write the figures as recordings to OUT.json (default: {RECORDINGS})")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.gpu_feed",
+        description="Notebook 12, section 8's GPU parts, run and recorded on a CUDA GPU.",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="OUT.json",
+        nargs="?",
+        const=str(RECORDINGS),
+        default=None,
+        help=f"write the figures as recordings to OUT.json (default: {RECORDINGS})",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("python -m course_lib.gpu_feed: no CUDA GPU here (torch.cuda.is_available() is False); run it "
-              "on a machine with one: nothing was measured or recorded", file=sys.stderr)
+        print(
+            "python -m course_lib.gpu_feed: no CUDA GPU here (torch.cuda.is_available() is False); run it "
+            "on a machine with one: nothing was measured or recorded",
+            file=sys.stderr,
+        )
         return 1
     failed = False
     print(f"on {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}:")

@@ -30,7 +30,15 @@ from .support import check_int, fork_context, write_atomic
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 
-__all__ = ["CacheSnapshot", "GrowingCache", "ProducerError", "evict_oldest", "plot_growth", "reuse_counts", "sample_nbytes"]
+__all__ = [
+    "CacheSnapshot",
+    "GrowingCache",
+    "ProducerError",
+    "evict_oldest",
+    "plot_growth",
+    "reuse_counts",
+    "sample_nbytes",
+]
 
 _NAME = re.compile(r"^r(\d{5})-p(\d{2})-(\d{4})-c(\d+)\.npy$")
 EvictionPolicy = Callable[[Sequence[tuple[str, int]], int], Sequence[str]]
@@ -81,8 +89,9 @@ def sample_nbytes(image_size: int) -> int:
     return len(_npy_bytes(np.zeros((image_size, image_size, 3), dtype=np.uint8)))
 
 
-def _producer_main(producer: int, folder: str, seed: int, image_size: int, commands: Any, done: Any,
-                   fail_at: int | None) -> None:
+def _producer_main(
+    producer: int, folder: str, seed: int, image_size: int, commands: Any, done: Any, fail_at: int | None
+) -> None:
     """A producer process: write ``count`` samples per command ``(request, count)`` and report; ``None`` stops it."""
     request = -1
     try:
@@ -102,7 +111,7 @@ def _producer_main(producer: int, folder: str, seed: int, image_size: int, comma
                 array, label = _make_sample(seed, producer, request, number, image_size)
                 write_atomic(Path(folder) / _sample_name(request, producer, number, label), _npy_bytes(array))
             done.put((producer, request, None))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to the consumer, which raises it
         done.put((producer, request, f"{type(exc).__name__}: {exc}"))
         text = f"Process cache-producer-{producer} failed:\n{traceback.format_exc()}"
         os.write(2, text.encode(errors="replace"))  # the descriptor: Jupyter may redirect sys.stderr
@@ -145,8 +154,10 @@ class CacheSnapshot(Dataset):
         try:
             array = np.load(self.folder / name)
         except FileNotFoundError:
-            raise CacheError(f"{name} is in this epoch's snapshot but no longer in the cache: something deleted it "
-                             "during the epoch. Evict only between epochs (GrowingCache.next_epoch does).") from None
+            raise CacheError(
+                f"{name} is in this epoch's snapshot but no longer in the cache: something deleted it "
+                "during the epoch. Evict only between epochs (GrowingCache.next_epoch does)."
+            ) from None
         if self.transform is not None:
             return self.transform(array), _parse_name(name)[3]
         return torch.from_numpy(array).permute(2, 0, 1).float() / 255, _parse_name(name)[3]
@@ -167,8 +178,10 @@ class EpochStats:
     dataset: CacheSnapshot = field(repr=False)
 
     def __str__(self) -> str:
-        return (f"epoch {self.epoch}: +{self.added} new, -{self.evicted} evicted, "
-                f"{self.samples} samples ({self.nbytes / 1024:.1f} KiB) to train on")
+        return (
+            f"epoch {self.epoch}: +{self.added} new, -{self.evicted} evicted, "
+            f"{self.samples} samples ({self.nbytes / 1024:.1f} KiB) to train on"
+        )
 
 
 def _stop(procs: list[Any], commands: list[Any], done: Any, timeout: float) -> None:
@@ -195,9 +208,21 @@ class GrowingCache:
     files to evict; ``fail_at=r`` crashes producer 1 (0 if alone) in request ``r``; ``clear=True`` empties an old cache.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], *, budget_bytes: int, producers: int = 2, per_request: int = 4,
-                 image_size: int = 32, seed: int = 0, timeout: float = 60.0, policy: EvictionPolicy = evict_oldest,
-                 start_method: str | None = None, fail_at: int | None = None, clear: bool = False) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        budget_bytes: int,
+        producers: int = 2,
+        per_request: int = 4,
+        image_size: int = 32,
+        seed: int = 0,
+        timeout: float = 60.0,
+        policy: EvictionPolicy = evict_oldest,
+        start_method: str | None = None,
+        fail_at: int | None = None,
+        clear: bool = False,
+    ) -> None:
         self.producers = check_int(producers, "producers", 1)
         self.per_request = check_int(per_request, "per_request", 1)
         self.image_size = check_int(image_size, "image_size", 8)
@@ -205,9 +230,11 @@ class GrowingCache:
             raise ValueError("at most 99 producers and 9999 samples per request (file names have fixed widths)")
         self.sample_bytes = sample_nbytes(image_size)
         if budget_bytes < self.sample_bytes:
-            raise ValueError(f"budget_bytes={budget_bytes} is smaller than one sample ({self.sample_bytes} bytes for "
-                             f"{image_size}x{image_size} images): the cache could hold nothing. Give at least "
-                             f"{self.sample_bytes * producers * per_request} bytes to keep one epoch's worth.")
+            raise ValueError(
+                f"budget_bytes={budget_bytes} is smaller than one sample ({self.sample_bytes} bytes for "
+                f"{image_size}x{image_size} images): the cache could hold nothing. Give at least "
+                f"{self.sample_bytes * producers * per_request} bytes to keep one epoch's worth."
+            )
         self.folder, self.budget_bytes, self.seed, self.timeout = Path(folder), int(budget_bytes), seed, timeout
         self.policy, self.fail_at, self.closed = policy, fail_at, False
         self._ctx = mp.get_context(start_method) if start_method else fork_context()
@@ -220,12 +247,16 @@ class GrowingCache:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise CacheError(f"the cache folder {self.folder.name!r} is not writable ({exc.strerror or exc}); producers "
-                             "could not store anything there. Choose a folder on local, writable storage.") from None
+            raise CacheError(
+                f"the cache folder {self.folder.name!r} is not writable ({exc.strerror or exc}); producers "
+                "could not store anything there. Choose a folder on local, writable storage."
+            ) from None
         old = [name for name, _ in self.entries()]
         if old and not clear:
-            raise CacheError(f"the cache folder {self.folder.name!r} already holds {len(old)} samples of an earlier "
-                             "run; pass an empty folder, or clear=True to delete them.")
+            raise CacheError(
+                f"the cache folder {self.folder.name!r} already holds {len(old)} samples of an earlier "
+                "run; pass an empty folder, or clear=True to delete them."
+            )
         for name in old:
             (self.folder / name).unlink()
         self._procs, self._commands, self._done, self._finalizer = [], [], None, None  # set by start()
@@ -242,8 +273,9 @@ class GrowingCache:
                 self._commands.append(self._ctx.Queue())
                 fail = self.fail_at if p == min(1, self.producers - 1) else None
                 args = (p, str(self.folder), self.seed, self.image_size, self._commands[p], self._done, fail)
-                self._procs.append(self._ctx.Process(target=_producer_main, args=args, name=f"cache-producer-{p}",
-                                                     daemon=True))
+                self._procs.append(
+                    self._ctx.Process(target=_producer_main, args=args, name=f"cache-producer-{p}", daemon=True)
+                )
                 self._procs[p].start()
             self._finalizer = weakref.finalize(self, _stop, self._procs, self._commands, self._done, 5.0)
         return self
@@ -274,8 +306,12 @@ class GrowingCache:
                         self._failed(p, None)
                 if time.monotonic() > deadline:
                     p = min(waiting)
-                    raise ProducerTimeout(f"producer {p} did not finish request {self._pending} within {timeout:g} "
-                                          "seconds (still running: the storage may be slow or full)", p, None)
+                    raise ProducerTimeout(
+                        f"producer {p} did not finish request {self._pending} within {timeout:g} "
+                        "seconds (still running: the storage may be slow or full)",
+                        p,
+                        None,
+                    )
                 continue
             if error is not None:
                 self._failed(producer, error)
@@ -294,7 +330,9 @@ class GrowingCache:
         self._broken = ProducerError(
             f"producer {producer} failed while writing request {self._pending}{cause} and exited with code "
             f"{proc.exitcode}. The samples it finished are in the cache; close() this cache and start a new one.",
-            producer, proc.exitcode)
+            producer,
+            proc.exitcode,
+        )
         self._pending = None
         raise self._broken
 
@@ -318,8 +356,10 @@ class GrowingCache:
             raise CacheError("the eviction policy chose a file twice; nothing was deleted")
         left = sum(sizes.values()) - sum(sizes[n] for n in chosen)
         if left > self.budget_bytes:
-            raise CacheError(f"after the policy's choice the cache would still hold {left} bytes, over its budget of "
-                             f"{self.budget_bytes}; nothing was deleted")
+            raise CacheError(
+                f"after the policy's choice the cache would still hold {left} bytes, over its budget of "
+                f"{self.budget_bytes}; nothing was deleted"
+            )
         for name in chosen:
             (self.folder / name).unlink()
         return chosen
@@ -364,8 +404,10 @@ class GrowingCache:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("running" if self._procs else "not started")
-        return (f"{type(self).__name__}(producers={self.producers}, per_request={self.per_request}, "
-                f"budget={self.budget_bytes // self.sample_bytes} samples, {state})")
+        return (
+            f"{type(self).__name__}(producers={self.producers}, per_request={self.per_request}, "
+            f"budget={self.budget_bytes // self.sample_bytes} samples, {state})"
+        )
 
 
 def reuse_counts(history: Sequence[EpochStats]) -> dict[str, int]:

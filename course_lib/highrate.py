@@ -27,8 +27,22 @@ from .shards import load_npy, brace_urls
 from .iterable import worker_slot
 from .timing import medians
 
-__all__ = ["MappedBatches", "RingLoader", "RawTensorDataset", "breakdown", "compare", "compare_records", "compare_shards", "gbps", "index_tensor_shards", "rate_and_cpu", "raw_read",
-           "plot_main_process", "plot_rates", "write_raw_tensors"]
+__all__ = [
+    "MappedBatches",
+    "RingLoader",
+    "RawTensorDataset",
+    "breakdown",
+    "compare",
+    "compare_records",
+    "compare_shards",
+    "gbps",
+    "index_tensor_shards",
+    "rate_and_cpu",
+    "raw_read",
+    "plot_main_process",
+    "plot_rates",
+    "write_raw_tensors",
+]
 
 SAMPLE_BYTES = 1 << 20  # 1 MiB per sample: 262,144 float32 values
 
@@ -69,7 +83,9 @@ def _raw_file(path: str | os.PathLike[str], n: int, sample_bytes: int, seed: int
     return Float32Samples((str(path),), tuple((0, i * sample_bytes) for i in range(n)), sample_bytes, seed)
 
 
-def write_raw_tensors(path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0) -> Float32Samples:
+def write_raw_tensors(
+    path: str | os.PathLike[str], n: int, sample_bytes: int = SAMPLE_BYTES, seed: int = 0
+) -> Float32Samples:
     """Notebook 12, section 1: write ``n`` random float32 samples (uniform noise: incompressible) to ``path``, or reuse them.
 
     Same arguments, same bytes. Written to a temporary name and renamed, the ``.json`` sidecar last, so a
@@ -105,8 +121,10 @@ def _open_raw(path: str | os.PathLike[str]) -> Float32Samples:
     meta = json.loads(sidecar.read_text())
     raw = _raw_file(path, int(meta["n"]), int(meta["sample_bytes"]), int(meta.get("seed", 0)))
     if path.stat().st_size != raw.nbytes:
-        raise RawDataError(f"{path.name} holds {path.stat().st_size} bytes but its description says {raw.nbytes}: "
-                           "truncated? Write it again.")
+        raise RawDataError(
+            f"{path.name} holds {path.stat().st_size} bytes but its description says {raw.nbytes}: "
+            "truncated? Write it again."
+        )
     return raw
 
 
@@ -200,17 +218,23 @@ def index_tensor_shards(paths: Iterable[str | os.PathLike[str]]) -> Float32Sampl
                 f.seek(member.offset_data)
                 try:
                     version = npformat.read_magic(f)
-                    read_header = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                    read_header = (
+                        npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                    )
                     shape, fortran, dtype = read_header(f)
                 except ValueError as exc:
                     raise RawDataError(f"{where} is not a .npy array ({exc})") from None
                 if dtype != np.dtype("<f4") or (fortran and len(shape) > 1):
-                    raise RawDataError(f"{where} holds {dtype} (fortran order: {fortran}); "
-                                       "this index reads little-endian float32 arrays in C order only")
+                    raise RawDataError(
+                        f"{where} holds {dtype} (fortran order: {fortran}); "
+                        "this index reads little-endian float32 arrays in C order only"
+                    )
                 size = int(np.prod(shape)) * 4
                 if locations and size != sample_bytes:
-                    raise RawDataError(f"{where} holds {size} bytes, the first array {sample_bytes}: "
-                                       "a batch of slots needs samples of one size")
+                    raise RawDataError(
+                        f"{where} holds {size} bytes, the first array {sample_bytes}: "
+                        "a batch of slots needs samples of one size"
+                    )
                 sample_bytes = size
                 locations.append((number, f.tell()))
     if not locations:
@@ -228,12 +252,17 @@ def _shard_loader(urls: str, batch_size: int, num_workers: int = 2, **loader_opt
     import webdataset as wds
 
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_npy_tensor)
-    return wds.WebLoader(dataset.batched(batch_size, collation_fn=torch.stack), batch_size=None,
-                         num_workers=num_workers, **loader_options)
+    return wds.WebLoader(
+        dataset.batched(batch_size, collation_fn=torch.stack),
+        batch_size=None,
+        num_workers=num_workers,
+        **loader_options,
+    )
 
 
-def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse: bool = True,
-                dtype: Any = np.uint8) -> Iterator[torch.Tensor]:
+def _read_files(
+    paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse: bool = True, dtype: Any = np.uint8
+) -> Iterator[torch.Tensor]:
     """Read files front to back in one process, ``chunk_bytes`` at a time: into one reused buffer (``reuse=True``,
     overwritten by the next chunk), or into a fresh buffer per chunk, as ``np.empty`` in a loop would."""
     itemsize = np.dtype(dtype).itemsize
@@ -248,8 +277,13 @@ def _read_files(paths: Iterable[str | os.PathLike[str]], chunk_bytes: int, reuse
                 yield torch.from_numpy(buf[: n // itemsize])
 
 
-def _ring_worker(raw: Float32Samples, slots: torch.Tensor, tasks: Any, done: Any,
-                 transform: Callable[[torch.Tensor], None] | None = None) -> None:
+def _ring_worker(
+    raw: Float32Samples,
+    slots: torch.Tensor,
+    tasks: Any,
+    done: Any,
+    transform: Callable[[torch.Tensor], None] | None = None,
+) -> None:
     """Worker process: read each task's samples (at ``raw.locations``) into its slot; a task is ``(batch, slot, indices)``.
     ``transform``, if given, works on each sample in place, in the slot."""
     size, length = raw.sample_bytes, raw.sample_len
@@ -265,11 +299,11 @@ def _ring_worker(raw: Float32Samples, slots: torch.Tensor, tasks: Any, done: Any
                 file, offset = raw.locations[index]
                 if file not in fds:
                     fds[file] = os.open(raw.files[file], os.O_RDONLY)
-                read_into(fds[file], memory[i * size:(i + 1) * size], offset)
+                read_into(fds[file], memory[i * size : (i + 1) * size], offset)
                 if transform is not None:
-                    transform(slots[slot, i * length:(i + 1) * length])
+                    transform(slots[slot, i * length : (i + 1) * length])
             done.put((number, slot, None))
-        except Exception as exc:  # report, don't die: the main process raises it
+        except Exception as exc:  # noqa: BLE001 - report, don't die: the main process raises it
             done.put((number, slot, f"{type(exc).__name__}: {exc}"))
     for fd in fds.values():
         os.close(fd)
@@ -285,9 +319,19 @@ class RingLoader:
     epoch from ``seed + epoch``. ``raw`` may also be an index of tar shards (:func:`index_tensor_shards`).
     ``transform`` (a module-level function, sent to the workers) works on each sample in place, in its slot."""
 
-    def __init__(self, raw: Float32Samples, batch_size: int, num_workers: int = 2, slots: int | None = None,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, timeout: float = 60.0,
-                 start_method: str | None = None, transform: Callable[[torch.Tensor], None] | None = None) -> None:
+    def __init__(
+        self,
+        raw: Float32Samples,
+        batch_size: int,
+        num_workers: int = 2,
+        slots: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        timeout: float = 60.0,
+        start_method: str | None = None,
+        transform: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         self.raw, self.batch_size = raw, check_int(batch_size, "batch_size", 1)
         self.num_workers = check_int(num_workers, "num_workers", 1)
         self.n_slots = slots or 2 * num_workers + 1
@@ -326,8 +370,10 @@ class RingLoader:
             except queue.Empty:
                 dead = [p for p in self._procs if not p.is_alive()]
                 if dead:
-                    raise RuntimeError(f"a RingLoader worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}; "
-                                       "see its error above") from None
+                    raise RuntimeError(
+                        f"a RingLoader worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}; "
+                        "see its error above"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"batch {number} not read after {self.timeout:.0f} s") from None
         slot, error = ready.pop(number)
@@ -340,7 +386,7 @@ class RingLoader:
             raise RuntimeError("this RingLoader is closed")
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.raw.n, generator=g).tolist() if self.shuffle else list(range(self.raw.n))
-        batches = [order[i:i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(self) * self.batch_size, self.batch_size)]
         free, ready, sent, held = list(range(self.n_slots)), {}, 0, None
         try:
             for number, indices in enumerate(batches):
@@ -389,8 +435,10 @@ def _count_records(path: str | os.PathLike[str], record_bytes: int) -> int:
     """How many float32 records of ``record_bytes`` the file at ``path`` holds; a clear error where it does not divide."""
     size = os.path.getsize(path)
     if record_bytes < 4 or record_bytes % 4 or size == 0 or size % record_bytes:
-        raise RawDataError(f"{Path(path).name} holds {size} bytes, not a whole number of {record_bytes}-byte float32 "
-                           "records: check record_bytes (a multiple of 4), or write the file again")
+        raise RawDataError(
+            f"{Path(path).name} holds {size} bytes, not a whole number of {record_bytes}-byte float32 "
+            "records: check record_bytes (a multiple of 4), or write the file again"
+        )
     return size // record_bytes
 
 
@@ -415,7 +463,7 @@ class MappedBatches:
         order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
         self.epoch += 1
         for start in range(0, self.n, self.batch_size):
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             yield torch.index_select(self.records, 0, rows, out=self.buffer[: len(rows)])
 
 
@@ -438,8 +486,9 @@ def raw_read(path: str | os.PathLike[str], chunk_bytes: int) -> Iterator[torch.T
             yield buffer[: filled // 4]
 
 
-def rate_and_cpu(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int,
-            step: Callable[[torch.Tensor], Any] = _touch) -> tuple[float, float]:
+def rate_and_cpu(
+    make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, step: Callable[[torch.Tensor], Any] = _touch
+) -> tuple[float, float]:
     """Notebook 12, exercise 12.4 (the course's version): ``(GB/s, CPU seconds per GB)`` of one pass of
     ``make_batches()``, each batch given to ``step``: 10^9 bytes per wall-clock second, and the CPU time (user +
     system, all its threads) this process spent per GB: what the training loop's own process paid, as opposed to
@@ -455,8 +504,12 @@ def rate_and_cpu(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int
     return nbytes / seconds / 1e9, cpu / (nbytes / 1e9)
 
 
-def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: list[float] | None = None,
-         step: Callable[[torch.Tensor], Any] = _touch) -> float:
+def gbps(
+    make_batches: Callable[[], Iterable[torch.Tensor]],
+    nbytes: int,
+    cpu: list[float] | None = None,
+    step: Callable[[torch.Tensor], Any] = _touch,
+) -> float:
     """Notebook 12, section 1: GB/s of one pass (:func:`rate_and_cpu`); with a ``cpu`` list, appends its CPU seconds per GB."""
     rate, seconds_per_gb = rate_and_cpu(make_batches, nbytes, step)
     if cpu is not None:
@@ -464,8 +517,12 @@ def gbps(make_batches: Callable[[], Iterable[torch.Tensor]], nbytes: int, cpu: l
     return rate
 
 
-def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]], rounds: int,
-             cpu: dict[str, list[float]] | None, step: Callable[[torch.Tensor], Any] = _touch) -> dict[str, list[float]]:
+def _measure(
+    methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]],
+    rounds: int,
+    cpu: dict[str, list[float]] | None,
+    step: Callable[[torch.Tensor], Any] = _touch,
+) -> dict[str, list[float]]:
     """One untimed pass of every method (page cache, workers, slots), then each method once per round, in turn, so drift
     hits all alike; on one torch thread, as in a worker. With two raw reads or more, their best per round leads ("fastest raw read")."""
     threads = torch.get_num_threads()
@@ -485,8 +542,13 @@ def _measure(methods: dict[str, tuple[Callable[[], Iterable[torch.Tensor]], int]
         torch.set_num_threads(threads)
 
 
-def compare(raw: Float32Samples, batch_size: int = 64, workers: int = 2, rounds: int = 3,
-            cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+def compare(
+    raw: Float32Samples,
+    batch_size: int = 64,
+    workers: int = 2,
+    rounds: int = 3,
+    cpu: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
     """Notebook 12, section 1: GB/s of every way of reading the same bytes of a raw file, interleaved round by round.
 
     Returns ``{method: [GB/s per round]}``, the limit (fastest raw read) first; ``cpu`` receives the main process's CPU
@@ -496,38 +558,61 @@ def compare(raw: Float32Samples, batch_size: int = 64, workers: int = 2, rounds:
     single = DataLoader(RawTensorDataset(raw), batch_size=batch_size, num_workers=0)
     batch_bytes = batch_size * raw.sample_bytes
     with RingLoader(raw, batch_size, num_workers=workers) as ring:
-        return _measure({
-            "raw read, sample-sized reused buffer": (lambda: _read_files(raw.files, raw.sample_bytes), raw.nbytes),
-            "raw read, batch-sized reused buffer": (lambda: _read_files(raw.files, batch_bytes), raw.nbytes),
-            "raw read, fresh batch buffer": (lambda: _read_files(raw.files, batch_bytes, reuse=False), raw.nbytes),
-            "DataLoader, 0 workers": (lambda: single, raw.nbytes),
-            f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
-            f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
-            f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
-        }, rounds, cpu)
+        return _measure(
+            {
+                "raw read, sample-sized reused buffer": (lambda: _read_files(raw.files, raw.sample_bytes), raw.nbytes),
+                "raw read, batch-sized reused buffer": (lambda: _read_files(raw.files, batch_bytes), raw.nbytes),
+                "raw read, fresh batch buffer": (lambda: _read_files(raw.files, batch_bytes, reuse=False), raw.nbytes),
+                "DataLoader, 0 workers": (lambda: single, raw.nbytes),
+                f"DataLoader, {workers} workers": (lambda: plain, raw.nbytes),
+                f"DataLoader, batch reads, {workers} workers": (lambda: whole, raw.nbytes),
+                f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
+            },
+            rounds,
+            cpu,
+        )
 
 
-def compare_shards(paths: Iterable[str | os.PathLike[str]], batch_size: int = 64, workers: int = 2, rounds: int = 3,
-                   cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+def compare_shards(
+    paths: Iterable[str | os.PathLike[str]],
+    batch_size: int = 64,
+    workers: int = 2,
+    rounds: int = 3,
+    cpu: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
     """Notebook 12, section 3: the same comparison for float32 ``.npy`` members of tar shards (headers included in the
     limit's read: under 1 % more bytes); webdataset against a :class:`RingLoader` at :func:`index_tensor_shards`' offsets."""
     paths = [str(p) for p in paths]
     if len(paths) < workers:
-        raise ValueError(f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}")
+        raise ValueError(
+            f"{len(paths)} shards for {workers} workers: webdataset splits by shard, give it at least {workers}"
+        )
     index = index_tensor_shards(paths)
     plain = _shard_loader(brace_urls(paths), batch_size, workers, persistent_workers=True)
     with RingLoader(index, batch_size, num_workers=workers) as ring:
-        return _measure({
-            "shard files read, sample-sized reused buffer": (lambda: _read_files(paths, index.sample_bytes),
-                                                             sum(os.path.getsize(p) for p in paths)),
-            f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
-            f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
-        }, rounds, cpu)
+        return _measure(
+            {
+                "shard files read, sample-sized reused buffer": (
+                    lambda: _read_files(paths, index.sample_bytes),
+                    sum(os.path.getsize(p) for p in paths),
+                ),
+                f"WebDataset, {workers} workers": (lambda: plain, index.nbytes),
+                f"RingLoader on the index, {workers} workers": (lambda: ring, index.nbytes),
+            },
+            rounds,
+            cpu,
+        )
 
 
-def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] = (4096, 65536, 1 << 20),
-                    total_bytes: int = 128 << 20, batch_bytes: int = 4 << 20, workers: int = 2, rounds: int = 3,
-                    cpu: dict[int, dict[str, list[float]]] | None = None) -> dict[int, dict[str, list[float]]]:
+def compare_records(
+    folder: str | os.PathLike[str],
+    record_sizes: Iterable[int] = (4096, 65536, 1 << 20),
+    total_bytes: int = 128 << 20,
+    batch_bytes: int = 4 << 20,
+    workers: int = 2,
+    rounds: int = 3,
+    cpu: dict[int, dict[str, list[float]]] | None = None,
+) -> dict[int, dict[str, list[float]]]:
     """Notebook 12, section 5: for each record size, the same ``total_bytes`` read every way, shuffled, in one run.
 
     Batches of ``batch_bytes``; every loop runs :func:`_sum_step` on each batch (the main process's own CPU work).
@@ -538,19 +623,33 @@ def compare_records(folder: str | os.PathLike[str], record_sizes: Iterable[int] 
         batch = max(1, batch_bytes // size)
         shuffled = dict(batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True)
         tensors = DataLoader(RawTensorDataset(raw), generator=torch.Generator().manual_seed(0), **shuffled)
-        arrays = DataLoader(RawTensorDataset(raw), generator=torch.Generator().manual_seed(0), collate_fn=_stack_numpy,
-                            **shuffled)
+        arrays = DataLoader(
+            RawTensorDataset(raw), generator=torch.Generator().manual_seed(0), collate_fn=_stack_numpy, **shuffled
+        )
         mapped = MappedBatches(raw.path, size, batch)
         with RingLoader(raw, batch, num_workers=workers, shuffle=True) as ring:
-            out[size] = _measure({
-                "raw read, record-sized reused buffer": (lambda: _read_files(raw.files, size, dtype=np.float32), raw.nbytes),
-                "raw read, batch-sized reused buffer": (lambda: _read_files(raw.files, batch * size, dtype=np.float32),
-                                                        raw.nbytes),
-                f"DataLoader, {workers} workers, tensors": (lambda: tensors, raw.nbytes),
-                f"DataLoader, {workers} workers, NumPy batches": (lambda: map(torch.from_numpy, arrays), raw.nbytes),
-                f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
-                "MappedBatches, no workers": (lambda: mapped, raw.nbytes),
-            }, rounds, None if cpu is None else cpu.setdefault(size, {}), step=_sum_step)
+            out[size] = _measure(
+                {
+                    "raw read, record-sized reused buffer": (
+                        lambda: _read_files(raw.files, size, dtype=np.float32),
+                        raw.nbytes,
+                    ),
+                    "raw read, batch-sized reused buffer": (
+                        lambda: _read_files(raw.files, batch * size, dtype=np.float32),
+                        raw.nbytes,
+                    ),
+                    f"DataLoader, {workers} workers, tensors": (lambda: tensors, raw.nbytes),
+                    f"DataLoader, {workers} workers, NumPy batches": (
+                        lambda: map(torch.from_numpy, arrays),
+                        raw.nbytes,
+                    ),
+                    f"RingLoader, {workers} workers": (lambda: ring, raw.nbytes),
+                    "MappedBatches, no workers": (lambda: mapped, raw.nbytes),
+                },
+                rounds,
+                None if cpu is None else cpu.setdefault(size, {}),
+                step=_sum_step,
+            )
     return out
 
 
@@ -563,16 +662,26 @@ def breakdown(results: dict[str, list[float]], cpu: dict[str, list[float]], work
     return {
         "copy from the page cache": wall["raw read, batch-sized reused buffer"],
         # a difference smaller than the noise of a busy machine can come out negative: it reads as 0
-        "a fresh buffer per batch": max(0.0, wall["raw read, fresh batch buffer"] - wall["raw read, batch-sized reused buffer"]),
-        "per-sample arrays + collate's copy": max(0.0, wall["DataLoader, 0 workers"] - wall["raw read, fresh batch buffer"]),
+        "a fresh buffer per batch": max(
+            0.0, wall["raw read, fresh batch buffer"] - wall["raw read, batch-sized reused buffer"]
+        ),
+        "per-sample arrays + collate's copy": max(
+            0.0, wall["DataLoader, 0 workers"] - wall["raw read, fresh batch buffer"]
+        ),
         "main process, fresh shared batches": busy[f"DataLoader, batch reads, {workers} workers"],
         "main process, RingLoader slots": busy[f"RingLoader, {workers} workers"],
     }
 
 
 def _colour(name: str) -> str:
-    shades = {"fastest raw read": "#222222", "raw read, sample": "#444444", "shard files": "#444444", "raw read, batch": "#777777", "raw read": "#AAAAAA",
-              "RingLoader": "#DD8452"}
+    shades = {
+        "fastest raw read": "#222222",
+        "raw read, sample": "#444444",
+        "shard files": "#444444",
+        "raw read, batch": "#777777",
+        "raw read": "#AAAAAA",
+        "RingLoader": "#DD8452",
+    }
     return next((c for prefix, c in shades.items() if name.startswith(prefix)), "#4C72B0")
 
 
@@ -582,12 +691,23 @@ def plot_rates(results: dict[str, list[float]], ax: Any = None, title: str = "Re
 
     med = medians(results)
     first = next(iter(med))
-    return relative_bars(med, f"throughput relative to '{first}' (1.0 = the limit here)", title,
-                         [_colour(n) for n in med], ax=ax, width=7, pad=0.5)
+    return relative_bars(
+        med,
+        f"throughput relative to '{first}' (1.0 = the limit here)",
+        title,
+        [_colour(n) for n in med],
+        ax=ax,
+        width=7,
+        pad=0.5,
+    )
 
 
-def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float]], ax: Any = None,
-                      title: str = "Where the training loop's process spends its time") -> Any:
+def plot_main_process(
+    results: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    ax: Any = None,
+    title: str = "Where the training loop's process spends its time",
+) -> Any:
     """Notebook 12, section 2: per method, the seconds per GB of the main process: its own CPU time, and the rest (waiting)."""
     import matplotlib.pyplot as plt
 
@@ -599,8 +719,15 @@ def plot_main_process(results: dict[str, list[float]], cpu: dict[str, list[float
         _, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(names)), dpi=80)
     y = range(len(names))
     ax.barh(y, own, color=[_colour(n) for n in names], label="CPU time of the main process")
-    ax.barh(y, [w - o for w, o in zip(wall, own)], left=own, color="white", edgecolor="#888888", hatch="//",
-            label="waiting: for workers, or for a free core")
+    ax.barh(
+        y,
+        [w - o for w, o in zip(wall, own)],
+        left=own,
+        color="white",
+        edgecolor="#888888",
+        hatch="//",
+        label="waiting: for workers, or for a free core",
+    )
     ax.set(yticks=y, yticklabels=names, xlabel="seconds per GB delivered to the loop (shorter is faster)", title=title)
     ax.invert_yaxis()
     ax.legend(loc="lower right", fontsize=8)

@@ -20,7 +20,16 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .iterable import worker_slot
 from .timing import format_seconds
 
-__all__ = ["BatchRecord", "EpochRecord", "InstrumentedLoader", "timed_loader", "plot_sweep", "plot_timeline", "simulated_step", "sweep"]
+__all__ = [
+    "BatchRecord",
+    "EpochRecord",
+    "InstrumentedLoader",
+    "timed_loader",
+    "plot_sweep",
+    "plot_timeline",
+    "simulated_step",
+    "sweep",
+]
 
 _MAIN = -1  # the worker id recorded for batches made in the main process (num_workers=0)
 _clock = time.perf_counter
@@ -222,10 +231,12 @@ class EpochRecord:
     def summary(self) -> str:
         """A few lines a person can read (times vary between runs; the structure does not)."""
         busy = ", ".join(f"{'main' if w == _MAIN else f'w{w}'} {share:.0%}" for w, share in self.worker_busy.items())
-        return (f"{len(self.batches)} batches, {self.samples} samples in {format_seconds(self.wall)}: "
-                f"{self.samples_per_s:.0f} samples/s, {self.mb_per_s:.1f} MB/s\n"
-                f"waiting for data: {self.stall_fraction:.0%} of the time; first batch after {format_seconds(self.first_batch_s)}\n"
-                f"busy: {busy}")
+        return (
+            f"{len(self.batches)} batches, {self.samples} samples in {format_seconds(self.wall)}: "
+            f"{self.samples_per_s:.0f} samples/s, {self.mb_per_s:.1f} MB/s\n"
+            f"waiting for data: {self.stall_fraction:.0%} of the time; first batch after {format_seconds(self.first_batch_s)}\n"
+            f"busy: {busy}"
+        )
 
 
 # --------------------------------------------------------------------------- in the main process
@@ -249,8 +260,12 @@ class InstrumentedLoader:
         self.worker_init_fn = kwargs.pop("worker_init_fn", None)
         self.history: list[EpochRecord] = []
         timed = _TimedIterable(dataset) if isinstance(dataset, IterableDataset) else _TimedDataset(dataset)
-        self.loader = DataLoader(timed, collate_fn=_TimedCollate(self.collate_fn),
-                                 worker_init_fn=_TimedWorkerInit(self.worker_init_fn), **kwargs)
+        self.loader = DataLoader(
+            timed,
+            collate_fn=_TimedCollate(self.collate_fn),
+            worker_init_fn=_TimedWorkerInit(self.worker_init_fn),
+            **kwargs,
+        )
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -267,8 +282,10 @@ class InstrumentedLoader:
         return self.history[-1]
 
     def __iter__(self) -> _Recorder:
-        settings = {name: getattr(self.loader, name) for name in
-                    ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "pin_memory")}
+        settings = {
+            name: getattr(self.loader, name)
+            for name in ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "pin_memory")
+        }
         epoch = EpochRecord(num_workers=self.loader.num_workers, t0=_clock(), settings=settings)
         if self.loader.num_workers == 0:
             epoch.worker_started[_MAIN] = 0.0  # the main process makes the batches itself
@@ -277,9 +294,11 @@ class InstrumentedLoader:
 
     def __repr__(self) -> str:
         s = self.loader
-        return (f"InstrumentedLoader({type(self.dataset).__name__}, batch_size={s.batch_size}, num_workers={s.num_workers}, "
-                f"prefetch_factor={s.prefetch_factor}, persistent_workers={s.persistent_workers}, "
-                f"pin_memory={s.pin_memory}, epochs recorded={len(self.history)})")
+        return (
+            f"InstrumentedLoader({type(self.dataset).__name__}, batch_size={s.batch_size}, num_workers={s.num_workers}, "
+            f"prefetch_factor={s.prefetch_factor}, persistent_workers={s.persistent_workers}, "
+            f"pin_memory={s.pin_memory}, epochs recorded={len(self.history)})"
+        )
 
 
 class _Recorder:
@@ -313,13 +332,26 @@ class _Recorder:
         received = _clock()
         if process_start is not None and process_start >= t0:  # a worker started for this epoch
             self.epoch.worker_started.setdefault(worker, process_start - t0)
-        self.epoch.batches.append(BatchRecord(len(self.epoch.batches), worker, start - t0, end - t0,
-                                              requested - t0, received - t0, None, samples, nbytes))
+        self.epoch.batches.append(
+            BatchRecord(
+                len(self.epoch.batches),
+                worker,
+                start - t0,
+                end - t0,
+                requested - t0,
+                received - t0,
+                None,
+                samples,
+                nbytes,
+            )
+        )
         return batch
 
 
 # --------------------------------------------------------------------------- measuring a setting
-def simulated_step(batch: Any, seconds: float, device: torch.device | str | None = None, non_blocking: bool = False) -> None:
+def simulated_step(
+    batch: Any, seconds: float, device: torch.device | str | None = None, non_blocking: bool = False
+) -> None:
     """Notebook 04, section 1: stand-in for a training step on an accelerator, copy the batch there, then wait ``seconds``.
     A GPU computing leaves the CPU free: ``time.sleep`` models that (busy work would not). No copy to a CPU device."""
     if device is not None and torch.device(device).type != "cpu":
@@ -330,8 +362,13 @@ def simulated_step(batch: Any, seconds: float, device: torch.device | str | None
         time.sleep(seconds)
 
 
-def timed_loader(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs: int = 1, max_batches: int | None = None,
-            **loader_kwargs: Any) -> InstrumentedLoader:
+def timed_loader(
+    dataset: Dataset | IterableDataset,
+    step_s: float = 0.0,
+    epochs: int = 1,
+    max_batches: int | None = None,
+    **loader_kwargs: Any,
+) -> InstrumentedLoader:
     """Notebook 04, section 3: run ``epochs`` passes of a loop that takes ``step_s`` per batch; return the loader and its records."""
     loader = InstrumentedLoader(dataset, **loader_kwargs)
     for _ in range(epochs):
@@ -345,8 +382,9 @@ def timed_loader(dataset: Dataset | IterableDataset, step_s: float = 0.0, epochs
     return loader
 
 
-def sweep(dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], step_s: float = 0.0,
-          **loader_kwargs: Any) -> dict[Any, EpochRecord]:
+def sweep(
+    dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], step_s: float = 0.0, **loader_kwargs: Any
+) -> dict[Any, EpochRecord]:
     """Notebook 04, section 3: measure one epoch for each value of one DataLoader argument, e.g. ``sweep(ds, "num_workers", [0, 1, 2])``."""
     out = {}
     for v in values:
@@ -358,8 +396,9 @@ def sweep(dataset: Dataset | IterableDataset, name: str, values: Iterable[Any], 
 
 
 # --------------------------------------------------------------------------- pictures
-def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochRecord], ax: Any = None,
-                  title: str | None = None) -> Any:
+def plot_timeline(
+    records: EpochRecord | InstrumentedLoader | Sequence[EpochRecord], ax: Any = None, title: str | None = None
+) -> Any:
     """Notebook 04, section 2: who did what when, one lane per worker plus the training loop (waiting vs stepping).
 
     Draws one :class:`EpochRecord`, several (one after another) or an :class:`InstrumentedLoader`'s; returns the Figure.
@@ -380,8 +419,13 @@ def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochReco
     for e in epochs:
         off = e.t0 - epochs[0].t0
         for b in e.batches:
-            ax.broken_barh([(off + b.start, b.load)], (lanes[b.worker] - 0.35, 0.7),
-                           facecolors=colours(b.number % 10), edgecolor="white", linewidth=0.5)
+            ax.broken_barh(
+                [(off + b.start, b.load)],
+                (lanes[b.worker] - 0.35, 0.7),
+                facecolors=colours(b.number % 10),
+                edgecolor="white",
+                linewidth=0.5,
+            )
             ax.broken_barh([(off + b.requested, b.wait)], (loop_y - 0.35, 0.7), facecolors="#d62728")
             ax.broken_barh([(off + b.received, b.step)], (loop_y - 0.35, 0.7), facecolors="#2ca02c")
         for w, t in e.worker_started.items():
@@ -391,11 +435,22 @@ def plot_timeline(records: EpochRecord | InstrumentedLoader | Sequence[EpochReco
             ax.axvline(off, color="grey", linestyle=":", linewidth=1)
     names = ["main process\n(loading)" if w == _MAIN else f"worker {w}" for w in lanes]
     ax.set_yticks([*lanes.values(), loop_y], [*names, "training loop"])
-    ax.set(xlabel="seconds since the first epoch started", xlim=(0, None), ylim=(-0.6, loop_y + 1.3))  # room for the legend
+    ax.set(
+        xlabel="seconds since the first epoch started", xlim=(0, None), ylim=(-0.6, loop_y + 1.3)
+    )  # room for the legend
     maker = "the main process makes" if workers == [_MAIN] else "a worker makes"
-    ax.legend(handles=[Patch(color="#d62728", label="loop waits for data"), Patch(color="#2ca02c", label="loop's own step"),
-                       Patch(color=colours(0), label=f"{maker} a batch (colour = batch)")],
-              loc="upper center", ncol=3, fontsize=8, frameon=False, borderaxespad=0.1)
+    ax.legend(
+        handles=[
+            Patch(color="#d62728", label="loop waits for data"),
+            Patch(color="#2ca02c", label="loop's own step"),
+            Patch(color=colours(0), label=f"{maker} a batch (colour = batch)"),
+        ],
+        loc="upper center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+        borderaxespad=0.1,
+    )
     ax.set_title(title or f"num_workers={epochs[-1].num_workers}: waiting {epochs[-1].stall_fraction:.0%} of the time")
     ax.figure.tight_layout()
     return ax.figure

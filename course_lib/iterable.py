@@ -19,9 +19,24 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .support import check_int
 from .datasets import ImageFileDataset
 
-__all__ = ["BufferShuffled", "EndlessStream", "ImageStream", "RangeStream", "ShardedStream",
-           "buffer_shuffle", "contiguous_share", "count_copies", "epoch_batch_sizes", "loader_batches", "plot_batches",
-           "plot_copies", "split_range_per_worker", "strided_share", "worker_shares", "worker_slot"]
+__all__ = [
+    "BufferShuffled",
+    "EndlessStream",
+    "ImageStream",
+    "RangeStream",
+    "ShardedStream",
+    "buffer_shuffle",
+    "contiguous_share",
+    "count_copies",
+    "epoch_batch_sizes",
+    "loader_batches",
+    "plot_batches",
+    "plot_copies",
+    "split_range_per_worker",
+    "strided_share",
+    "worker_shares",
+    "worker_slot",
+]
 
 _T = TypeVar("_T")
 
@@ -112,8 +127,18 @@ class ShardedStream(_Epochs):
     each worker differently: samples then repeat or go missing. ``len()`` is ``n``.
     """
 
-    def __init__(self, n: int, sharding: str = "strided", *, shuffle: bool = False, seed: int = 0,
-                 seed_per_worker: bool = False, with_worker: bool = False, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        n: int,
+        sharding: str = "strided",
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        seed_per_worker: bool = False,
+        with_worker: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         if sharding not in _SHARDINGS:
             raise ValueError(f"sharding must be one of {', '.join(map(repr, _SHARDINGS))}, got {sharding!r}")
         self.n, self.sharding, self.share = check_int(n, "n", 0), sharding, _SHARDINGS[sharding]
@@ -215,8 +240,16 @@ class ImageStream(ShardedStream):
     list and decoding it reuses; ``shuffle=True`` permutes the order as :class:`ShardedStream` does.
     """
 
-    def __init__(self, root: str | os.PathLike[str], split: str | None = "train", transform: Callable | None = None, *,
-                 sharding: str = "strided", shuffle: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str | None = "train",
+        transform: Callable | None = None,
+        *,
+        sharding: str = "strided",
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
         self.images = ImageFileDataset(root, split, transform=transform)
         super().__init__(len(self.images), sharding, shuffle=shuffle, seed=seed)
 
@@ -225,8 +258,10 @@ class ImageStream(ShardedStream):
             yield self.images[i]
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.images.root.name!r}, split={self.images.split!r}, n={len(self)}, "
-                f"sharding={self.sharding!r})")
+        return (
+            f"{type(self).__name__}({self.images.root.name!r}, split={self.images.split!r}, n={len(self)}, "
+            f"sharding={self.sharding!r})"
+        )
 
 
 def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int]:
@@ -238,8 +273,9 @@ def worker_shares(n: int, num_workers: int, *, sharded: bool = True) -> list[int
     return [len(contiguous_share(n, w, num_workers)) if sharded else n for w in range(num_workers)]
 
 
-def epoch_batch_sizes(n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *,
-                      sharded: bool = True) -> list[int]:
+def epoch_batch_sizes(
+    n: int, batch_size: int | None, num_workers: int, drop_last: bool = False, *, sharded: bool = True
+) -> list[int]:
     """Notebook 08, section 5: the sizes of the batches a DataLoader yields over an ``n``-sample stream, in order.
 
     Each worker batches *its own* share, so each worker's last batch may be short (or, with
@@ -315,8 +351,9 @@ def plot_copies(pairs: Sequence[tuple[int, int]], n: int, ax: Any = None, title:
     return ax
 
 
-def plot_batches(runs: dict[str, Sequence[BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
-                 ) -> Any:
+def plot_batches(
+    runs: dict[str, Sequence[BatchInfo]], batch_size: int, ax: Any = None, title: str | None = None
+) -> Any:
     """Notebook 08, section 5: a row per run: its batches in arrival order, as wide as their sizes, coloured by worker."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -329,14 +366,27 @@ def plot_batches(runs: dict[str, Sequence[BatchInfo]], batch_size: int, ax: Any 
         for b in batches:
             short = b.size < batch_size
             ax.barh(row, b.size, left=x, height=0.7, color=colors[b.worker], edgecolor="white", linewidth=2)
-            ax.text(x + b.size / 2, row, str(b.size), ha="center", va="center", fontsize=8,
-                    color="white" if short else "black", fontweight="bold" if short else None)
+            ax.text(
+                x + b.size / 2,
+                row,
+                str(b.size),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if short else "black",
+                fontweight="bold" if short else None,
+            )
             x += b.size
     ax.set_yticks(range(len(runs)), list(runs))
     ax.invert_yaxis()
     ax.set_xlabel(f"samples, in arrival order (batch_size={batch_size}; white numbers: short batches)")
-    ax.legend(handles=[Patch(color=c, label=_worker_label(w)) for w, c in colors.items()], fontsize=8,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(
+        handles=[Patch(color=c, label=_worker_label(w)) for w, c in colors.items()],
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     if title:
         ax.set_title(title, fontsize=10)
     return ax

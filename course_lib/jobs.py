@@ -104,7 +104,9 @@ class LaunchResult:
 
 
 #: What a rank says when another rank died first (gloo, NCCL, the TCP store): a consequence, not a cause.
-_PEER_GONE = re.compile(r"(closed|reset) by peer|remote worker crash|Broken pipe|Connection refused|peer.*(died|exited)", re.I)
+_PEER_GONE = re.compile(
+    r"(closed|reset) by peer|remote worker crash|Broken pipe|Connection refused|peer.*(died|exited)", re.I
+)
 _PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$")
 
 
@@ -132,10 +134,16 @@ def _torchrun_command(target: Sequence[str], nproc: int, module: bool = True, lo
     a new ``torchelastic_*`` folder in the temporary folder, which torchrun never removes).
     """
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
-        "--local-addr=127.0.0.1", "--max-restarts=0",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        f"--rdzv-id={uuid.uuid4().hex[:12]}",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=0",
         "--tee=3",  # each rank's lines get the prefix set in launch() (env var: older torchrun has no flag)
         *([f"--log-dir={log_dir}"] if log_dir else []),
     ]
@@ -189,9 +197,14 @@ def launch(
     else:
         # the ranks' output comes through the pipe; torchrun's own copy of it goes to a folder removed afterwards
         with tempfile.TemporaryDirectory(prefix="course-torchrun-", ignore_cleanup_errors=True) as logs:
-            proc = subprocess.Popen(_torchrun_command([target, *args], nproc, module=module, log_dir=logs),
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                _torchrun_command([target, *args], nproc, module=module, log_dir=logs),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=child_env,
+                start_new_session=True,
+            )
             timed_out = False
             try:
                 out, _ = proc.communicate(timeout=timeout)
@@ -256,14 +269,27 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
     ``srun --kill-on-bad-exit=1`` and torchrun do); at the timeout all are."""
     import tempfile
 
-    slurm = dict(SLURM_NTASKS=str(nproc), SLURM_NODEID="0", SLURM_STEP_NODELIST="127.0.0.1",
-                 SLURM_STEP_TASKS_PER_NODE=str(nproc), MASTER_PORT=env.get("MASTER_PORT", str(free_ports()[0])))
+    slurm = dict(
+        SLURM_NTASKS=str(nproc),
+        SLURM_NODEID="0",
+        SLURM_STEP_NODELIST="127.0.0.1",
+        SLURM_STEP_TASKS_PER_NODE=str(nproc),
+        MASTER_PORT=env.get("MASTER_PORT", str(free_ports()[0])),
+    )
     start, deadline = time.perf_counter(), time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="course-tasks-") as folder:
         logs = [open(Path(folder) / f"task{r}.log", "w+") for r in range(nproc)]
-        procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                  env={**env, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
-                 for r, log in enumerate(logs)]
+        procs = [
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+                env={**env, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+            )
+            for r, log in enumerate(logs)
+        ]
         timed_out = False
         while None in (codes := [p.poll() for p in procs]):  # every task polled, each time
             failed = any(code not in (None, 0) for code in codes)
@@ -281,8 +307,10 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
             log.close()
     result = LaunchResult(nproc, next((c for c in codes if c), 0), timed_out, time.perf_counter() - start)
     # torch prefixes a rank's traceback lines with "[rankN]:" once the process group exists
-    result.ranks = {r: [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in out.splitlines() if line.strip()]
-                    for r, out in enumerate(outs)}
+    result.ranks = {
+        r: [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in out.splitlines() if line.strip()]
+        for r, out in enumerate(outs)
+    }
     return result
 
 

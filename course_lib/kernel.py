@@ -38,8 +38,11 @@ def _tracker_pipe() -> tuple[Any, str | None]:
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     missing = [name for name in ("_fd", "_pid") if tracker is None or not hasattr(tracker, name)]
     if tracker is None or missing:
-        return None, ("multiprocessing.resource_tracker has no " + (
-            "_resource_tracker" if tracker is None else " or ".join(missing)) + " in this Python")
+        return None, (
+            "multiprocessing.resource_tracker has no "
+            + ("_resource_tracker" if tracker is None else " or ".join(missing))
+            + " in this Python"
+        )
     return tracker, None
 
 
@@ -59,9 +62,13 @@ def let_the_kernel_exit() -> bool:
         return _HOOKED[0] is not None
     tracker, why_not = _tracker_pipe()
     if tracker is None:
-        warnings.warn(f"course_lib.kernel: {why_not}, so a shut-down or restarted kernel that started worker "
-                      "processes may take 2.5 s to stop, and its atexit clean-up may not run; the notebook itself "
-                      "is not affected", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"course_lib.kernel: {why_not}, so a shut-down or restarted kernel that started worker "
+            "processes may take 2.5 s to stop, and its atexit clean-up may not run; the notebook itself "
+            "is not affected",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         _HOOKED.append(None)  # said once
         return False
     _HOOKED.append(shell)

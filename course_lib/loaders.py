@@ -1,5 +1,4 @@
-"""Notebook 03: batching helpers; ``pad_collate`` batches variable-length samples (the default collate needs equal shapes).
-"""
+"""Notebook 03: batching helpers; ``pad_collate`` batches variable-length samples (the default collate needs equal shapes)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,9 @@ def pad_collate(
     seqs, labels = zip(*batch)
     seqs = [torch.as_tensor(s) for s in seqs]
     if any(s.dim() != 1 for s in seqs):
-        raise ValueError("pad_collate pads 1-D sequences; got shapes " + ", ".join(str(tuple(s.shape)) for s in seqs[:3]))
+        raise ValueError(
+            "pad_collate pads 1-D sequences; got shapes " + ", ".join(str(tuple(s.shape)) for s in seqs[:3])
+        )
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
     padded = pad_sequence(seqs, batch_first=True, padding_value=padding_value)
     return padded, lengths, torch.as_tensor(labels)

@@ -19,8 +19,18 @@ from typing import IO, Any, Iterator
 
 from .support import write_atomic
 
-__all__ = ["ObjectReadError", "ShardCache", "list_objects", "read_many", "read_object",
-           "register_in_worker", "register_s3_scheme", "s3_client", "split_url", "using_endpoint"]
+__all__ = [
+    "ObjectReadError",
+    "ShardCache",
+    "list_objects",
+    "read_many",
+    "read_object",
+    "register_in_worker",
+    "register_s3_scheme",
+    "s3_client",
+    "split_url",
+    "using_endpoint",
+]
 
 
 class ObjectReadError(RuntimeError):
@@ -28,8 +38,10 @@ class ObjectReadError(RuntimeError):
     error."""
 
     def __init__(self, url: str, attempts: int, error: BaseException) -> None:
-        super().__init__(f"{url}: not read whole after {attempts} attempt{'s' if attempts != 1 else ''}; the last "
-                         f"error: {type(error).__name__}: {error}")
+        super().__init__(
+            f"{url}: not read whole after {attempts} attempt{'s' if attempts != 1 else ''}; the last "
+            f"error: {type(error).__name__}: {error}"
+        )
         self.url, self.attempts, self.error = url, attempts, error
 
 
@@ -47,8 +59,9 @@ def s3_client() -> Any:
         import boto3
         import botocore.config
 
-        config = botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5,
-                                        read_timeout=30)
+        config = botocore.config.Config(
+            retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30
+        )
         client = _CLIENTS[where] = boto3.session.Session().client("s3", config=config)
     return client
 
@@ -126,7 +139,7 @@ def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05) -> bytes:
             if len(payload) != response["ContentLength"]:
                 raise OSError(f"read {len(payload)} of {response['ContentLength']} bytes")
             return payload
-        except Exception as exc:  # noqa: BLE001 - botocore's, urllib3's and the OS's errors alike; re-raised below
+        except Exception as exc:  # botocore's, urllib3's and the OS's errors alike; re-raised below
             if _not_found(exc):
                 raise FileNotFoundError(f"{url}: no such object (check the bucket and key: list_objects)") from exc
             if attempt == attempts:
@@ -181,8 +194,10 @@ class ShardCache:
         self.misses += 1
         payload = read_object(url)
         if len(payload) > self.budget:
-            raise ValueError(f"{url} is {len(payload):,} bytes, more than the cache's whole budget of "
-                             f"{self.budget:,}: raise budget_bytes")
+            raise ValueError(
+                f"{url} is {len(payload):,} bytes, more than the cache's whole budget of "
+                f"{self.budget:,}: raise budget_bytes"
+            )
         while self.used + len(payload) > self.budget:
             oldest, _ = self._sizes.popitem(last=False)
             oldest.unlink(missing_ok=True)
@@ -199,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m course_lib.object_store",
-                                     description="write an S3 object to standard output (for webdataset's pipe:)")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.object_store",
+        description="write an S3 object to standard output (for webdataset's pipe:)",
+    )
     parser.add_argument("command", choices=["cat"])
     parser.add_argument("url", help="s3://bucket/key")
     args = parser.parse_args(argv)

@@ -43,8 +43,20 @@ from .support import fsync_folder, new_file, write_atomic
 from .datasets import DataNotFoundError, image_tensor, shapes
 from .train import ddp_model, weights_digest
 
-__all__ = ["EpochKeys", "ResumableShuffle", "ResumableStream", "ResumeError", "SeededAugmentation", "StopFlag",
-           "ignore_stop_signals", "load_checkpoint", "read_steps", "resume_point", "save_checkpoint", "stateful_loader"]
+__all__ = [
+    "EpochKeys",
+    "ResumableShuffle",
+    "ResumableStream",
+    "ResumeError",
+    "SeededAugmentation",
+    "StopFlag",
+    "ignore_stop_signals",
+    "load_checkpoint",
+    "read_steps",
+    "resume_point",
+    "save_checkpoint",
+    "stateful_loader",
+]
 
 
 def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
@@ -72,7 +84,7 @@ class ResumableShuffle(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         self.yielded, self.start = self.start, 0  # a resumed pass starts where the saved one stopped, once
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -97,7 +109,7 @@ class ResumableStream(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         share = range(worker, self.n, workers)
-        for index in share[self.done:]:  # skip what was yielded before the checkpoint, without reading it
+        for index in share[self.done :]:  # skip what was yielded before the checkpoint, without reading it
             self.done += 1  # before the yield: a checkpoint taken at this point already counts this sample
             yield self.load(index)
 
@@ -163,8 +175,9 @@ class StopFlag:
     lives on ``device``, the rank's device: NCCL refuses a CPU tensor ("No backend type associated with device
     type cpu"), gloo on CPU needs one."""
 
-    def __init__(self, device: torch.device | str = "cpu",
-                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+    def __init__(
+        self, device: torch.device | str = "cpu", signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)
+    ) -> None:
         self.device, self.received = torch.device(device), None
         for sig in signals:
             signal.signal(sig, self._handle)
@@ -183,8 +196,9 @@ class ResumeError(RuntimeError):
     """Notebook 14, section 7: a checkpoint this job cannot resume from; the message says what to do."""
 
 
-def save_checkpoint(folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any],
-                    shared: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    folder: str | os.PathLike[str], rank: int, step: int, state: dict[str, Any], shared: dict[str, Any] | None = None
+) -> Path:
     """Notebook 14, section 5: the checkpoint after ``step``: this rank's own ``state`` (its loader's position, its
     random state) as ``stepN/rankR.pt``, and, from rank 0, what all ranks share (the model and optimizer, which DDP
     keeps identical) once, as ``stepN/shared.pt``. Every file is written to a temporary name, flushed to the disk
@@ -226,8 +240,10 @@ def load_checkpoint(folder: str | os.PathLike[str], rank: int) -> dict[str, Any]
     if part_path.exists():
         checkpoint.update(torch.load(part_path, weights_only=True))
     elif not checkpoint:
-        raise ResumeError(f"{latest} names step {latest.read_text().strip()}, but {step_folder} holds neither "
-                          f"shared.pt nor rank{rank}.pt: the checkpoint is damaged; remove {latest} to start afresh")
+        raise ResumeError(
+            f"{latest} names step {latest.read_text().strip()}, but {step_folder} holds neither "
+            f"shared.pt nor rank{rank}.pt: the checkpoint is damaged; remove {latest} to start afresh"
+        )
     checkpoint["rank_part"] = part_path.exists()
     return checkpoint
 
@@ -243,13 +259,17 @@ def resume_point(saved: dict[str, int], world_size: int, steps_per_epoch: int) -
     epoch, into = divmod(step, old_per_epoch)
     if world_size == old_world:
         if steps_per_epoch != old_per_epoch:
-            raise ResumeError(f"the checkpoint's job had {old_per_epoch} steps per epoch, this one {steps_per_epoch} "
-                              "with as many ranks: resume with the same data, batch size and --limit")
+            raise ResumeError(
+                f"the checkpoint's job had {old_per_epoch} steps per epoch, this one {steps_per_epoch} "
+                "with as many ranks: resume with the same data, batch size and --limit"
+            )
         return epoch, step
     if into:
-        raise ResumeError(f"the checkpoint was saved by {old_world} ranks at step {step}, {into} steps into epoch "
-                          f"{epoch} ({old_per_epoch} steps per epoch): resume it with {old_world} ranks, or wait for "
-                          f"a checkpoint at an epoch's end (step {(epoch + 1) * old_per_epoch}) to change their number")
+        raise ResumeError(
+            f"the checkpoint was saved by {old_world} ranks at step {step}, {into} steps into epoch "
+            f"{epoch} ({old_per_epoch} steps per epoch): resume it with {old_world} ranks, or wait for "
+            f"a checkpoint at an epoch's end (step {(epoch + 1) * old_per_epoch}) to change their number"
+        )
     return epoch, epoch * steps_per_epoch
 
 
@@ -283,8 +303,12 @@ def _build(args: Any, env: distributed.DistEnv) -> tuple[Any, DistributedSampler
     if args.limit:
         images = Subset(images, range(min(args.limit, len(images))))
     sampler = DistributedSampler(images, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
-    kwargs = dict(batch_size=args.batch_size, sampler=EpochKeys(sampler), num_workers=args.workers,
-                  worker_init_fn=ignore_stop_signals)
+    kwargs = dict(
+        batch_size=args.batch_size,
+        sampler=EpochKeys(sampler),
+        num_workers=args.workers,
+        worker_init_fn=ignore_stop_signals,
+    )
     dataset = SeededAugmentation(images, seed=args.seed)  # random draws from (seed, epoch, index): resumable
     if args.loader == "stateful":
         return stateful_loader(dataset, **kwargs), sampler
@@ -323,8 +347,18 @@ def _run(args: Any, env: distributed.DistEnv, device: torch.device) -> str:
                 opt.step()
                 time.sleep(args.step_seconds)
                 step += 1
-                log.write(json.dumps({"run": run, "epoch": epoch, "step": step, "indices": index.tolist(),
-                                      "images": hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16]}) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "run": run,
+                            "epoch": epoch,
+                            "step": step,
+                            "indices": index.tolist(),
+                            "images": hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16],
+                        }
+                    )
+                    + "\n"
+                )
                 log.flush()
                 if step == args.stop_at and env.rank == 0:
                     _practice_stop(args.how, stop)
@@ -335,8 +369,13 @@ def _run(args: Any, env: distributed.DistEnv, device: torch.device) -> str:
                         mine["loader"] = loader.state_dict()
                     shared = None
                     if env.rank == 0:  # DDP keeps the models identical: one copy is enough
-                        shared = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                  "world_size": env.world_size, "steps_per_epoch": per_epoch}
+                        shared = {
+                            "model": model.state_dict(),
+                            "optimizer": opt.state_dict(),
+                            "step": step,
+                            "world_size": env.world_size,
+                            "steps_per_epoch": per_epoch,
+                        }
                     save_checkpoint(args.ckpt, env.rank, step, mine, shared=shared)
                 if stopping:
                     return f"stopped by signal {stop.received} after step {step}: checkpoint saved, resume to go on"
@@ -379,8 +418,12 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     p.add_argument("--ckpt-every", type=int, default=4, help="steps between checkpoints (0: only when signalled)")
     p.add_argument("--stop-at", type=int, default=0, help="practice: end the job after this step (0: never)")
-    p.add_argument("--how", choices=("kill", "term"), default="kill",
-                   help="kill: rank 0 and its workers get SIGKILL; term: rank 0 sends torchrun SIGTERM")
+    p.add_argument(
+        "--how",
+        choices=("kill", "term"),
+        default="kill",
+        help="kill: rank 0 and its workers get SIGKILL; term: rank 0 sends torchrun SIGTERM",
+    )
     p.add_argument("--step-seconds", type=float, default=0.0, help="simulated extra work per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.05)
@@ -388,7 +431,9 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
     args = p.parse_args(argv)
     if min(args.epochs, args.batch_size) < 1 or min(args.workers, args.limit, args.ckpt_every, args.stop_at) < 0:
-        p.error("--epochs and --batch-size must be at least 1; --workers, --limit, --ckpt-every, --stop-at not negative")
+        p.error(
+            "--epochs and --batch-size must be at least 1; --workers, --limit, --ckpt-every, --stop-at not negative"
+        )
     return args
 
 

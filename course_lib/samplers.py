@@ -21,8 +21,18 @@ from torch.utils.data import Sampler
 
 from .support import check_int
 
-__all__ = ["BucketBatchSampler", "balancing_weights", "class_counts", "coverage", "imbalanced_subset", "index_orders",
-           "one_epoch", "padding_fraction", "plot_index_orders", "shared_batchmates"]
+__all__ = [
+    "BucketBatchSampler",
+    "balancing_weights",
+    "class_counts",
+    "coverage",
+    "imbalanced_subset",
+    "index_orders",
+    "one_epoch",
+    "padding_fraction",
+    "plot_index_orders",
+    "shared_batchmates",
+]
 
 
 # ----------------------------------------------------------------- inputs
@@ -79,14 +89,21 @@ def index_orders(sampler: Iterable[Any], epochs: int) -> np.ndarray:
     if sizes[0] == 0:
         raise ValueError("the sampler yielded no indices: is it built over an empty dataset?")
     if len(set(sizes)) > 1:
-        raise ValueError(f"the sampler yielded {sizes[0]} indices in the first epoch and {sizes[1:]} after. If it is an "
-                         "iterator (iter(sampler), a generator), it runs only once: pass the sampler itself.")
+        raise ValueError(
+            f"the sampler yielded {sizes[0]} indices in the first epoch and {sizes[1:]} after. If it is an "
+            "iterator (iter(sampler), a generator), it runs only once: pass the sampler itself."
+        )
     return np.array(rows, dtype=np.int64)
 
 
-def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices in the order a sampler yields them",
-                      colour_by: Any = None, class_names: Sequence[str] | None = None,
-                      colour_label: str | None = None) -> Figure:
+def plot_index_orders(
+    orders: Any,
+    ax: Axes | None = None,
+    title: str = "Indices in the order a sampler yields them",
+    colour_by: Any = None,
+    class_names: Sequence[str] | None = None,
+    colour_label: str | None = None,
+) -> Figure:
     """Notebook 06, section 1: draw ``orders`` (epochs × positions) as a heat map: one row per epoch.
 
     Cells are coloured by the sample index, or by ``colour_by[index]``: class labels (``targets``, up to 20
@@ -95,7 +112,9 @@ def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices
     """
     grid = np.asarray(orders)
     if grid.ndim != 2 or grid.size == 0:
-        raise ValueError(f"orders must be a non-empty 2-D array (epochs × positions), e.g. index_orders(sampler, 5); got shape {grid.shape}")
+        raise ValueError(
+            f"orders must be a non-empty 2-D array (epochs × positions), e.g. index_orders(sampler, 5); got shape {grid.shape}"
+        )
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.9 + 0.25 * grid.shape[0]))
     fig = ax.figure
@@ -105,7 +124,9 @@ def plot_index_orders(orders: Any, ax: Axes | None = None, title: str = "Indices
     else:
         values = _int_array(colour_by, "colour_by")
         if grid.min() < 0 or grid.max() >= len(values):
-            raise ValueError(f"index {grid.max()} has no entry in colour_by (length {len(values)}): pass one value per sample")
+            raise ValueError(
+                f"index {grid.max()} has no entry in colour_by (length {len(values)}): pass one value per sample"
+            )
         k = int(values.max()) + 1
         if class_names is not None or k <= 20:  # class labels: one distinct colour each
             cmap = plt.get_cmap("tab10" if k <= 10 else "tab20", k)
@@ -131,8 +152,10 @@ def class_counts(indices: Iterable[Any], targets: Any, num_classes: int | None =
     drawn = np.array(one_epoch(indices), dtype=np.int64)
     if drawn.size and (drawn.min() < 0 or drawn.max() >= len(labels)):
         bad = drawn.min() if drawn.min() < 0 else drawn.max()
-        raise ValueError(f"index {bad} is out of range for {len(labels)} targets: "
-                         "are the indices and the targets from the same dataset?")
+        raise ValueError(
+            f"index {bad} is out of range for {len(labels)} targets: "
+            "are the indices and the targets from the same dataset?"
+        )
     return np.bincount(labels[drawn], minlength=k)
 
 
@@ -160,7 +183,9 @@ def imbalanced_subset(targets: Any, counts: Sequence[int], seed: int = 0) -> np.
     for c, n in enumerate(want):
         members = np.flatnonzero(labels == c)
         if not 0 <= n <= len(members):
-            raise ValueError(f"class {c} has {len(members)} samples; counts[{c}]={n} must be between 0 and {len(members)}")
+            raise ValueError(
+                f"class {c} has {len(members)} samples; counts[{c}]={n} must be between 0 and {len(members)}"
+            )
         chosen.append(rng.choice(members, size=int(n), replace=False))
     return np.sort(np.concatenate(chosen))
 
@@ -199,8 +224,12 @@ def coverage(indices: Iterable[Any], n: int) -> Coverage:
     if drawn.size and (drawn.min() < 0 or drawn.max() >= n):
         raise ValueError(f"indices must lie in 0..{n - 1}; got {drawn.min()}..{drawn.max()}")
     counts = np.bincount(drawn, minlength=n)
-    return Coverage(int(drawn.size), int((counts > 0).sum()), np.flatnonzero(counts > 1).tolist(),
-                     np.flatnonzero(counts == 0).tolist())
+    return Coverage(
+        int(drawn.size),
+        int((counts > 0).sum()),
+        np.flatnonzero(counts > 1).tolist(),
+        np.flatnonzero(counts == 0).tolist(),
+    )
 
 
 # ----------------------------------------------------------------- batching by length
@@ -215,7 +244,9 @@ def padding_fraction(batches: Iterable[Sequence[int]], lengths: Any) -> float:
         if idx.size == 0:
             continue
         if idx.min() < 0 or idx.max() >= len(lens):
-            raise ValueError(f"batch holds index {idx.max() if idx.max() >= len(lens) else idx.min()}, but lengths has {len(lens)} entries")
+            raise ValueError(
+                f"batch holds index {idx.max() if idx.max() >= len(lens) else idx.min()}, but lengths has {len(lens)} entries"
+            )
         cells += idx.size * int(lens[idx].max())
         real += int(lens[idx].sum())
     if cells == 0:
@@ -254,19 +285,29 @@ class BucketBatchSampler(Sampler[list[int]]):
     seed from PyTorch's global generator, as ``RandomSampler`` does.
     """
 
-    def __init__(self, lengths: Sequence[int] | np.ndarray | torch.Tensor, batch_size: int, bucket_size: int | None = None,
-                 drop_last: bool = False, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | torch.Tensor,
+        batch_size: int,
+        bucket_size: int | None = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
         lens = _int_array(lengths, "lengths", "the length of every sample, e.g. [len(x) for x, _ in dataset]")
         self.batch_size = check_int(batch_size, "batch_size", 1)
         bucket = 100 * self.batch_size if bucket_size is None else check_int(bucket_size, "bucket_size", 1)
         if bucket % self.batch_size:
             lower = max(self.batch_size, bucket // self.batch_size * self.batch_size)
-            raise ValueError(f"bucket_size={bucket} is not a multiple of batch_size={self.batch_size}, so buckets would "
-                             f"leave partial batches: use {lower} or {lower + self.batch_size}")
+            raise ValueError(
+                f"bucket_size={bucket} is not a multiple of batch_size={self.batch_size}, so buckets would "
+                f"leave partial batches: use {lower} or {lower + self.batch_size}"
+            )
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}: torch.Generator().manual_seed(0)")
+            raise TypeError(
+                f"generator must be a torch.Generator, got {type(generator).__name__}: torch.Generator().manual_seed(0)"
+            )
         self.lengths, self.bucket_size = torch.from_numpy(lens), bucket
         self.drop_last, self.generator = drop_last, generator
 
@@ -291,5 +332,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(n={len(self.lengths)}, batch_size={self.batch_size}, "
-                f"bucket_size={self.bucket_size}, drop_last={self.drop_last})")
+        return (
+            f"{type(self).__name__}(n={len(self.lengths)}, batch_size={self.batch_size}, "
+            f"bucket_size={self.bucket_size}, drop_last={self.drop_last})"
+        )

@@ -83,8 +83,13 @@ def _read_epoch(args: argparse.Namespace, epoch: int, device: torch.device) -> d
                 names.append(os.path.basename(url))
         batches += 1
         dist.all_reduce(step)  # what DDP's backward does every step: wait for every rank
-    return {"epoch": epoch, "batches": batches, "samples": sum(map(len, keys_by_worker.values())),
-            "keys_by_worker": keys_by_worker, "shards_by_worker": shards_by_worker}
+    return {
+        "epoch": epoch,
+        "batches": batches,
+        "samples": sum(map(len, keys_by_worker.values())),
+        "keys_by_worker": keys_by_worker,
+        "shards_by_worker": shards_by_worker,
+    }
 
 
 def _shard_numbers(names: list[str]) -> str:
@@ -94,15 +99,22 @@ def _shard_numbers(names: list[str]) -> str:
 
 def _read_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch.device) -> dict:
     """One rank's reading, epoch by epoch, printed and written as a report."""
-    report = {"rank": env.rank, "world_size": env.world_size, "workers": args.workers, "resampled": args.resampled,
-              "epochs": []}
+    report = {
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "workers": args.workers,
+        "resampled": args.resampled,
+        "epochs": [],
+    }
     drawn = " (drawn at random, with replacement)" if args.resampled else ""
     for epoch in range(args.epochs):
         read = _read_epoch(args, epoch, device)
         report["epochs"].append(read)
         for worker in sorted(read["keys_by_worker"], key=int):
-            print(f"epoch {epoch}, worker {worker}: {len(read['keys_by_worker'][worker])} samples from shards "
-                  f"{_shard_numbers(read['shards_by_worker'][worker])}{drawn}")
+            print(
+                f"epoch {epoch}, worker {worker}: {len(read['keys_by_worker'][worker])} samples from shards "
+                f"{_shard_numbers(read['shards_by_worker'][worker])}{drawn}"
+            )
         print(f"epoch {epoch}, rank {env.rank}: {read['batches']} batches, {read['samples']} samples")
     totals = torch.tensor([float(sum(r["batches"] for r in report["epochs"]))], device=device)
     dist.all_reduce(totals)  # the ranks finished together, or this never returns
@@ -114,11 +126,15 @@ def _read_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torch
 # --------------------------------------------------------------------------- the command line
 def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m course_lib.shard_reader", description=__doc__.split("\n\n")[0])
-    p.add_argument("--urls", required=True, help="the shards: a brace pattern such as data/shapes-train-{000000..000007}.tar")
+    p.add_argument(
+        "--urls", required=True, help="the shards: a brace pattern such as data/shapes-train-{000000..000007}.tar"
+    )
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--epochs", type=int, default=1, help="epochs to read, each with its own shard order and shares")
-    p.add_argument("--buffer", type=int, default=100, help="samples in each shuffle buffer (the workers' and the loader's)")
+    p.add_argument(
+        "--buffer", type=int, default=100, help="samples in each shuffle buffer (the workers' and the loader's)"
+    )
     p.add_argument("--seed", type=int, default=0, help="with the epoch, seeds the shard order and the shuffle buffers")
     p.add_argument("--resampled", action="store_true", help="draw shards with replacement (needs --epoch-batches)")
     p.add_argument("--epoch-batches", type=int, default=0, help="cut each rank's epoch at this many batches")

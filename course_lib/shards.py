@@ -28,9 +28,25 @@ import numpy as np
 from . import claims as _claims, data as _data
 from .support import check_int, new_folder
 
-__all__ = ["ShardError", "ShardSet", "brace_urls", "check_enough_shards", "compare_small_files_and_shards", "corrupt_copy",
-           "count_batches", "list_members", "read_shardset", "reader_shares", "shard_error_summary", "shard_folder",
-           "shards_needed", "simulated_reader", "verify_shards", "write_image_shards", "write_tensor_shards"]
+__all__ = [
+    "ShardError",
+    "ShardSet",
+    "brace_urls",
+    "check_enough_shards",
+    "compare_small_files_and_shards",
+    "corrupt_copy",
+    "count_batches",
+    "list_members",
+    "read_shardset",
+    "reader_shares",
+    "shard_error_summary",
+    "shard_folder",
+    "shards_needed",
+    "simulated_reader",
+    "verify_shards",
+    "write_image_shards",
+    "write_tensor_shards",
+]
 
 _StrPath = str | os.PathLike[str]  # a path, as a string or a Path
 _MANIFEST = "manifest.json"
@@ -73,8 +89,10 @@ class ShardSet:
     def describe(self) -> str:
         """A one-line, machine-independent summary."""
         per_shard = ", ".join(map(str, sorted(set(self.counts))))
-        return (f"{len(self.paths)} shards {self.pattern}: {self.samples} samples, "
-                f"{self.bytes / 1e6:.1f} MB ({per_shard} samples per shard)")
+        return (
+            f"{len(self.paths)} shards {self.pattern}: {self.samples} samples, "
+            f"{self.bytes / 1e6:.1f} MB ({per_shard} samples per shard)"
+        )
 
 
 def brace_urls(paths: Sequence[_StrPath]) -> str:
@@ -102,6 +120,7 @@ def brace_urls(paths: Sequence[_StrPath]) -> str:
 def _expand_urls(urls: str) -> list[str]:
     """Notebook 09, section 2: the shard names a brace pattern stands for (webdataset's own expansion)."""
     from webdataset.shardlists import expand_urls as expand
+
     return list(expand(urls))
 
 
@@ -119,8 +138,10 @@ def find_shards(location: _StrPath) -> list[Path]:
         missing = [p for p in found if not p.is_file()]
         if missing:
             where = "" if missing[0].parent.is_dir() else f" (its folder {missing[0].parent.name}/ does not exist)"
-            raise ShardError(f"{len(missing)} of the {len(found)} shards the pattern names do not exist, "
-                             f"e.g. {missing[0].name}{where}. {how}")
+            raise ShardError(
+                f"{len(missing)} of the {len(found)} shards the pattern names do not exist, "
+                f"e.g. {missing[0].name}{where}. {how}"
+            )
         problem = f"the pattern {path.name} names no shards"
     elif any(c in text for c in "*?["):
         found = sorted(p for p in path.parent.glob(path.name) if p.is_file())
@@ -145,8 +166,10 @@ def list_members(shard: _StrPath) -> list[tuple[str, int]]:
                 members.append((info.name, info.size))
     except (tarfile.TarError, EOFError, OSError) as exc:
         samples = len({name.split(".", 1)[0] for name, _ in members})
-        raise ShardError(f"{Path(shard).name} is damaged ({exc}) after {samples} samples; write it again "
-                         "(write_image_shards(..., force=True)) or skip it with handler=wds.warn_and_continue") from None
+        raise ShardError(
+            f"{Path(shard).name} is damaged ({exc}) after {samples} samples; write it again "
+            "(write_image_shards(..., force=True)) or skip it with handler=wds.warn_and_continue"
+        ) from None
     return members
 
 
@@ -158,8 +181,10 @@ def verify_shards(shards: ShardSet | Iterable[_StrPath]) -> dict[str, int]:
     for p in map(Path, shards.paths if isinstance(shards, ShardSet) else shards):
         counts[p.name] = len({name.split(".", 1)[0] for name, _ in list_members(p)})
         if counts[p.name] != expected.get(p.name, counts[p.name]):
-            raise ShardError(f"{p.name} holds {counts[p.name]} samples but its manifest says {expected[p.name]}: "
-                             "it was cut short (at a member boundary, so no reader notices); write it again")
+            raise ShardError(
+                f"{p.name} holds {counts[p.name]} samples but its manifest says {expected[p.name]}: "
+                "it was cut short (at a member boundary, so no reader notices); write it again"
+            )
     return counts
 
 
@@ -216,11 +241,15 @@ def _manifest(folder: Path) -> dict:
     try:
         manifest = json.loads((folder / _MANIFEST).read_text())
     except (OSError, ValueError):
-        raise ShardError(f"{folder.name}/ has no readable {_MANIFEST}: write_image_shards did not write it (completely); "
-                         "write it (again) with force=True") from None
+        raise ShardError(
+            f"{folder.name}/ has no readable {_MANIFEST}: write_image_shards did not write it (completely); "
+            "write it (again) with force=True"
+        ) from None
     missing = [s["name"] for s in manifest["shards"] if not (folder / s["name"]).is_file()]
     if missing:
-        raise ShardError(f"{folder.name}/ lacks {len(missing)} of its shards (e.g. {missing[0]}); write it again: force=True")
+        raise ShardError(
+            f"{folder.name}/ lacks {len(missing)} of its shards (e.g. {missing[0]}); write it again: force=True"
+        )
     return manifest
 
 
@@ -229,8 +258,15 @@ def read_shardset(folder: _StrPath) -> ShardSet:
     folder = Path(folder).expanduser()
     shards = _manifest(folder)["shards"]
     paths = [folder / s["name"] for s in shards]
-    return ShardSet(folder, brace_urls(paths), paths, sum(s["samples"] for s in shards), sum(s["bytes"] for s in shards),
-                    [s["samples"] for s in shards], [s["keys"] for s in shards])
+    return ShardSet(
+        folder,
+        brace_urls(paths),
+        paths,
+        sum(s["samples"] for s in shards),
+        sum(s["bytes"] for s in shards),
+        [s["samples"] for s in shards],
+        [s["keys"] for s in shards],
+    )
 
 
 def _check_writer(prefix: str, maxcount: int, maxsize: float | None) -> None:
@@ -241,40 +277,68 @@ def _check_writer(prefix: str, maxcount: int, maxsize: float | None) -> None:
         raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize}")
 
 
-def _write_atomically(out_dir: _StrPath, params: dict, samples: Iterator[dict], name_prefix: str, maxcount: int,
-                      maxsize: float | None, force: bool) -> ShardSet:
+def _write_atomically(
+    out_dir: _StrPath,
+    params: dict,
+    samples: Iterator[dict],
+    name_prefix: str,
+    maxcount: int,
+    maxsize: float | None,
+    force: bool,
+) -> ShardSet:
     """Write ``samples`` with webdataset's ShardWriter into a temporary folder, then rename it (or reuse it)."""
     import webdataset as wds
 
     final = Path(out_dir).expanduser()
     with contextlib.suppress(ShardError):
         old = {} if force else _manifest(final)
-        if old.get("format_version") == _FORMAT_VERSION and old.get("params") == params and all(
-                (final / s["name"]).stat().st_size == s["bytes"] for s in old["shards"]):
+        if (
+            old.get("format_version") == _FORMAT_VERSION
+            and old.get("params") == params
+            and all((final / s["name"]).stat().st_size == s["bytes"] for s in old["shards"])
+        ):
             return read_shardset(final)  # written before with the same parameters, and whole
     with new_folder(final, _MANIFEST, ShardError) as tmp:
         # verbose=0: ShardWriter prints every file name it opens (an absolute path) otherwise
-        with wds.ShardWriter(str(tmp / f"{name_prefix}-%06d.tar"), maxcount=maxcount, verbose=0, mtime=TAR_MTIME,
-                             maxsize=float("inf") if maxsize is None else maxsize) as writer:
+        with wds.ShardWriter(
+            str(tmp / f"{name_prefix}-%06d.tar"),
+            maxcount=maxcount,
+            verbose=0,
+            mtime=TAR_MTIME,
+            maxsize=float("inf") if maxsize is None else maxsize,
+        ) as writer:
             for sample in samples:
                 writer.write(sample)
         shards = []
         for p in sorted(tmp.glob(f"{name_prefix}-*.tar")):
             keys = list(dict.fromkeys(n.split(".", 1)[0] for n, _ in list_members(p)))  # in order, once each
             blob = p.read_bytes()
-            shards.append({"name": p.name, "samples": len(keys), "bytes": len(blob),
-                           "sha256": hashlib.sha256(blob).hexdigest(), "keys": keys})
-        manifest = {"format_version": _FORMAT_VERSION, "params": params,
-                    "pattern": brace_urls([s["name"] for s in shards]),
-                    "samples": sum(s["samples"] for s in shards), "bytes": sum(s["bytes"] for s in shards),
-                    "shards": shards}
+            shards.append(
+                {
+                    "name": p.name,
+                    "samples": len(keys),
+                    "bytes": len(blob),
+                    "sha256": hashlib.sha256(blob).hexdigest(),
+                    "keys": keys,
+                }
+            )
+        manifest = {
+            "format_version": _FORMAT_VERSION,
+            "params": params,
+            "pattern": brace_urls([s["name"] for s in shards]),
+            "samples": sum(s["samples"] for s in shards),
+            "bytes": sum(s["bytes"] for s in shards),
+            "shards": shards,
+        }
         if not manifest["samples"]:
             raise ValueError("no samples to write")
         (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))  # last: a folder with a manifest is finished
     return read_shardset(final)
 
 
-def _image_samples(folder: Path, split: str, order: np.ndarray, paths: np.ndarray, targets: np.ndarray) -> Iterator[dict]:
+def _image_samples(
+    folder: Path, split: str, order: np.ndarray, paths: np.ndarray, targets: np.ndarray
+) -> Iterator[dict]:
     for i in order:
         rel = str(paths[i])  # "<class>/<file>.jpg", relative to the split folder
         cls_name, file_name = rel.split("/")
@@ -287,9 +351,18 @@ def _image_samples(folder: Path, split: str, order: np.ndarray, paths: np.ndarra
         }
 
 
-def write_image_shards(out_dir: _StrPath, split: str = "train", size: str = _data.DEFAULT_SIZE, seed: int = 0,
-                       root: _StrPath | None = None, maxcount: int = 100, maxsize: float | None = None,
-                       prefix: str = "shapes", shuffle: bool = True, force: bool = False) -> ShardSet:
+def write_image_shards(
+    out_dir: _StrPath,
+    split: str = "train",
+    size: str = _data.DEFAULT_SIZE,
+    seed: int = 0,
+    root: _StrPath | None = None,
+    maxcount: int = 100,
+    maxsize: float | None = None,
+    prefix: str = "shapes",
+    shuffle: bool = True,
+    force: bool = False,
+) -> ShardSet:
     """Notebook 09, section 2: write the generated shapes images of one split as tar shards in ``out_dir``; return them.
 
     A sample is ``KEY.jpg`` (the file's bytes), ``KEY.cls`` (the label) and ``KEY.json`` (source, class, index in
@@ -303,9 +376,17 @@ def write_image_shards(out_dir: _StrPath, split: str = "train", size: str = _dat
     folder = _data.prepare_data(size, seed, root, progress=False)
     dataset = ImageFileDataset(folder, split)
     order = np.random.default_rng(seed).permutation(len(dataset)) if shuffle else np.arange(len(dataset))
-    params = {"kind": "images", "split": split, "size": size, "seed": seed,
-              "source_digest": _data.read_manifest(folder)["digest"], "maxcount": maxcount, "maxsize": maxsize,
-              "prefix": prefix, "shuffle": shuffle}
+    params = {
+        "kind": "images",
+        "split": split,
+        "size": size,
+        "seed": seed,
+        "source_digest": _data.read_manifest(folder)["digest"],
+        "maxcount": maxcount,
+        "maxsize": maxsize,
+        "prefix": prefix,
+        "shuffle": shuffle,
+    }
     samples = _image_samples(folder, split, order, dataset.paths, dataset.targets)
     return _write_atomically(out_dir, params, samples, f"{prefix}-{split}", maxcount, maxsize, force)
 
@@ -317,17 +398,33 @@ def _tensor_samples(n: int, values: int, seed: int) -> Iterator[dict]:
         yield {"__key__": f"{i:08d}", "npy": buf.getvalue(), "cls": str(i % 10).encode("ascii")}
 
 
-def write_tensor_shards(out_dir: _StrPath, n: int, sample_bytes: int = 1 << 20, maxcount: int = 64, seed: int = 0,
-                        prefix: str = "tensors", force: bool = False) -> ShardSet:
+def write_tensor_shards(
+    out_dir: _StrPath,
+    n: int,
+    sample_bytes: int = 1 << 20,
+    maxcount: int = 64,
+    seed: int = 0,
+    prefix: str = "tensors",
+    force: bool = False,
+) -> ShardSet:
     """Notebook 12, section 3: write ``n`` raw float32 samples as shards: ``KEY.npy`` (``sample_bytes / 4`` values in
     [0, 1), read with :func:`load_npy`) and ``KEY.cls`` (``index % 10``); deterministic, reused like image shards."""
     check_int(n, "n", 1)
     if sample_bytes < 4 or sample_bytes % 4:
         raise ValueError(f"sample_bytes must be a positive multiple of 4 (float32 values), got {sample_bytes}")
     _check_writer(prefix, maxcount, None)
-    params = {"kind": "tensors", "n": n, "sample_bytes": sample_bytes, "seed": seed,
-              "maxcount": maxcount, "maxsize": None, "prefix": prefix}
-    return _write_atomically(out_dir, params, _tensor_samples(n, sample_bytes // 4, seed), prefix, maxcount, None, force)
+    params = {
+        "kind": "tensors",
+        "n": n,
+        "sample_bytes": sample_bytes,
+        "seed": seed,
+        "maxcount": maxcount,
+        "maxsize": None,
+        "prefix": prefix,
+    }
+    return _write_atomically(
+        out_dir, params, _tensor_samples(n, sample_bytes // 4, seed), prefix, maxcount, None, force
+    )
 
 
 def shards_needed(world_size: int, num_workers: int) -> int:
@@ -340,8 +437,10 @@ def check_enough_shards(n_shards: int, world_size: int, num_workers: int) -> Non
     """Notebook 09, section 6: raise :class:`ShardError` when some rank's worker would get no shard at all."""
     need = shards_needed(world_size, num_workers)
     if n_shards < need:
-        readers = (f"{world_size} rank{'s' if world_size > 1 else ''} × "
-                   f"{max(1, num_workers)} worker{'s' if num_workers > 1 else ''}")
+        readers = (
+            f"{world_size} rank{'s' if world_size > 1 else ''} × "
+            f"{max(1, num_workers)} worker{'s' if num_workers > 1 else ''}"
+        )
         raise ShardError(
             f"{n_shards} shard{'s' if n_shards != 1 else ''} for {readers} = {need} readers: {need - n_shards} of them "
             f"would read nothing. At least {need} shards are needed (a multiple of {need} keeps the readers even): "
@@ -350,8 +449,9 @@ def check_enough_shards(n_shards: int, world_size: int, num_workers: int) -> Non
 
 
 @contextlib.contextmanager
-def simulated_reader(rank: int = 0, world_size: int = 1, worker: int | None = None,
-                     num_workers: int | None = None) -> Iterator[None]:
+def simulated_reader(
+    rank: int = 0, world_size: int = 1, worker: int | None = None, num_workers: int | None = None
+) -> Iterator[None]:
     """Notebook 09, section 6: make webdataset's splitters in *this* process believe it is ``rank`` of ``world_size``,
     through ``RANK``/``WORLD_SIZE`` (as torchrun sets them) and ``WORKER``/``NUM_WORKERS``, which workers inherit."""
     saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS")}
@@ -397,7 +497,7 @@ def count_batches(loader: Iterable, limit: int | None = None) -> tuple[int, int]
             batches += 1
             first = batch[0] if isinstance(batch, (tuple, list)) else batch
             samples += len(first) if hasattr(first, "__len__") and not isinstance(first, (str, bytes)) else 1
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any reader's error, raised again below
         failure = exc.with_traceback(None)  # the traceback's frames would keep the iterator alive
     finally:
         if hasattr(it, "close"):
@@ -452,8 +552,9 @@ class FilesVsShards:
         return self.rounds.ratio("small files" + suffix, "shards" + suffix)
 
 
-def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths: Sequence[_StrPath],
-                                   latency: float = 0.001, rounds: int = 5) -> FilesVsShards:
+def compare_small_files_and_shards(
+    image_paths: Sequence[_StrPath], shard_paths: Sequence[_StrPath], latency: float = 0.001, rounds: int = 5
+) -> FilesVsShards:
     """Notebook 09, section 10: seconds to read ``image_paths`` (a file per sample) and ``shard_paths`` (the same
     samples) in ``rounds`` interleaved rounds (:func:`course_lib.claims.interleave`): from the page cache (per-file
     overhead) and with ``latency`` seconds per ``open`` (simulated metadata cost). Bytes only: decoding costs the
@@ -462,18 +563,26 @@ def compare_small_files_and_shards(image_paths: Sequence[_StrPath], shard_paths:
         raise ValueError(f"latency must be >= 0 seconds, got {latency}")
     samples = sum(verify_shards(shard_paths).values())
     if samples != len(image_paths) or not samples:
-        raise ValueError(f"the shards hold {samples} samples and {len(image_paths)} image files were given: "
-                         "compare the same samples (at least one)")
+        raise ValueError(
+            f"the shards hold {samples} samples and {len(image_paths)} image files were given: "
+            "compare the same samples (at least one)"
+        )
 
     def seconds(read, paths, delay: float):
         def run() -> float:
             start = time.perf_counter()
             read(paths, delay)
             return time.perf_counter() - start
+
         return run
 
-    measured = _claims.interleave({"small files": seconds(_read_small_files, image_paths, 0.0),
-                                   "shards": seconds(_read_shards, shard_paths, 0.0),
-                                   "small files + latency": seconds(_read_small_files, image_paths, latency),
-                                   "shards + latency": seconds(_read_shards, shard_paths, latency)}, rounds=rounds)
+    measured = _claims.interleave(
+        {
+            "small files": seconds(_read_small_files, image_paths, 0.0),
+            "shards": seconds(_read_shards, shard_paths, 0.0),
+            "small files + latency": seconds(_read_small_files, image_paths, latency),
+            "shards + latency": seconds(_read_shards, shard_paths, latency),
+        },
+        rounds=rounds,
+    )
     return FilesVsShards(samples, len(image_paths), len(shard_paths), latency, measured)

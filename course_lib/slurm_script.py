@@ -46,8 +46,14 @@ def render_slurm_script(
     other variables are expanded there). Raises ``ValueError`` naming a bad setting, e.g. more CPUs
     than ``cpus_per_node`` has.
     """
-    for name, value, low in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 1), ("num_workers", num_workers, 0),
-                             ("prefetch_factor", prefetch_factor, 1), ("batch_size", batch_size, 1), ("epochs", epochs, 1)):
+    for name, value, low in (
+        ("nodes", nodes, 1),
+        ("gpus_per_node", gpus_per_node, 1),
+        ("num_workers", num_workers, 0),
+        ("prefetch_factor", prefetch_factor, 1),
+        ("batch_size", batch_size, 1),
+        ("epochs", epochs, 1),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
     if not isinstance(shards, str) or not _SAFE.match(shards):
@@ -70,20 +76,37 @@ def render_slurm_script(
         on_each_node = ""  # the batch script runs on the one node
         head = ""
     else:
-        rendezvous = ('--nnodes="$SLURM_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$MASTER_PORT" '
-                      '--rdzv-id="$SLURM_JOB_ID"')
+        rendezvous = (
+            '--nnodes="$SLURM_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$MASTER_PORT" '
+            '--rdzv-id="$SLURM_JOB_ID"'
+        )
         srun = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
         on_each_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '  # the batch script runs on the first node
-        head = ('# The first node hosts the rendezvous; a port derived from the job id keeps jobs sharing it apart.\n'
-                'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-                'MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"\n')
+        head = (
+            "# The first node hosts the rendezvous; a port derived from the job id keeps jobs sharing it apart.\n"
+            'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+            'MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"\n'
+        )
     # the comments of the #SBATCH lines start in one column, whatever the numbers' widths
     gres_line, cpus_line = f"#SBATCH --gres=gpu:{gpus_per_node}".ljust(37), f"#SBATCH --cpus-per-task={cpus}".ljust(37)
     values = {
-        "JOB_NAME": job_name, "NODES": nodes, "GPUS_PER_NODE": gpus_per_node, "WORLD": world, "CPUS": cpus,
-        "NUM_WORKERS": num_workers, "READERS_PER_RANK": max(1, num_workers), "PREFETCH_FACTOR": prefetch_factor,
-        "TIME_LIMIT": time_limit, "SHARDS": shards, "EPOCHS": epochs, "BATCH_SIZE": batch_size,
-        "GRES_LINE": gres_line, "CPUS_LINE": cpus_line, "HEAD": head, "SRUN": srun, "RENDEZVOUS": rendezvous,
+        "JOB_NAME": job_name,
+        "NODES": nodes,
+        "GPUS_PER_NODE": gpus_per_node,
+        "WORLD": world,
+        "CPUS": cpus,
+        "NUM_WORKERS": num_workers,
+        "READERS_PER_RANK": max(1, num_workers),
+        "PREFETCH_FACTOR": prefetch_factor,
+        "TIME_LIMIT": time_limit,
+        "SHARDS": shards,
+        "EPOCHS": epochs,
+        "BATCH_SIZE": batch_size,
+        "GRES_LINE": gres_line,
+        "CPUS_LINE": cpus_line,
+        "HEAD": head,
+        "SRUN": srun,
+        "RENDEZVOUS": rendezvous,
         "ON_EACH_NODE": on_each_node,
     }
     return _fill_template(TEMPLATE.read_text(), values)

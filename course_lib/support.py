@@ -13,8 +13,6 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -83,7 +81,7 @@ def _remove_dead_temps(final: Path) -> None:
     prefix = f".{final.name}.tmp-{_host()}-"
     for tmp in final.parent.glob(f"{prefix}*"):
         with contextlib.suppress(ValueError):  # a name that is not one of ours
-            if _process_gone(_host(), int(tmp.name[len(prefix):].split("-", 1)[0])):
+            if _process_gone(_host(), int(tmp.name[len(prefix) :].split("-", 1)[0])):
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -118,8 +116,10 @@ def new_folder(final: str | os.PathLike[str], marker: str, error: type[Exception
     if final.exists() and not final.is_dir():
         raise error(f"{final.name} exists and is a file; give a folder name")
     if final.is_dir() and not (final / marker).exists() and any(final.iterdir()):
-        raise error(f"{final.name}/ already holds files that the course did not write; "
-                    "choose a new or empty folder (nothing was deleted)")
+        raise error(
+            f"{final.name}/ already holds files that the course did not write; "
+            "choose a new or empty folder (nothing was deleted)"
+        )
     replacing = (final / marker).exists()
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_temps(final)

@@ -27,8 +27,18 @@ from torch.utils.data import DataLoader, Dataset
 from .support import check_int
 from .highrate import RawDataError, RingLoader, Float32Samples, read_into, rate_and_cpu
 
-__all__ = ["ThreadBatches", "WORK", "WorkedSamples", "compare_threads", "nodes_batches", "plot_threads", "python_work",
-           "spdl_batches", "torch_work", "worker_method_available"]
+__all__ = [
+    "ThreadBatches",
+    "WORK",
+    "WorkedSamples",
+    "compare_threads",
+    "nodes_batches",
+    "plot_threads",
+    "python_work",
+    "spdl_batches",
+    "torch_work",
+    "worker_method_available",
+]
 
 PYTHON_VALUES = 32768  # values of each sample that python_work visits in a Python loop
 
@@ -124,8 +134,14 @@ class ThreadBatches:
     which releases the GIL and never moves a shared file position. ``work``, if given, runs on every sample, in the
     reading thread."""
 
-    def __init__(self, raw: Float32Samples, batch_size: int, threads: int = 2, in_flight: int = 2,
-                 work: Callable[[torch.Tensor], None] | None = None) -> None:
+    def __init__(
+        self,
+        raw: Float32Samples,
+        batch_size: int,
+        threads: int = 2,
+        in_flight: int = 2,
+        work: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         if len(raw.files) != 1:
             raise RawDataError(f"ThreadBatches reads one raw file; this description spans {len(raw.files)} files")
         self.raw, self.batch_size = raw, check_int(batch_size, "batch_size", 1)
@@ -210,8 +226,12 @@ def _pss_mb(processes: Iterable[psutil.Process]) -> float:
     return total / 1e6
 
 
-def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: Measured | None,
-              workers: Callable[[], list[psutil.Process]] = list) -> None:
+def _one_pass(
+    make: Callable[[], Iterable[torch.Tensor]],
+    nbytes: int,
+    row: Measured | None,
+    workers: Callable[[], list[psutil.Process]] = list,
+) -> None:
     """One pass (:func:`highrate.rate_and_cpu`: GB/s and this process's CPU per GB), plus its workers' CPU and the PSS."""
     me = psutil.Process()
     before = _children_cpu(me)
@@ -225,8 +245,9 @@ def _one_pass(make: Callable[[], Iterable[torch.Tensor]], nbytes: int, row: Meas
     row.pss_mb.append(_pss_mb([me, *workers()]))
 
 
-def compare_threads(raw: Float32Samples, work: Callable[[torch.Tensor], None], batch_size: int = 16,
-                    workers: int = 2, rounds: int = 3) -> dict[str, Measured]:
+def compare_threads(
+    raw: Float32Samples, work: Callable[[torch.Tensor], None], batch_size: int = 16, workers: int = 2, rounds: int = 3
+) -> dict[str, Measured]:
     """Notebook 12, section 6: every reader over the same file with the same per-sample ``work``, ``workers`` processes or threads each.
 
     Each reader makes one untimed pass (which starts its workers), then one pass per round, in turn, on one torch
@@ -262,7 +283,7 @@ def compare_threads(raw: Float32Samples, work: Callable[[torch.Tensor], None], b
     finally:
         torch.set_num_threads(threads)
         ring.close()
-        loader = None  # the last reference: its persistent workers stop now  # noqa: F841
+        loader = None  # the last reference: its persistent workers stop now
 
 
 def plot_threads(by_work: dict[str, dict[str, Measured]]) -> Any:
@@ -283,8 +304,10 @@ def plot_threads(by_work: dict[str, dict[str, Measured]]) -> Any:
         total = [max(m, statistics.median(rows[n].total_cpu)) for n, m in zip(names, main)]
         cpu_ax.barh(y, main, color=colours)
         cpu_ax.barh(y, [t - m for t, m in zip(total, main)], left=main, color="white", edgecolor="#888888", hatch="//")
-        cpu_ax.set(xlabel="CPU seconds per GB (shorter is cheaper)",
-                   title="CPU: training process (solid), its workers (hatched)")
+        cpu_ax.set(
+            xlabel="CPU seconds per GB (shorter is cheaper)",
+            title="CPU: training process (solid), its workers (hatched)",
+        )
         rate_ax.invert_yaxis()
     fig.tight_layout()
     return fig

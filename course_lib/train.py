@@ -39,8 +39,12 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
         )
         self.head = nn.Linear(16 * 4 * 4, num_classes)
 
@@ -74,21 +78,29 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def rank_dataloader(args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False) -> tuple[DataLoader, int]:
+def rank_dataloader(
+    args: argparse.Namespace, env: distributed.DistEnv, pin_memory: bool = False
+) -> tuple[DataLoader, int]:
     """Notebook 07, section 5: this rank's DataLoader over its share, and the length of the whole data set."""
-    dataset = WithIndex(shapes("train", transform=functools.partial(image_tensor, size=args.image_size),
-                               size=args.size, root=args.data))
+    dataset = WithIndex(
+        shapes("train", transform=functools.partial(image_tensor, size=args.image_size), size=args.size, root=args.data)
+    )
     if args.limit:
         dataset = Subset(dataset, range(min(args.limit, len(dataset))))
     n = len(dataset)
-    common = dict(batch_size=args.batch_size, num_workers=args.workers,
-                  persistent_workers=args.workers > 0, pin_memory=pin_memory,
-                  # workers' seeds differ per rank; the order itself comes from the sampler's seed
-                  generator=torch.Generator().manual_seed(args.seed + env.rank))
+    common = dict(
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        pin_memory=pin_memory,
+        # workers' seeds differ per rank; the order itself comes from the sampler's seed
+        generator=torch.Generator().manual_seed(args.seed + env.rank),
+    )
     if args.sharding == "sampler":
         # shuffling belongs to the sampler: the DataLoader itself gets shuffle=False
-        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
-                                     shuffle=True, seed=args.seed, drop_last=args.drop_last)
+        sampler = DistributedSampler(
+            dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed, drop_last=args.drop_last
+        )
         return DataLoader(dataset, sampler=sampler, drop_last=False, **common), n
     share = Subset(dataset, range(env.rank, n, env.world_size))
     return DataLoader(share, shuffle=True, drop_last=args.drop_last, **common), n
@@ -99,8 +111,15 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
     """One rank's training: its loader, DDP, ``set_epoch`` every epoch, a report of what it loaded."""
     loader, n = rank_dataloader(args, env, pin_memory=device.type == "cuda")
     model, ddp, opt = ddp_model(device, args.seed, args.lr)
-    report: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-                              "source": env.source, "dataset_len": n, "sharding": args.sharding, "epochs": []}
+    report: dict[str, Any] = {
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "local_rank": env.local_rank,
+        "source": env.source,
+        "dataset_len": n,
+        "sharding": args.sharding,
+        "epochs": [],
+    }
     for epoch in range(args.epochs):
         if args.sharding == "sampler" and not args.no_set_epoch:
             loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
@@ -117,9 +136,14 @@ def _train_rank(args: argparse.Namespace, env: distributed.DistEnv, device: torc
                 opt.step()
                 seen += index.tolist()
                 losses.append(loss.item())
-        report["epochs"].append({"indices": seen, "batches": len(losses),
-                                 "mean_loss": epoch_mean_loss(losses, device),
-                                 "seconds": time.perf_counter() - start})
+        report["epochs"].append(
+            {
+                "indices": seen,
+                "batches": len(losses),
+                "mean_loss": epoch_mean_loss(losses, device),
+                "seconds": time.perf_counter() - start,
+            }
+        )
         print(f"epoch {epoch}: {len(seen)} samples in {len(losses)} batches, first indices {seen[:5]}", flush=True)
     report["weights_sha256"] = weights_digest(model)
     if args.report:
@@ -151,8 +175,12 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drop-last", action="store_true", help="drop what does not divide evenly")
     p.add_argument("--no-set-epoch", action="store_true", help="forget sampler.set_epoch (the pitfall)")
     p.add_argument("--join", action="store_true", help="wrap the loop in torch's Join context (uneven inputs)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a collective may wait for the other ranks (start-up and checkpoints included)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds a collective may wait for the other ranks (start-up and checkpoints included)",
+    )
     p.add_argument("--device", default="auto", help="auto (a GPU per rank when there is one), cpu or cuda")
     p.add_argument("--report", help="folder for one rankN.json report per rank")
     p.add_argument("--crash-rank", type=int, default=-1, help="raise an error on this rank at its 3rd batch (practice)")

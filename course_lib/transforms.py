@@ -91,9 +91,11 @@ def decode_augment(size: int = 128) -> nn.Module:
     """
     from torchvision.transforms import v2  # imported here: the rest of the module needs no torchvision
 
-    return v2.Compose([
-        v2.RandomResizedCrop(size),
-        v2.RandomHorizontalFlip(),
-        v2.ColorJitter(0.4, 0.4, 0.4),
-        v2.PILToTensor(),
-    ])
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(size),
+            v2.RandomHorizontalFlip(),
+            v2.ColorJitter(0.4, 0.4, 0.4),
+            v2.PILToTensor(),
+        ]
+    )

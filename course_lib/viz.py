@@ -36,8 +36,13 @@ def _to_display(img: Any) -> np.ndarray:
     return arr
 
 
-def show_images(images: Sequence[Any], titles: Sequence[str] | None = None, ncols: int = 8, size: float = 1.3,
-                suptitle: str | None = None) -> Figure:
+def show_images(
+    images: Sequence[Any],
+    titles: Sequence[str] | None = None,
+    ncols: int = 8,
+    size: float = 1.3,
+    suptitle: str | None = None,
+) -> Figure:
     """Notebook 01, section 2: draw images in a grid, one optional title under each."""
     n = len(images)
     if n == 0:
@@ -57,8 +62,9 @@ def show_images(images: Sequence[Any], titles: Sequence[str] | None = None, ncol
     return fig
 
 
-def class_histogram(counts: dict[str, Sequence[int]] | Sequence[int], classes: Sequence[str],
-                    title: str = "Samples per class") -> Figure:
+def class_histogram(
+    counts: dict[str, Sequence[int]] | Sequence[int], classes: Sequence[str], title: str = "Samples per class"
+) -> Figure:
     """Notebook 01, section 4: bar chart of samples per class; ``counts`` may map a label (e.g. a split) to counts."""
     series = counts if isinstance(counts, dict) else {"samples": counts}
     fig, ax = plt.subplots(figsize=(8, 2.8))
@@ -104,8 +110,15 @@ def show_batch_order(batches: Sequence[Sequence[int]], title: str = "Which sampl
     return fig
 
 
-def relative_bars(values: dict[str, float], xlabel: str, title: str, colors: Sequence[str],
-                   ax: Any = None, width: float = 6, pad: float = 0.6) -> Figure:
+def relative_bars(
+    values: dict[str, float],
+    xlabel: str,
+    title: str,
+    colors: Sequence[str],
+    ax: Any = None,
+    width: float = 6,
+    pad: float = 0.6,
+) -> Figure:
     """Horizontal bars of ``values``, each divided by the first one (drawn at 1.0 as a line): a ratio to a reference
     measured in the same run means the same on every machine, where absolute rates do not."""
     names = list(values)

@@ -31,9 +31,24 @@ from .data import CLASSES, draw_shape
 from .datasets import check_index
 from .iterable import worker_slot
 
-__all__ = ["CudaInWorker", "EpochTagged", "NoisyDataset", "RandomnessProbe", "SharedEpochTagged", "SlowStorage", "cpu_count",
-           "decode_jpeg", "decode_ppm", "jpeg_payloads", "os_limits", "open_files_demo", "parallel_rounds",
-           "ppm_payloads", "private_memory_growth", "shm_needed_mb"]
+__all__ = [
+    "CudaInWorker",
+    "EpochTagged",
+    "NoisyDataset",
+    "RandomnessProbe",
+    "SharedEpochTagged",
+    "SlowStorage",
+    "cpu_count",
+    "decode_jpeg",
+    "decode_ppm",
+    "jpeg_payloads",
+    "os_limits",
+    "open_files_demo",
+    "parallel_rounds",
+    "ppm_payloads",
+    "private_memory_growth",
+    "shm_needed_mb",
+]
 
 
 # --- seeding ------------------------------------------------------------------------------
@@ -47,8 +62,12 @@ class RandomnessProbe(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"worker": worker_slot(main=-1)[0], "random": round(random.random(), 4),
-                "numpy": round(float(np.random.random()), 4), "torch": round(float(torch.rand(())), 4)}
+        return {
+            "worker": worker_slot(main=-1)[0],
+            "random": round(random.random(), 4),
+            "numpy": round(float(np.random.random()), 4),
+            "torch": round(float(torch.rand(())), 4),
+        }
 
 
 class CudaInWorker(Dataset):
@@ -169,8 +188,10 @@ def parallel_rounds(fn: Callable[[Any], Any], items: Sequence[Any], workers: int
     processes are forked where the platform can."""
     fn = functools.partial(_discard, fn)
     chunksize = max(1, len(items) // (4 * workers))
-    with cf.ThreadPoolExecutor(workers) as threads, \
-            cf.ProcessPoolExecutor(workers, mp_context=fork_context()) as processes:
+    with (
+        cf.ThreadPoolExecutor(workers) as threads,
+        cf.ProcessPoolExecutor(workers, mp_context=fork_context()) as processes,
+    ):
         for pool in (threads, processes):
             list(pool.map(int, range(workers)))  # start every worker with a trivial task
 
@@ -185,10 +206,12 @@ def parallel_rounds(fn: Callable[[Any], Any], items: Sequence[Any], workers: int
                 start = time.perf_counter()
                 list(pool.map(fn, items, chunksize=chunksize))
                 return time.perf_counter() - start
+
             return run
 
-        return claims.interleave({"serial": serial, "threads": in_pool(threads), "processes": in_pool(processes)},
-                                 rounds=rounds)
+        return claims.interleave(
+            {"serial": serial, "threads": in_pool(threads), "processes": in_pool(processes)}, rounds=rounds
+        )
 
 
 # --- copy-on-read ---------------------------------------------------------------------------
@@ -234,6 +257,7 @@ def _open_files_child(strategy: str, limit: int, answer: Any) -> None:
     """Runs in a forked child process: keep 400 small tensors from workers (each one a shared-memory handle, a file
     descriptor) while the open-file limit is low; send back what happened."""
     import resource
+
     os.closerange(3, answer.fileno())  # only what a fresh process has open: the parent's files are not the demo's
     os.closerange(answer.fileno() + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     torch.multiprocessing.set_sharing_strategy(strategy)
@@ -283,9 +307,15 @@ def os_limits() -> dict[str, Any]:
     except ImportError:  # Windows
         soft = hard = None
     shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
-    return {"cpus": cpu_count(), "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
-            "start_method": mp.get_start_method(allow_none=False), "open_files_soft": soft, "open_files_hard": hard,
-            "shm_total_mb": shm and shm.total / 2**20, "shm_free_mb": shm and shm.free / 2**20}
+    return {
+        "cpus": cpu_count(),
+        "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
+        "start_method": mp.get_start_method(allow_none=False),
+        "open_files_soft": soft,
+        "open_files_hard": hard,
+        "shm_total_mb": shm and shm.total / 2**20,
+        "shm_free_mb": shm and shm.free / 2**20,
+    }
 
 
 def shm_needed_mb(batch_mb: float, num_workers: int, prefetch_factor: int = 2) -> float:
@@ -302,7 +332,9 @@ class SlowStorage(Dataset):
     machine with few cores. Sample ``i`` is a small tensor holding ``i``.
     """
 
-    def __init__(self, n: int = 1024, base_s: float = 0.0, slow_every: int = 256, slow_s: float = 0.15, seed: int = 0) -> None:
+    def __init__(
+        self, n: int = 1024, base_s: float = 0.0, slow_every: int = 256, slow_s: float = 0.15, seed: int = 0
+    ) -> None:
         if base_s < 0 or slow_s < 0:
             raise ValueError(f"base_s and slow_s are seconds to wait: they must be >= 0, got {base_s} and {slow_s}")
         self.n, self.base_s, self.slow_s = check_int(n, "n"), base_s, slow_s

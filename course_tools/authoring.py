@@ -158,8 +158,7 @@ def build(notebooks: Path, names: list[str] | None = None, run: bool = True) -> 
 
 WORDS_PER_MINUTE = 150  # reading the prose, with its code, at a learner's pace
 MINUTES_PER_EXERCISE = 10  # solving one exercise, a wrong try included
-TIME_RULE = (f"prose words / {WORDS_PER_MINUTE} + {MINUTES_PER_EXERCISE} minutes per exercise, "
-             "rounded up to 5 minutes")
+TIME_RULE = f"prose words / {WORDS_PER_MINUTE} + {MINUTES_PER_EXERCISE} minutes per exercise, rounded up to 5 minutes"
 _EXERCISE_HEADING = re.compile(r"^### Exercise (\d\d\.\d) · .*?(\((?:[^()]*, )?stretch\))?$", re.M)
 _HEADER_TIME = re.compile(r"about \d+ minutes( \(\d+ without the stretch exercises?\))?")
 
@@ -183,7 +182,9 @@ class Timing:
     @property
     def core_minutes(self) -> int:
         """The time without the stretch exercises, which a workshop may skip."""
-        return self._round(self.words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * (len(self.exercises) - len(self.stretch)))
+        return self._round(
+            self.words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * (len(self.exercises) - len(self.stretch))
+        )
 
     def header(self) -> str:
         """The phrase the notebook's first cell states: ``about 75 minutes (65 without the stretch exercise)``."""
@@ -205,8 +206,9 @@ def timing(nb: nbformat.NotebookNode) -> Timing:
     (a heading ``### Exercise NN.N · title (stretch)`` or ``(build, stretch)``)."""
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     found = _EXERCISE_HEADING.findall(text)
-    return Timing(prose_words(nb), tuple(dict.fromkeys(n for n, _ in found)),
-                  tuple(dict.fromkeys(n for n, s in found if s)))
+    return Timing(
+        prose_words(nb), tuple(dict.fromkeys(n for n, _ in found)), tuple(dict.fromkeys(n for n, s in found if s))
+    )
 
 
 def stated_time(nb: nbformat.NotebookNode) -> str | None:
@@ -231,13 +233,18 @@ def write_times(root: Path, show: Callable[[str], None] = print) -> None:
                 raise SystemExit(f"{path}: its first cell states no time ('about N minutes'): add one")
             nb.cells[0].source = _HEADER_TIME.sub(t.header(), nb.cells[0].source, count=1)
             nbformat.write(nb, path)
-        row = re.compile(rf"^(\| {solution.name[:2]} \| [1-5] \| \[[^\]]+\]\(notebooks/{re.escape(solution.name)}\) \| )"
-                         r"\d+ min( \(\d+\))?( \|)", re.M)
+        row = re.compile(
+            rf"^(\| {solution.name[:2]} \| [1-5] \| \[[^\]]+\]\(notebooks/{re.escape(solution.name)}\) \| )"
+            r"\d+ min( \(\d+\))?( \|)",
+            re.M,
+        )
         core = f" ({t.core_minutes})" if t.stretch else ""
         text, n = row.subn(rf"\g<1>{t.minutes} min{core}\g<3>", text)
         if n != 1:
             raise SystemExit(f"README.md: no course-table row for {solution.name} with a 'N min' time column")
-        show(f"{solution.name}: {t.words} words, {len(t.exercises)} exercises ({len(t.stretch)} stretch) -> {t.header()}")
+        show(
+            f"{solution.name}: {t.words} words, {len(t.exercises)} exercises ({len(t.stretch)} stretch) -> {t.header()}"
+        )
     hours = f"{round(total / 30) / 2:g}"  # to the nearest half hour
     text, n = re.subn(r"About \d+(\.\d+)? hours in all", f"About {hours} hours in all", text)
     if n != 1:
@@ -275,7 +282,9 @@ class Rule:
     markdown_only: bool = False  # only in .md files and in notebooks' markdown cells
 
 
-def _rule(name: str, pattern: str, files: tuple[str, ...] = ("*",), markdown_only: bool = False, flags: int = 0) -> Rule:
+def _rule(
+    name: str, pattern: str, files: tuple[str, ...] = ("*",), markdown_only: bool = False, flags: int = 0
+) -> Rule:
     return Rule(name, re.compile(pattern, flags), files, markdown_only)
 
 
@@ -284,19 +293,25 @@ def _rule(name: str, pattern: str, files: tuple[str, ...] = ("*",), markdown_onl
 #: "10 %", "12.5×" or a host "gpu[07-08]" never match. Numbers inside parentheses of a list are skipped.
 RULES = [
     _rule("notebook NN", rf"\b[Nn]otebook\s+(?P<ref>{NN})"),  # notebook 07, Notebook 07's, (notebook 07)
-    _rule("notebooks NN, NN and NN–NN", rf"\b[Nn]otebooks\s+(?P<ref>{_ITEM}(?:{_AND}{_ITEM})*)"),  # notebooks 03 (basics), 05 and 07–09
+    _rule(
+        "notebooks NN, NN and NN–NN", rf"\b[Nn]otebooks\s+(?P<ref>{_ITEM}(?:{_AND}{_ITEM})*)"
+    ),  # notebooks 03 (basics), 05 and 07–09
     _rule("notebook:NN# figure", rf"\bnotebook:(?P<ref>{NN})#"),  # slides: ![...](notebook:07#c010)
     # Exercise 07.3, exercises 07.2 and 07.3, exercises 07.2–07.4
     _rule("exercise NN.K", rf"\b[Ee]xercises?\s+(?P<ref>{_ID}(?:(?:{_AND}|[ \t]*[–-][ \t]*){_ID})*)"),
     _rule("exercise NN.K", rf"(?P<q>[\"'])(?P<ref>{_ID})(?P=q)"),  # exercise("07.3", ...), id="07.3"
-    _rule("exercise NN.K", rf"(?:\bas in|^[ \t]*#)[ \t]+(?P<ref>{_ID})", flags=re.M),  # as in 07.3; a comment "# 07.3: ..."
+    _rule(
+        "exercise NN.K", rf"(?:\bas in|^[ \t]*#)[ \t]+(?P<ref>{_ID})", flags=re.M
+    ),  # as in 07.3; a comment "# 07.3: ..."
     _rule("nbNN module", rf"(?<![A-Za-z0-9])nb(?P<ref>{NN})"),  # checks.nb07, import nb07, test_checks_nb07
     _rule("test_NN_ name", rf"\btest_(?P<ref>{NN})_"),  # def test_07_epoch_sampler
     _rule("name ending in NN", rf"(?<=[A-Za-z_])(?P<ref>{NN})\b", files=("tests/test_checks*.py",)),  # _loader07, val07
     _rule("scratch folder", rf"\bscratch_folder\((?P<q>[\"'])(?P<ref>{NN})(?P=q)"),  # scratch_folder("07")
     _rule("scratch folder", rf"(?<![\w])course(?P<ref>{NN})-"),  # course07-*, prefix="course07-"
     _rule("command argument", rf"\b(?:authoring build|figures)[ \t]+(?P<ref>{NN})(?![\w.])"),  # slides figures 07
-    _rule("module (NN)", rf"`[ \t]+\(?(?P<ref>{_RANGE}(?:,[ \t]*{_RANGE})*)(?=[,;)])"),  # `samplers` (06), ``workers`` 04-05,
+    _rule(
+        "module (NN)", rf"`[ \t]+\(?(?P<ref>{_RANGE}(?:,[ \t]*{_RANGE})*)(?=[,;)])"
+    ),  # `samplers` (06), ``workers`` 04-05,
     # a table cell that ends in notebook numbers: | 07 | 3 | ..., | 07, 08 |, | here (briefly), 04, 05 |
     _rule("table cell", rf"\|(?:[^|\n]*?,)??[ \t]*(?P<ref>{NN}(?:,[ \t]*{NN})*)[ \t]*(?=\|)", markdown_only=True),
     _rule("quoted NN", rf"(?P<q>[\"'])(?P<ref>{_RANGE})(?P=q)", files=_QUOTED),  # LearnerPath("07", ...)
@@ -308,9 +323,21 @@ RULES = [
 def _course_rules(root: Path, names: dict[int, str]) -> list[Rule]:
     """The rules that depend on the course: each notebook's file name (``07_distributed_sampling``) and title after
     its number (``07 · Distributed sampling``); in the checks and their tests, any exercise id the checks declare."""
-    ids = sorted(set(re.findall(r"@exercise\(\s*[\"'](\d\d\.\d)[\"']", "".join(
-        p.read_text(encoding="utf-8") for p in (root / "course_lib" / "checks").glob("nb[0-9][0-9].py")))))
-    rules = [_rule("exercise NN.K", rf"(?<![\w.])(?P<ref>{'|'.join(map(re.escape, ids))})(?!\d|\.\d)", files=_CHECKS)] if ids else []
+    ids = sorted(
+        set(
+            re.findall(
+                r"@exercise\(\s*[\"'](\d\d\.\d)[\"']",
+                "".join(
+                    p.read_text(encoding="utf-8") for p in (root / "course_lib" / "checks").glob("nb[0-9][0-9].py")
+                ),
+            )
+        )
+    )
+    rules = (
+        [_rule("exercise NN.K", rf"(?<![\w.])(?P<ref>{'|'.join(map(re.escape, ids))})(?!\d|\.\d)", files=_CHECKS)]
+        if ids
+        else []
+    )
     for number, name in names.items():
         words = r"[\s_-]+".join(re.escape(w) for w in name.split("_"))
         rules.append(_rule("NN_name file", rf"(?<!\d)(?P<ref>{number:02d})_{re.escape(name)}(?!\w)"))
@@ -330,7 +357,9 @@ def notebook_names(root: Path) -> dict[int, str]:
         raise RenumberError(f"no {folder / 'solutions'} folder: run from the repository root or pass --root")
     paths = [*folder.glob("[0-9][0-9]_*.ipynb"), *(folder / "solutions").glob("[0-9][0-9]_*.ipynb")]
     if not paths:
-        raise RenumberError(f"no numbered notebooks (NN_name.ipynb) in {folder} or {folder / 'solutions'}: nothing to renumber")
+        raise RenumberError(
+            f"no numbered notebooks (NN_name.ipynb) in {folder} or {folder / 'solutions'}: nothing to renumber"
+        )
     return {int(p.name[:2]): p.stem[3:] for p in sorted(paths)}
 
 
@@ -338,15 +367,23 @@ def insert_mapping(numbers: list[int], insert: str) -> dict[int, int]:
     """``{old: new}`` that makes room for a new notebook ``insert``: each notebook from there on moves up by one."""
     last = max(numbers, default=0)
     if not re.fullmatch(r"\d{1,2}", insert):
-        raise RenumberError(f"--insert {insert!r}: give the number the new notebook will have, e.g. --insert {last:02d}")
+        raise RenumberError(
+            f"--insert {insert!r}: give the number the new notebook will have, e.g. --insert {last:02d}"
+        )
     at = int(insert)
     if at < 1:
-        raise RenumberError(f"--insert {insert}: notebooks are numbered from 01; --insert 01 makes room for a new first notebook")
+        raise RenumberError(
+            f"--insert {insert}: notebooks are numbered from 01; --insert 01 makes room for a new first notebook"
+        )
     if at > last + 1:
-        raise RenumberError(f"--insert {insert}: the last notebook is {last:02d}, so a new one goes at {last + 1:02d} at the most "
-                            f"(which moves nothing); to move notebooks, give a number from 01 to {last:02d}")
+        raise RenumberError(
+            f"--insert {insert}: the last notebook is {last:02d}, so a new one goes at {last + 1:02d} at the most "
+            f"(which moves nothing); to move notebooks, give a number from 01 to {last:02d}"
+        )
     if last >= 99 and at <= last:
-        raise RenumberError(f"--insert {insert}: notebook {last:02d} would become {last + 1}, and numbers have two digits")
+        raise RenumberError(
+            f"--insert {insert}: notebook {last:02d} would become {last + 1}, and numbers have two digits"
+        )
     return {n: n + 1 for n in sorted(numbers) if n >= at}
 
 
@@ -354,7 +391,9 @@ def _applies(rule: Rule, path: str, markdown: bool) -> bool:
     return (markdown or not rule.markdown_only) and any(fnmatch.fnmatch(path, g) for g in rule.files)
 
 
-def _rewrite(text: str, path: str, markdown: bool, rules: list[Rule], mapping: dict[int, int]) -> tuple[str, Counter[str], list[str]]:
+def _rewrite(
+    text: str, path: str, markdown: bool, rules: list[Rule], mapping: dict[int, int]
+) -> tuple[str, Counter[str], list[str]]:
     """``text`` with every reference the rules find mapped, all in one pass; the replacements per rule; and the
     lines that keep a moved number next to the word notebook or exercise, or quoted (to check by hand)."""
     spans: dict[int, tuple[str, str]] = {}  # start of a number -> (its new text, the rule that found it)
@@ -373,7 +412,9 @@ def _rewrite(text: str, path: str, markdown: bool, rules: list[Rule], mapping: d
     left, offset = [], 0
     for lineno, line in enumerate(text.splitlines(keepends=True), 1):
         for m in _TOKEN.finditer(line):
-            quoted = line[m.start() - 1:m.start()] in ("'", '"') and line[m.end():m.end() + 1] == line[m.start() - 1]
+            quoted = (
+                line[m.start() - 1 : m.start()] in ("'", '"') and line[m.end() : m.end() + 1] == line[m.start() - 1]
+            )
             if int(m.group(1)) in mapping and offset + m.start() not in spans and (quoted or _CONTEXT.search(line)):
                 left.append(f"{lineno}: {line.strip()}")
                 break
@@ -381,7 +422,9 @@ def _rewrite(text: str, path: str, markdown: bool, rules: list[Rule], mapping: d
     return "".join(parts), Counter(name for _, name in spans.values()), left
 
 
-def _rewrite_notebook(text: str, path: str, rules: list[Rule], mapping: dict[int, int]) -> tuple[str, Counter[str], list[str]]:
+def _rewrite_notebook(
+    text: str, path: str, rules: list[Rule], mapping: dict[int, int]
+) -> tuple[str, Counter[str], list[str]]:
     """:func:`_rewrite` on a notebook's cell sources and stored text outputs; nbformat writes it back as it was."""
     nb = nbformat.reads(text, as_version=4)
     counts: Counter[str] = Counter()
@@ -409,8 +452,11 @@ def _rewrite_notebook(text: str, path: str, rules: list[Rule], mapping: dict[int
 
 def _files(root: Path) -> tuple[list[str], set[str]]:
     """The repository's files (paths from ``root``), and those git tracks (empty outside a git repository)."""
+
     def git(*args: str) -> list[str]:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", *args], capture_output=True, text=True, check=True
+        ).stdout
         return [p for p in out.split("\0") if p]
 
     try:
@@ -418,8 +464,12 @@ def _files(root: Path) -> tuple[list[str], set[str]]:
         every = sorted(set(tracked) | set(git("--others", "--exclude-standard")))
     except (OSError, subprocess.CalledProcessError):
         tracked = []
-        every = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
+        every = sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file()
+            and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)
+        )
     return [p for p in every if (root / p).is_file()], set(tracked)
 
 
@@ -494,7 +544,9 @@ def renumber(root: Path, insert: str, dry_run: bool = False, show: Callable[[str
     """Make room for a new notebook ``insert`` (e.g. ``"10"``) in the course in ``root``; print what changes."""
     mapping = insert_mapping(list(notebook_names(root)), insert)
     if not mapping:
-        show(f"nothing to renumber: {int(insert):02d} follows the last notebook; add notebooks/solutions/{int(insert):02d}_<name>.ipynb")
+        show(
+            f"nothing to renumber: {int(insert):02d} follows the last notebook; add notebooks/solutions/{int(insert):02d}_<name>.ipynb"
+        )
         return None
     p = plan(root, mapping)
     if dry_run:
@@ -502,13 +554,18 @@ def renumber(root: Path, insert: str, dry_run: bool = False, show: Callable[[str
             show("\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), path, path, n=0, lineterm="")))
     else:
         apply(root, p)
-    show(f"renumbering {', '.join(f'{a:02d} -> {b:02d}' for a, b in mapping.items())} in {root}"
-         + (" (dry run: nothing was changed)" if dry_run else ""))
+    show(
+        f"renumbering {', '.join(f'{a:02d} -> {b:02d}' for a, b in mapping.items())} in {root}"
+        + (" (dry run: nothing was changed)" if dry_run else "")
+    )
     sections = [
         (f"files moved: {len(p.moves)}", [f"{old} -> {new}" for old, new in p.moves]),
         (f"files edited: {len(p.edits)}", [f"{path}: {n}" for path, n in p.per_file.items()]),
         (f"replacements per pattern: {sum(p.counts.values())}", [f"{name}: {n}" for name, n in p.counts.most_common()]),
-        (f"left alone, check by hand ({len(p.left)}: a moved number near 'notebook' or 'exercise', or quoted):", p.left),
+        (
+            f"left alone, check by hand ({len(p.left)}: a moved number near 'notebook' or 'exercise', or quoted):",
+            p.left,
+        ),
     ]
     for title, lines in sections:
         if lines or not title.startswith("left alone"):
@@ -525,10 +582,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-execute", action="store_true", help="only regenerate the learner notebooks")
     sub.add_parser("check", help="exit 1 if a learner notebook is out of date")
     sub.add_parser("times", help=f"set each notebook's stated time and the README's by the rule: {TIME_RULE}")
-    r = sub.add_parser("renumber", help="make room for a new notebook: move notebooks NN and above up by one, "
-                       "with their checks, tests and every reference to them")
+    r = sub.add_parser(
+        "renumber",
+        help="make room for a new notebook: move notebooks NN and above up by one, "
+        "with their checks, tests and every reference to them",
+    )
     r.add_argument("--insert", required=True, metavar="NN", help="the number the new notebook will have")
-    r.add_argument("--dry-run", action="store_true", help="print what would change (a diff and a summary); change nothing")
+    r.add_argument(
+        "--dry-run", action="store_true", help="print what would change (a diff and a summary); change nothing"
+    )
     r.add_argument("--root", type=Path, default=Path("."), help="the repository (default: the current folder)")
     args = parser.parse_args(argv)
     if args.command == "renumber":

@@ -104,20 +104,28 @@ def run_loader_bench(args: argparse.Namespace, log: Callable[[str], None] = lamb
     workers = list(dict.fromkeys(args.workers))  # each worker count once, in the order given
     images, _ = next(iter(DataLoader(ds, batch_size=args.batch_size)))
     facts = {
-        "cpus": cpu_count(), "torch": torch.__version__, "data": name, "samples": len(ds),
+        "cpus": cpu_count(),
+        "torch": torch.__version__,
+        "data": name,
+        "samples": len(ds),
         "bytes_per_batch": images.numel() * images.element_size(),
     }
     log(f"machine: {facts['cpus']} CPUs available, torch {facts['torch']}")
-    log(f"data:    {name}: {facts['samples']} samples, batch size {args.batch_size}, "
-        f"{facts['bytes_per_batch'] / 1e6:.2f} MB per batch of images")
-    log(f"loop:    consumes batches, no training step; workers {' '.join(map(str, workers))}; "
-        f"median of {args.rounds} round{'s' * (args.rounds != 1)}, plain and instrumented back to back")
+    log(
+        f"data:    {name}: {facts['samples']} samples, batch size {args.batch_size}, "
+        f"{facts['bytes_per_batch'] / 1e6:.2f} MB per batch of images"
+    )
+    log(
+        f"loop:    consumes batches, no training step; workers {' '.join(map(str, workers))}; "
+        f"median of {args.rounds} round{'s' * (args.rounds != 1)}, plain and instrumented back to back"
+    )
 
     def make(kind: type, workers: int) -> Callable[[], Iterable[Any]]:
         def build() -> Iterable[Any]:
             torch.manual_seed(args.seed)  # the main process's augmentations (num_workers=0)
             gen = torch.Generator().manual_seed(args.seed)  # the workers' seeds
             return kind(ds, batch_size=args.batch_size, shuffle=False, num_workers=workers, generator=gen)
+
         return build
 
     rounds: dict[int, dict[str, list[float]]] = {w: {"plain": [], "instrumented": []} for w in workers}
@@ -141,8 +149,11 @@ def summarize(rounds: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
         paired = statistics.median(i / p for p, i in zip(got["plain"], got["instrumented"]))
         per_workers[w] = {"plain": plain, "instrumented": instrumented, "ratio": paired, "rounds": got}
     scaling = {w: r["plain"] / per_workers[0]["plain"] for w, r in per_workers.items() if w != 0 and 0 in per_workers}
-    goals = {f"instrumented/plain >= {GOAL_OVERHEAD} for every worker count": all(
-        r["ratio"] >= GOAL_OVERHEAD for r in per_workers.values())}
+    goals = {
+        f"instrumented/plain >= {GOAL_OVERHEAD} for every worker count": all(
+            r["ratio"] >= GOAL_OVERHEAD for r in per_workers.values()
+        )
+    }
     if 2 in scaling:
         goals[f"2 workers >= {GOAL_SCALING}× the throughput of 0"] = scaling[2] >= GOAL_SCALING
     return {"workers": per_workers, "scaling": scaling, "goals": goals}
@@ -152,16 +163,24 @@ def report(result: dict[str, Any]) -> list[str]:
     """The measured figures and the goals, as lines to print."""
     lines = ["", "throughput (samples/s):"]
     for w, r in result["workers"].items():
-        lines.append(f"  {_workers(w)}: plain {r['plain']:.0f}, instrumented {r['instrumented']:.0f}, "
-                     f"instrumented/plain {r['ratio']:.3f}")
+        lines.append(
+            f"  {_workers(w)}: plain {r['plain']:.0f}, instrumented {r['instrumented']:.0f}, "
+            f"instrumented/plain {r['ratio']:.3f}"
+        )
     if result["scaling"]:
         lines.append("worker scaling (plain loader):")
         lines += [f"  {_workers(w)}: {s:.2f}× the throughput of 0" for w, s in result["scaling"].items()]
     for kind, rows in result.get("threads", {}).items():
-        lines += ["", f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
-                  "(with its worker processes), PSS MB of the main process and its workers:"]
-        lines += [f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
-                  f"{r['pss_mb']:.0f} MB" for name, r in rows.items()]
+        lines += [
+            "",
+            f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
+            "(with its worker processes), PSS MB of the main process and its workers:",
+        ]
+        lines += [
+            f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
+            f"{r['pss_mb']:.0f} MB"
+            for name, r in rows.items()
+        ]
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
     return lines
@@ -186,23 +205,32 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
     else:
         raw = highrate.write_raw_tensors(args.data, n, sample_bytes=sample_bytes)
         where = "a raw file"
-    log(f"{n} samples of {sample_bytes / 2**20:.2f} MiB = {n * sample_bytes / 2**30:.2f} GiB in {where}; batch "
+    log(
+        f"{n} samples of {sample_bytes / 2**20:.2f} MiB = {n * sample_bytes / 2**30:.2f} GiB in {where}; batch "
         f"{args.batch_size} ({args.batch_size * sample_bytes / 2**20:.0f} MiB); {args.workers} workers; {args.rounds} rounds; "
-        f"{cpu_count()} CPUs; torch {torch.__version__}")
+        f"{cpu_count()} CPUs; torch {torch.__version__}"
+    )
     cpu: dict[str, list[float]] = {}
     if args.source == "shards":
         results = highrate.compare_shards(shardset.paths, args.batch_size, args.workers, args.rounds, cpu=cpu)
-        plain_name, ring_name = f"WebDataset, {args.workers} workers", f"RingLoader on the index, {args.workers} workers"
+        plain_name, ring_name = (
+            f"WebDataset, {args.workers} workers",
+            f"RingLoader on the index, {args.workers} workers",
+        )
     else:
         results = highrate.compare(raw, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds, cpu=cpu)
         # the plain DataLoader's best: whole-batch reads (per-sample reads + collate are shown beside it)
-        plain_name, ring_name = f"DataLoader, batch reads, {args.workers} workers", f"RingLoader, {args.workers} workers"
+        plain_name, ring_name = (
+            f"DataLoader, batch reads, {args.workers} workers",
+            f"RingLoader, {args.workers} workers",
+        )
     med = medians(results)
     limit = next(iter(med.values()))
     plain, ring = med[plain_name], med[ring_name]
     goals = {
         f"{plain_name} >= {GOAL_PLAIN_GBPS:.1f} GB/s ({plain:.2f})": plain >= GOAL_PLAIN_GBPS,
-        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the fastest raw read ({ring / limit:.0%})": ring >= GOAL_RING_SHARE * limit,
+        f"RingLoader >= {GOAL_RING_SHARE:.0%} of the fastest raw read ({ring / limit:.0%})": ring
+        >= GOAL_RING_SHARE * limit,
     }
     out = {"results": results, "medians": med, "limit": limit, "cpu": medians(cpu), "goals": goals, "threads": {}}
     if args.source == "raw":  # threads against processes, on both kinds of work (notebook 12, section 6)
@@ -210,10 +238,18 @@ def run_highrate_bench(args: argparse.Namespace, log: Callable[[str], None] = la
 
         for kind, work in threads.WORK.items():
             log(f"threads and processes, {kind} ...")
-            rows = threads.compare_threads(raw, work, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
-            out["threads"][kind] = {name: {"gbps": statistics.median(r.gbps), "main_cpu": statistics.median(r.main_cpu),
-                                           "total_cpu": statistics.median(r.total_cpu), "pss_mb": statistics.median(r.pss_mb)}
-                                    for name, r in rows.items()}
+            rows = threads.compare_threads(
+                raw, work, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds
+            )
+            out["threads"][kind] = {
+                name: {
+                    "gbps": statistics.median(r.gbps),
+                    "main_cpu": statistics.median(r.main_cpu),
+                    "total_cpu": statistics.median(r.total_cpu),
+                    "pss_mb": statistics.median(r.pss_mb),
+                }
+                for name, r in rows.items()
+            }
     return out
 
 
@@ -221,13 +257,21 @@ def highrate_report(result: dict[str, Any]) -> list[str]:
     lines = ["", "GB/s (median of rounds), share of the limit (the first line), main process CPU s per GB:"]
     for name, value in result["medians"].items():
         cpu = result["cpu"].get(name)  # none for "fastest raw read": the best of the raw reads, not a run of its own
-        lines.append(f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
-                     + (f"{cpu:.3f} CPU s/GB" if cpu is not None else "(the best raw read of each round)"))
+        lines.append(
+            f"  {name:<40} {value:6.2f} GB/s  {value / result['limit']:.2f}× the limit  "
+            + (f"{cpu:.3f} CPU s/GB" if cpu is not None else "(the best raw read of each round)")
+        )
     for kind, rows in result.get("threads", {}).items():
-        lines += ["", f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
-                  "(with its worker processes), PSS MB of the main process and its workers:"]
-        lines += [f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
-                  f"{r['pss_mb']:.0f} MB" for name, r in rows.items()]
+        lines += [
+            "",
+            f"threads and processes, {kind} (medians): GB/s, CPU s per GB of the main process and in total "
+            "(with its worker processes), PSS MB of the main process and its workers:",
+        ]
+        lines += [
+            f"  {name:<40} {r['gbps']:6.2f} GB/s  {r['main_cpu']:.3f} main  {r['total_cpu']:.3f} total CPU s/GB  "
+            f"{r['pss_mb']:.0f} MB"
+            for name, r in rows.items()
+        ]
     lines.append("goals:")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {goal}" for goal, ok in result["goals"].items()]
     return lines
@@ -241,15 +285,21 @@ def write_mds(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str],
     """
     streaming = alt.require_package("streaming", "mosaicml-streaming")
     with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
-        with streaming.MDSWriter(out=str(tmp), columns={"jpg": "bytes", "cls": "int"}, size_limit=size_limit,
-                                 progress_bar=False) as writer:
+        with streaming.MDSWriter(
+            out=str(tmp), columns={"jpg": "bytes", "cls": "int"}, size_limit=size_limit, progress_bar=False
+        ) as writer:
             for item in items:
                 writer.write(alt.encoded_sample(item))
     return Path(out_dir)
 
 
-def write_litdata(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[str], chunk_bytes: str | int = "1MB",
-                  num_workers: int = 2, start_method: str | None = None) -> Path:
+def write_litdata(
+    items: Sequence[tuple[str, int]],
+    out_dir: str | os.PathLike[str],
+    chunk_bytes: str | int = "1MB",
+    num_workers: int = 2,
+    start_method: str | None = None,
+) -> Path:
     """Write ``items`` as litdata chunks with ``litdata.optimize(fn=alt.encoded_sample, ...)``.
 
     ``optimize`` runs ``course_lib.alternatives.encoded_sample`` in ``num_workers`` processes and, as a side effect, sets
@@ -263,12 +313,22 @@ def write_litdata(items: Sequence[tuple[str, int]], out_dir: str | os.PathLike[s
     previous = multiprocessing.get_start_method(allow_none=True)
     with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
         try:
-            litdata.optimize(fn=alt.encoded_sample, inputs=list(items), output_dir=str(tmp), chunk_bytes=chunk_bytes,
-                             num_workers=num_workers, keep_data_ordered=True, verbose=False, start_method=method)
+            litdata.optimize(
+                fn=alt.encoded_sample,
+                inputs=list(items),
+                output_dir=str(tmp),
+                chunk_bytes=chunk_bytes,
+                num_workers=num_workers,
+                keep_data_ordered=True,
+                verbose=False,
+                start_method=method,
+            )
         finally:
             multiprocessing.set_start_method(previous, force=True)
         if not list(tmp.glob("*.bin")):
-            raise alt.FormatError(f"litdata.optimize wrote no chunks for {Path(out_dir).name}/: see the worker errors above")
+            raise alt.FormatError(
+                f"litdata.optimize wrote no chunks for {Path(out_dir).name}/: see the worker errors above"
+            )
     return Path(out_dir)
 
 
@@ -290,8 +350,15 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
         written = {}
         start = time.perf_counter()
         per_shard = max(1, -(-len(items) // (2 * max(args.workers))))
-        wds_set = shards.write_image_shards(out / "webdataset", size=args.size, seed=args.seed, root=args.root,
-                                            maxcount=per_shard, shuffle=False, force=True)
+        wds_set = shards.write_image_shards(
+            out / "webdataset",
+            size=args.size,
+            seed=args.seed,
+            root=args.root,
+            maxcount=per_shard,
+            shuffle=False,
+            force=True,
+        )
         written["WebDataset"] = time.perf_counter() - start
         start = time.perf_counter()
         write_mds(items, out / "mds", size_limit=per_shard * 2500)
@@ -299,17 +366,29 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
         start = time.perf_counter()
         write_litdata(items, out / "litdata", chunk_bytes=per_shard * 2500, num_workers=2)
         written["litdata"] = time.perf_counter() - start
-        disk = {"WebDataset": sum(p.stat().st_size for p in wds_set.paths), "MDS": alt.folder_bytes(out / "mds"),
-                "litdata": alt.folder_bytes(out / "litdata")}
-        log(f"{len(items)} images of {folder.name}/train; batch {args.batch_size}; workers {' '.join(map(str, args.workers))}; "
-            f"{args.rounds} rounds; {cpu_count()} CPUs; torch {torch.__version__}")
+        disk = {
+            "WebDataset": sum(p.stat().st_size for p in wds_set.paths),
+            "MDS": alt.folder_bytes(out / "mds"),
+            "litdata": alt.folder_bytes(out / "litdata"),
+        }
+        log(
+            f"{len(items)} images of {folder.name}/train; batch {args.batch_size}; workers {' '.join(map(str, args.workers))}; "
+            f"{args.rounds} rounds; {cpu_count()} CPUs; torch {torch.__version__}"
+        )
         per_workers = {}
         for w in args.workers:
             per_workers[w] = alt.compare_formats(
-                {"WebDataset": lambda: alt.webdataset_images(wds_set.urls),
-                 "MDS": lambda: alt.mds_images(out / "mds", args.batch_size),
-                 "litdata": lambda: alt.litdata_images(out / "litdata")},
-                samples=len(items), batch_size=args.batch_size, num_workers=w, rounds=args.rounds, seed=args.seed)
+                {
+                    "WebDataset": lambda: alt.webdataset_images(wds_set.urls),
+                    "MDS": lambda: alt.mds_images(out / "mds", args.batch_size),
+                    "litdata": lambda: alt.litdata_images(out / "litdata"),
+                },
+                samples=len(items),
+                batch_size=args.batch_size,
+                num_workers=w,
+                rounds=args.rounds,
+                seed=args.seed,
+            )
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -319,7 +398,9 @@ def run_formats_bench(args: argparse.Namespace, log: Callable[[str], None] = lam
 def formats_report(result: dict[str, Any]) -> list[str]:
 
     lines = ["", "written in (s) and size on disk (MB):"]
-    lines += [f"  {name:<11} {sec:6.2f} s  {result['disk'][name] / 1e6:7.2f} MB" for name, sec in result["written_s"].items()]
+    lines += [
+        f"  {name:<11} {sec:6.2f} s  {result['disk'][name] / 1e6:7.2f} MB" for name, sec in result["written_s"].items()
+    ]
     for w, results in result["workers"].items():
         med = medians(results)
         first = next(iter(med.values()))
@@ -342,56 +423,105 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m course_lib bench", description="Benchmarks of the course's helpers.")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib bench", description="Benchmarks of the course's helpers."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("loader", help="plain vs instrumented DataLoader throughput, and scaling with workers")
     p.add_argument("--data", help="an ImageFolder-style folder to read instead of the generated set (e.g. ImageNet)")
-    p.add_argument("--split", default="train",
-                   help="split folder inside --data; 'none': the class folders are directly inside (default: %(default)s)")
-    p.add_argument("--size", default="medium", choices=sorted(data.SIZES),
-                   help="generated set, without --data (default: %(default)s)")
-    p.add_argument("--root",
-                   help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)")
+    p.add_argument(
+        "--split",
+        default="train",
+        help="split folder inside --data; 'none': the class folders are directly inside (default: %(default)s)",
+    )
+    p.add_argument(
+        "--size",
+        default="medium",
+        choices=sorted(data.SIZES),
+        help="generated set, without --data (default: %(default)s)",
+    )
+    p.add_argument(
+        "--root", help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)"
+    )
     p.add_argument("--limit", type=_at_least(1), help="use only the first N samples (a big real set stays quick)")
     p.add_argument("--batch-size", type=_at_least(1), default=32, help="(default: %(default)s)")
     p.add_argument("--workers", type=_at_least(0), nargs="+", default=[0, 1, 2], help="worker counts (default: 0 1 2)")
-    p.add_argument("--rounds", type=_at_least(1), default=5, help="passes per setting; medians count (default: %(default)s)")
-    p.add_argument("--seed", type=_at_least(0), default=0,
-                   help="seed of the generated set and of the augmentations (default: %(default)s)")
+    p.add_argument(
+        "--rounds", type=_at_least(1), default=5, help="passes per setting; medians count (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed",
+        type=_at_least(0),
+        default=0,
+        help="seed of the generated set and of the augmentations (default: %(default)s)",
+    )
     p.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
 
-    h = sub.add_parser("highrate", help="a raw float32 stream: plain DataLoader vs reused shared-memory buffers, in GB/s")
-    h.add_argument("--data", required=True, help="path of the raw file to read; written first if missing (put it on the "
-                   "file system you want to test)")
-    h.add_argument("--size-mb", type=float, default=1024, help="size of the file to write (default: %(default)s MiB); "
-                   "keep it below free RAM so that every method reads from the page cache")
+    h = sub.add_parser(
+        "highrate", help="a raw float32 stream: plain DataLoader vs reused shared-memory buffers, in GB/s"
+    )
+    h.add_argument(
+        "--data",
+        required=True,
+        help="path of the raw file to read; written first if missing (put it on the file system you want to test)",
+    )
+    h.add_argument(
+        "--size-mb",
+        type=float,
+        default=1024,
+        help="size of the file to write (default: %(default)s MiB); "
+        "keep it below free RAM so that every method reads from the page cache",
+    )
     h.add_argument("--sample-mb", type=float, default=1.0, help="size of one sample (default: %(default)s MiB)")
     h.add_argument("--batch-size", type=_at_least(1), default=64, help="samples per batch (default: %(default)s)")
     h.add_argument("--workers", type=_at_least(1), default=2, help="worker processes (default: %(default)s)")
-    h.add_argument("--rounds", type=_at_least(1), default=3, help="passes per method; medians count (default: %(default)s)")
-    h.add_argument("--source", choices=["raw", "shards"], default="raw",
-                   help="raw: one file of back-to-back samples; shards: .npy members of tar shards, --data a folder "
-                   "(default: %(default)s)")
-    h.add_argument("--shards", type=_at_least(1), default=8, help="with --source shards: how many (default: %(default)s)")
+    h.add_argument(
+        "--rounds", type=_at_least(1), default=3, help="passes per method; medians count (default: %(default)s)"
+    )
+    h.add_argument(
+        "--source",
+        choices=["raw", "shards"],
+        default="raw",
+        help="raw: one file of back-to-back samples; shards: .npy members of tar shards, --data a folder "
+        "(default: %(default)s)",
+    )
+    h.add_argument(
+        "--shards", type=_at_least(1), default=8, help="with --source shards: how many (default: %(default)s)"
+    )
     h.add_argument("--check", action="store_true", help="exit with status 1 if a goal is missed (default: always 0)")
 
-    f = sub.add_parser("formats", help="the same images as WebDataset, MDS and litdata: samples/s through one DataLoader")
-    f.add_argument("--out", help="folder to write the three formats into (put it on the file system you want to test; "
-                   "default: a temporary folder, removed afterwards)")
-    f.add_argument("--size", default="small", choices=sorted(data.SIZES),
-                   help="generated set whose train split is written (default: %(default)s)")
-    f.add_argument("--root",
-                   help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)")
+    f = sub.add_parser(
+        "formats", help="the same images as WebDataset, MDS and litdata: samples/s through one DataLoader"
+    )
+    f.add_argument(
+        "--out",
+        help="folder to write the three formats into (put it on the file system you want to test; "
+        "default: a temporary folder, removed afterwards)",
+    )
+    f.add_argument(
+        "--size",
+        default="small",
+        choices=sorted(data.SIZES),
+        help="generated set whose train split is written (default: %(default)s)",
+    )
+    f.add_argument(
+        "--root", help=f"folder of the generated sets (default: ${data.ENV_VAR}, else ~/.cache/pytorch-data-course)"
+    )
     f.add_argument("--batch-size", type=_at_least(1), default=32, help="(default: %(default)s)")
     f.add_argument("--workers", type=_at_least(0), nargs="+", default=[2], help="worker counts (default: 2)")
-    f.add_argument("--rounds", type=_at_least(1), default=3, help="passes per format; medians count (default: %(default)s)")
+    f.add_argument(
+        "--rounds", type=_at_least(1), default=3, help="passes per format; medians count (default: %(default)s)"
+    )
     f.add_argument("--seed", type=_at_least(0), default=0, help="seed of the generated set (default: %(default)s)")
     f.set_defaults(check=False)
 
     from . import store_bench
 
-    s = sub.add_parser("store", help="shards from a real S3 server on this machine vs local disk, from a cache, and "
-                       "over 20 ms per request: raw GB/s")
+    s = sub.add_parser(
+        "store",
+        help="shards from a real S3 server on this machine vs local disk, from a cache, and "
+        "over 20 ms per request: raw GB/s",
+    )
     store_bench.add_arguments(s, _at_least)
     return parser
 
@@ -406,8 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     from course_lib.s3server import ServerError
     from .store_bench import run_store_bench, store_report
 
-    run, show = {"loader": (run_loader_bench, report), "highrate": (run_highrate_bench, highrate_report),
-                 "formats": (run_formats_bench, formats_report), "store": (run_store_bench, store_report)}[args.command]
+    run, show = {
+        "loader": (run_loader_bench, report),
+        "highrate": (run_highrate_bench, highrate_report),
+        "formats": (run_formats_bench, formats_report),
+        "store": (run_store_bench, store_report),
+    }[args.command]
     try:
         result = run(args, log=lambda line: print(line, flush=True))
     except (DataNotFoundError, data.DataError, RawDataError, ShardError, FormatError, ServerError) as exc:

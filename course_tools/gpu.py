@@ -55,8 +55,13 @@ def pinned_copy(torch: Any, mb: int) -> Item:
     t_pinned = best_seconds(lambda: dev.copy_(pinned, non_blocking=True), cuda)
     figures = {"pageable_gbps": _gb_per_s(4 * n, t_pageable), "pinned_gbps": _gb_per_s(4 * n, t_pinned)}
     ratio = figures["pinned_gbps"] / figures["pageable_gbps"]
-    return Item("pinned copy", RUN, f"{mb} MiB host to device: pageable {figures['pageable_gbps']:.1f} GB/s, "
-                f"pinned {figures['pinned_gbps']:.1f} GB/s ({ratio:.1f}×)", figures)
+    return Item(
+        "pinned copy",
+        RUN,
+        f"{mb} MiB host to device: pageable {figures['pageable_gbps']:.1f} GB/s, "
+        f"pinned {figures['pinned_gbps']:.1f} GB/s ({ratio:.1f}×)",
+        figures,
+    )
 
 
 def loader_to_device(torch: Any, mb: int, pinned_gbps: float) -> Item:
@@ -75,8 +80,13 @@ def loader_to_device(torch: Any, mb: int, pinned_gbps: float) -> Item:
     torch.cuda.synchronize()
     gbps = _gb_per_s(n * per_sample * 4, time.perf_counter() - start)
     share = gbps / pinned_gbps if pinned_gbps else float("nan")
-    return Item("loader to device", RUN, f"DataLoader(pin_memory=True, 2 workers) into device memory: {gbps:.2f} GB/s, "
-                f"{share:.2f}× the pinned copy bandwidth", {"gbps": gbps, "share_of_pinned": share})
+    return Item(
+        "loader to device",
+        RUN,
+        f"DataLoader(pin_memory=True, 2 workers) into device memory: {gbps:.2f} GB/s, "
+        f"{share:.2f}× the pinned copy bandwidth",
+        {"gbps": gbps, "share_of_pinned": share},
+    )
 
 
 def prefetcher_copy(torch: Any, mb: int) -> Item:
@@ -84,9 +94,14 @@ def prefetcher_copy(torch: Any, mb: int) -> Item:
 
     batch_mb, batches = max(1, mb // 4), 8
     figures = measure(batch_mb=batch_mb, batches=batches)
-    return Item("copy stage", RUN, f"Prefetcher, {batches} pinned batches of {batch_mb} MiB into device memory: "
-                f"{figures['copy_gbps']:.2f} GB/s, {figures['share']:.2f}× the pinned copy bandwidth "
-                f"({figures['pinned_gbps']:.1f} GB/s; goal 0.8)", figures)
+    return Item(
+        "copy stage",
+        RUN,
+        f"Prefetcher, {batches} pinned batches of {batch_mb} MiB into device memory: "
+        f"{figures['copy_gbps']:.2f} GB/s, {figures['share']:.2f}× the pinned copy bandwidth "
+        f"({figures['pinned_gbps']:.1f} GB/s; goal 0.8)",
+        figures,
+    )
 
 
 def nccl_one_rank(torch: Any) -> Item:
@@ -98,8 +113,9 @@ def nccl_one_rank(torch: Any) -> Item:
         return Item("nccl", FAILED, "torch was built without NCCL", {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60),
-                            device_id=torch.device("cuda:0"))
+    dist.init_process_group(
+        "nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda:0")
+    )
     try:
         t = torch.ones(1 << 20, device="cuda")
         dist.all_reduce(t)
@@ -107,7 +123,9 @@ def nccl_one_rank(torch: Any) -> Item:
         ok = bool((t == 1).all())
     finally:
         dist.destroy_process_group()
-    return Item("nccl", RUN if ok else FAILED, f"one-rank NCCL group, all_reduce of 4 MiB: {'correct' if ok else 'WRONG'}", {})
+    return Item(
+        "nccl", RUN if ok else FAILED, f"one-rank NCCL group, all_reduce of 4 MiB: {'correct' if ok else 'WRONG'}", {}
+    )
 
 
 def jpeg_decode(torch: Any) -> Item:
@@ -118,8 +136,13 @@ def jpeg_decode(torch: Any) -> Item:
     figures = {k: float(found[k]) for k in ("gpu_images_per_s", "cpu_images_per_s")}
     ratio = figures["gpu_images_per_s"] / figures["cpu_images_per_s"]
     warned = f"; DeprecationWarning: {found['deprecation']}" if found["deprecation"] else ""
-    return Item("jpeg decode", RUN, f"64 JPEGs of 256×256: {found['decoder']} {figures['gpu_images_per_s']:.0f} images/s, "
-                f"Pillow {figures['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){warned}", figures)
+    return Item(
+        "jpeg decode",
+        RUN,
+        f"64 JPEGs of 256×256: {found['decoder']} {figures['gpu_images_per_s']:.0f} images/s, "
+        f"Pillow {figures['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){warned}",
+        figures,
+    )
 
 
 def dali_decode(torch: Any) -> Item:
@@ -178,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
     except ImportError:
         device = "no torch"
-    print(json.dumps({"device": device, "items": [asdict(i) for i in items]}, indent=1) if args.json else report(items, device))
+    print(
+        json.dumps({"device": device, "items": [asdict(i) for i in items]}, indent=1)
+        if args.json
+        else report(items, device)
+    )
     failed = any(i.status == FAILED for i in items)
     skipped = all(i.status == NOT_RUN for i in items)
     return 1 if failed or (args.require_gpu and skipped) else 0

@@ -32,14 +32,24 @@ def clone_folder(repo: str) -> str:
     return name[:-4] if name.endswith(".git") else name
 
 
-def pull_link(hub: str, repo: str, branch: str = "main", notebook: str = "notebooks/01_map_style_datasets.ipynb",
-              interface: str = "lab") -> str:
+def pull_link(
+    hub: str,
+    repo: str,
+    branch: str = "main",
+    notebook: str = "notebooks/01_map_style_datasets.ipynb",
+    interface: str = "lab",
+) -> str:
     """The nbgitpuller link: ``HUB/hub/user-redirect/git-pull?repo=...&branch=...&targetpath=...&urlpath=...``."""
-    for name, url, schemes in (("--hub", hub, ("http", "https")), ("--repo", repo, ("http", "https", "git", "ssh", "file"))):
+    for name, url, schemes in (
+        ("--hub", hub, ("http", "https")),
+        ("--repo", repo, ("http", "https", "git", "ssh", "file")),
+    ):
         parts = urlparse(url)
         if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
-            raise LinkError(f"{name} {url!r} is not a URL: give it with its scheme ({', '.join(schemes)}), "
-                            f"e.g. {'https://hub.example.edu' if name == '--hub' else 'https://github.com/you/course'}")
+            raise LinkError(
+                f"{name} {url!r} is not a URL: give it with its scheme ({', '.join(schemes)}), "
+                f"e.g. {'https://hub.example.edu' if name == '--hub' else 'https://github.com/you/course'}"
+            )
     if interface not in INTERFACES:
         raise LinkError(f"--interface {interface!r}: choose one of {', '.join(INTERFACES)}")
     if not branch or any(c in branch for c in " ~^:?*["):
@@ -48,7 +58,9 @@ def pull_link(hub: str, repo: str, branch: str = "main", notebook: str = "notebo
     if not folder:
         raise LinkError(f"--repo {repo!r} names no repository (its path is empty)")
     target = f"{INTERFACES[interface]}/{folder}/{notebook.lstrip('/')}"
-    query = urlencode({"repo": repo, "branch": branch, "targetpath": folder, "urlpath": target}, quote_via=quote, safe="")
+    query = urlencode(
+        {"repo": repo, "branch": branch, "targetpath": folder, "urlpath": target}, quote_via=quote, safe=""
+    )
     return f"{hub.rstrip('/')}/hub/user-redirect/git-pull?{query}"
 
 
@@ -59,10 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     link.add_argument("--hub", required=True, help="the hub's address, e.g. https://hub.example.edu")
     link.add_argument("--repo", required=True, help="the course repository's clone URL (your fork or mirror)")
     link.add_argument("--branch", default="main", help="the branch to hand out (default: %(default)s)")
-    link.add_argument("--notebook", default="notebooks/01_map_style_datasets.ipynb",
-                      help="the notebook to open, relative to the repository (default: %(default)s)")
-    link.add_argument("--interface", default="lab", choices=sorted(INTERFACES),
-                      help="JupyterLab or the classic notebook interface (default: %(default)s)")
+    link.add_argument(
+        "--notebook",
+        default="notebooks/01_map_style_datasets.ipynb",
+        help="the notebook to open, relative to the repository (default: %(default)s)",
+    )
+    link.add_argument(
+        "--interface",
+        default="lab",
+        choices=sorted(INTERFACES),
+        help="JupyterLab or the classic notebook interface (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         print(pull_link(args.hub, args.repo, args.branch, args.notebook, args.interface))

@@ -68,8 +68,13 @@ def _shards_run(o: Options) -> str:
     parts = []
     for split, maxcount in NB09_SHARDS.items():
         made = shards.write_image_shards(
-            shard_folder(split, o.size, o.seed, o.root), split=split, size=o.size, seed=o.seed, root=o.root,
-            maxcount=maxcount, force=o.force,
+            shard_folder(split, o.size, o.seed, o.root),
+            split=split,
+            size=o.size,
+            seed=o.seed,
+            root=o.root,
+            maxcount=maxcount,
+            force=o.force,
         )
         if o.checksums:
             shards.verify_shards(made)  # reads every member: a damaged shard raises ShardError
@@ -130,8 +135,9 @@ def plan(names: list[str] | tuple[str, ...], size: str, seed: int, everything: b
     return [(n, size, seed) for n in chosen]
 
 
-def run_steps(triples: list[tuple[str, str, int]], base: Options,
-              report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+def run_steps(
+    triples: list[tuple[str, str, int]], base: Options, report: Callable[[Outcome], None] | None = None
+) -> list[Outcome]:
     """Run the planned steps, each for its size and seed; a failing step raises :class:`PrepareError`."""
     from course_lib.shards import ShardError
 

@@ -48,7 +48,9 @@ _SEPARATOR = re.compile(r"^---\s*$")
 _NOTES = re.compile(r"^Notes?:\s*", re.IGNORECASE)
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
 # Anything in the output that a browser would fetch from a network.
-_NETWORK = re.compile(r"""(?:\b(?:src|href|srcset|action|poster)\s*=\s*["']?\s*|url\(\s*["']?\s*)(?:[a-z]+:)?//""", re.I)
+_NETWORK = re.compile(
+    r"""(?:\b(?:src|href|srcset|action|poster)\s*=\s*["']?\s*|url\(\s*["']?\s*)(?:[a-z]+:)?//""", re.I
+)
 
 
 class SlideError(ValueError):
@@ -62,8 +64,10 @@ def course_folder(start: Path | None = None) -> Path:
     for folder in (here, *here.parents, Path(__file__).resolve().parents[1]):
         if (folder / "slides" / "decks").is_dir() and (folder / "notebooks" / "solutions").is_dir():
             return folder
-    raise SlideError(f"{here} is not in the course's folder (the one holding slides/ and notebooks/): "
-                     "run from there, or pass --course DIR")
+    raise SlideError(
+        f"{here} is not in the course's folder (the one holding slides/ and notebooks/): "
+        "run from there, or pass --course DIR"
+    )
 
 
 @dataclass
@@ -132,8 +136,10 @@ class NotebookFigures:
         matches = sorted(self.solutions.glob(f"{name}.ipynb")) or sorted(self.solutions.glob(f"{name}_*.ipynb"))
         if len(matches) != 1:
             found = "no" if not matches else f"{len(matches)}"
-            raise LookupError(f"{found} notebook {name}_*.ipynb in {self.solutions} (not written yet? "
-                              "remove the reference until it exists)")
+            raise LookupError(
+                f"{found} notebook {name}_*.ipynb in {self.solutions} (not written yet? "
+                "remove the reference until it exists)"
+            )
         return matches[0]
 
     def _cells(self, name: str) -> dict:
@@ -146,12 +152,16 @@ class NotebookFigures:
         nb = self._cells(name)
         cells = [c for c in nb["cells"] if c.get("id") == cell_id]
         if not cells:
-            raise LookupError(f"notebook {self.notebook(name).name} has no cell {cell_id!r} "
-                              f"(`python -m course_lib slides figures {name}` lists its figures)")
+            raise LookupError(
+                f"notebook {self.notebook(name).name} has no cell {cell_id!r} "
+                f"(`python -m course_lib slides figures {name}` lists its figures)"
+            )
         pngs = [o["data"]["image/png"] for o in cells[0].get("outputs", []) if "image/png" in o.get("data", {})]
         if len(pngs) != 1:
-            raise LookupError(f"cell {cell_id!r} of {self.notebook(name).name} shows {len(pngs)} PNG figures, "
-                              "not 1 (is the notebook executed? `python -m course_lib authoring build`)")
+            raise LookupError(
+                f"cell {cell_id!r} of {self.notebook(name).name} shows {len(pngs)} PNG figures, "
+                "not 1 (is the notebook executed? `python -m course_lib authoring build`)"
+            )
         data = pngs[0]
         return base64.b64decode("".join(data) if isinstance(data, list) else data)
 
@@ -161,9 +171,9 @@ class NotebookFigures:
         for cell in self._cells(name)["cells"]:
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             if cell["cell_type"] == "markdown":
-                heading = next((l.lstrip("# ") for l in source.splitlines() if l.startswith("#")), heading)
+                heading = next((t.lstrip("# ") for t in source.splitlines() if t.startswith("#")), heading)
             elif any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):
-                lines = [l.strip() for l in source.splitlines() if l.strip()]
+                lines = [t.strip() for t in source.splitlines() if t.strip()]
                 rows.append((cell.get("id", "?"), heading, lines[-1] if lines else ""))
         return rows
 
@@ -219,8 +229,10 @@ class _SlideRenderer(HTMLRenderer):
             self.used.append(url)
             return _data_url("image/png", png), _pixel_size(png)
         if scheme or url.startswith("//"):
-            self.problems.append(f"picture {url!r} is not local: decks must work offline; save it next to "
-                                 "the deck and give its relative path")
+            self.problems.append(
+                f"picture {url!r} is not local: decks must work offline; save it next to "
+                "the deck and give its relative path"
+            )
             return "", None
         path = self.deck.parent / url
         if not path.is_file():
@@ -269,8 +281,17 @@ def _page(title: str, sections: list[str], slides: Path) -> str:
         f'<script src="{_data_url("text/javascript", _vendor(slides, rel).encode("utf-8"))}"></script>'
         for rel in ("dist/reveal.js", "plugin/notes/notes.js")
     )
-    config = json.dumps({"width": WIDTH, "height": HEIGHT, "margin": 0.04, "hash": True,
-                         "slideNumber": "c/t", "transition": "none", "center": False})
+    config = json.dumps(
+        {
+            "width": WIDTH,
+            "height": HEIGHT,
+            "margin": 0.04,
+            "hash": True,
+            "slideNumber": "c/t",
+            "transition": "none",
+            "center": False,
+        }
+    )
     body = "\n".join(sections)
     return f"""<!doctype html>
 <html lang="en">
@@ -322,15 +343,22 @@ def build_deck(source: Path, figures: NotebookFigures | None = None, slides_fold
     heading = re.search(r"^#\s+(.+)$", slides[0][0], flags=re.M)
     if not heading:
         problems.append(f"{source.name}, slide 1: the title slide needs a '# Title' heading")
-    page = _page(heading.group(1).strip() if heading else source.stem, sections, slides_folder or course_folder() / "slides")
+    page = _page(
+        heading.group(1).strip() if heading else source.stem, sections, slides_folder or course_folder() / "slides"
+    )
     problems += [f"{source.name}: the page would load {m.group(0)!r}..." for m in _NETWORK.finditer(page)]
     if problems:
         raise SlideError(f"deck {source} cannot be built:\n  " + "\n  ".join(problems))
     return Deck(source, heading.group(1).strip(), len(sections), page, renderer.used)
 
 
-def build(out: Path, levels: list[str] | None = None, decks: Path | None = None,
-          solutions: Path | None = None, course: Path | None = None) -> list[tuple[Deck, Path]]:
+def build(
+    out: Path,
+    levels: list[str] | None = None,
+    decks: Path | None = None,
+    solutions: Path | None = None,
+    course: Path | None = None,
+) -> list[tuple[Deck, Path]]:
     """Build the chosen decks into ``out/levelN.html``; nothing is written unless all of them build."""
     figures = NotebookFigures(solutions)
     built, problems = [], []
@@ -356,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("levels", nargs="*", help="levels to build, e.g. 1 3 (default: every slides/decks/levelN.md)")
     b.add_argument("--out", type=Path, help="output folder (default: slides/build in the course folder)")
     b.add_argument("--decks", type=Path, help="folder of levelN.md sources (default: slides/decks)")
-    b.add_argument("--solutions", type=Path, help="solution notebooks to take figures from (default: notebooks/solutions)")
+    b.add_argument(
+        "--solutions", type=Path, help="solution notebooks to take figures from (default: notebooks/solutions)"
+    )
     f = sub.add_parser("figures", help="list the figures a notebook offers, with their references")
     f.add_argument("notebook", help="a notebook number or name, e.g. 04")
     f.add_argument("--solutions", type=Path, help="solution notebooks folder (default: notebooks/solutions)")
@@ -373,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = args.out or course / "slides" / "build"
         for deck, path in build(out, args.levels, args.decks or course / "slides" / "decks", args.solutions, course):
-            print(f"wrote {path} ({deck.slides} slides, {len(deck.figures)} figures, "
-                  f"{path.stat().st_size / 1e6:.1f} MB)")
+            print(
+                f"wrote {path} ({deck.slides} slides, {len(deck.figures)} figures, {path.stat().st_size / 1e6:.1f} MB)"
+            )
         return 0
     except (SlideError, LookupError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -40,8 +40,9 @@ def write_shards(folder: Path, count: int, shard_mib: float, seed: int = 0) -> l
 
     per_shard = max(1, round(shard_mib))
     sample_bytes = int(shard_mib * PIECE / per_shard) // 4 * 4
-    return list(write_tensor_shards(folder, count * per_shard, sample_bytes=sample_bytes, maxcount=per_shard,
-                                    seed=seed).paths)
+    return list(
+        write_tensor_shards(folder, count * per_shard, sample_bytes=sample_bytes, maxcount=per_shard, seed=seed).paths
+    )
 
 
 class ShardBytes(Dataset):
@@ -51,8 +52,9 @@ class ShardBytes(Dataset):
     the AWS variables (:meth:`course_lib.s3server.S3Server.use`); ``in_flight`` ranged GETs at once per shard;
     ``cache_dir``: read a cached copy there if one is, else fetch and keep one (written under a temporary name)."""
 
-    def __init__(self, urls: list[str], endpoint: str | None = None, in_flight: int = 1,
-                 cache_dir: str | None = None) -> None:
+    def __init__(
+        self, urls: list[str], endpoint: str | None = None, in_flight: int = 1, cache_dir: str | None = None
+    ) -> None:
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         if in_flight > 1 and cache_dir is not None:
@@ -162,45 +164,71 @@ def run_store_bench(args: argparse.Namespace, log: Callable[[str], None] = lambd
             urls = s3server.upload(server, paths, "bench", "shards/")
             server.use("learner")
             (folder / "cache").mkdir()
-            with s3server.Proxy(server.endpoint) as plain_proxy, \
-                    s3server.Proxy(server.endpoint, latency_s=args.latency_ms / 1000) as slow_proxy:
+            with (
+                s3server.Proxy(server.endpoint) as plain_proxy,
+                s3server.Proxy(server.endpoint, latency_s=args.latency_ms / 1000) as slow_proxy,
+            ):
                 stored = server.folder / "data"
                 datasets = {  # each with the folder whose page cache goes before its epochs: the disk is read
                     "local disk": (ShardBytes([str(p) for p in paths]), folder / "local"),
                     "local disk, page cache": (ShardBytes([str(p) for p in paths]), None),
                     "S3 server": (ShardBytes(urls, endpoint=server.endpoint), stored),
-                    "S3, local cache": (ShardBytes(urls, endpoint=server.endpoint, cache_dir=str(folder / "cache")),
-                                        folder / "cache"),
+                    "S3, local cache": (
+                        ShardBytes(urls, endpoint=server.endpoint, cache_dir=str(folder / "cache")),
+                        folder / "cache",
+                    ),
                     "S3 via proxy": (ShardBytes(urls, endpoint=plain_proxy.endpoint, in_flight=args.in_flight), stored),
                     f"S3 via proxy, +{args.latency_ms:g} ms": (
-                        ShardBytes(urls, endpoint=slow_proxy.endpoint, in_flight=args.in_flight), stored),
+                        ShardBytes(urls, endpoint=slow_proxy.endpoint, in_flight=args.in_flight),
+                        stored,
+                    ),
                 }
-                log(f"{len(paths)} shards of {args.shard_mib:g} MiB ({size / 2**20:.0f} MiB in all), read whole as raw "
+                log(
+                    f"{len(paths)} shards of {args.shard_mib:g} MiB ({size / 2**20:.0f} MiB in all), read whole as raw "
                     f"bytes (no decoding) by {args.workers} DataLoader workers, one shard per item; {args.in_flight} "
                     f"ranged GETs in flight per shard through the proxies; {args.rounds} rounds after one warm-up "
                     f"epoch each; the page cache of the files read (local, the server's, the cache's) dropped "
-                    f"before each epoch, but for 'page cache'; SeaweedFS started in {server.seconds_to_start:.1f} s")
-                loaders = {name: (DataLoader(ds, batch_size=None, num_workers=args.workers, persistent_workers=True),
-                                  cold) for name, (ds, cold) in datasets.items()}
+                    f"before each epoch, but for 'page cache'; SeaweedFS started in {server.seconds_to_start:.1f} s"
+                )
+                loaders = {
+                    name: (DataLoader(ds, batch_size=None, num_workers=args.workers, persistent_workers=True), cold)
+                    for name, (ds, cold) in datasets.items()
+                }
                 for loader, _ in loaders.values():  # workers started; the cache filled (its first epoch)
                     _epoch_gbps(loader)
-                rounds = claims.interleave({name: (lambda pair=pair: _epoch_gbps(*pair))
-                                            for name, pair in loaders.items()}, rounds=args.rounds)
+                rounds = claims.interleave(
+                    {name: (lambda pair=pair: _epoch_gbps(*pair)) for name, pair in loaders.items()}, rounds=args.rounds
+                )
                 del loaders
         finally:
             server.stop(graceful=False)  # its folder goes with the temporary directory
     slow = f"S3 via proxy, +{args.latency_ms:g} ms"
     verdicts = {
-        "store": claims.claim(f"shards from the S3 server at least {GOALS['store']}× local disk, at {args.workers} workers",
-                              rounds.ratio("S3 server", "local disk"), above=GOALS["store"], load=rounds),
-        "cache": claims.claim(f"the local cache's second epoch at least {GOALS['cache']}× local disk",
-                              rounds.ratio("S3, local cache", "local disk"), above=GOALS["cache"], load=rounds),
-        "latency": claims.claim(f"+{args.latency_ms:g} ms per request, {args.in_flight} requests in flight per shard: at "
-                                f"least {GOALS['latency']}× the same proxy without it",
-                                rounds.ratio(slow, "S3 via proxy"), above=GOALS["latency"], load=rounds),
+        "store": claims.claim(
+            f"shards from the S3 server at least {GOALS['store']}× local disk, at {args.workers} workers",
+            rounds.ratio("S3 server", "local disk"),
+            above=GOALS["store"],
+            load=rounds,
+        ),
+        "cache": claims.claim(
+            f"the local cache's second epoch at least {GOALS['cache']}× local disk",
+            rounds.ratio("S3, local cache", "local disk"),
+            above=GOALS["cache"],
+            load=rounds,
+        ),
+        "latency": claims.claim(
+            f"+{args.latency_ms:g} ms per request, {args.in_flight} requests in flight per shard: at "
+            f"least {GOALS['latency']}× the same proxy without it",
+            rounds.ratio(slow, "S3 via proxy"),
+            above=GOALS["latency"],
+            load=rounds,
+        ),
     }
-    return {"medians": {name: rounds.median(name) for name in rounds.values}, "claims": verdicts,
-            "goals": {str(c): c.holds is True for c in verdicts.values()}}
+    return {
+        "medians": {name: rounds.median(name) for name in rounds.values},
+        "claims": verdicts,
+        "goals": {str(c): c.holds is True for c in verdicts.values()},
+    }
 
 
 def store_report(result: dict[str, Any]) -> list[str]:
@@ -216,9 +244,14 @@ def add_arguments(parser: argparse.ArgumentParser, at_least: Callable[[int], Cal
     parser.add_argument("--shards", type=at_least(1), default=16, help="(default: %(default)s)")
     parser.add_argument("--shard-mib", type=float, default=8.0, help="size of one shard (default: %(default)s MiB)")
     parser.add_argument("--workers", type=at_least(1), default=2, help="DataLoader workers (default: %(default)s)")
-    parser.add_argument("--in-flight", type=at_least(1), default=4,
-                        help="ranged GETs at once per shard through the proxies (default: %(default)s)")
-    parser.add_argument("--latency-ms", type=float, default=20.0,
-                        help="added to every request by the slow proxy (default: %(default)s)")
+    parser.add_argument(
+        "--in-flight",
+        type=at_least(1),
+        default=4,
+        help="ranged GETs at once per shard through the proxies (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="added to every request by the slow proxy (default: %(default)s)"
+    )
     parser.add_argument("--rounds", type=at_least(3), default=5, help="(default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit with status 1 if a goal is not shown to hold")

@@ -23,8 +23,14 @@ DISTRIBUTION = "pytorch-data-course"
 #: Every combination the whole test suite passed with (Linux x86-64, 2 cores, no GPU).
 TESTED: tuple[dict[str, str], ...] = (
     # machines whose pip is capped at torch 2.14.1 / torchvision 0.29.1
-    {"python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "webdataset": "1.0.2", "numpy": "2.1.3",
-     "torchdata": "0.11.0"},
+    {
+        "python": "3.11",
+        "torch": "2.14.1",
+        "torchvision": "0.29.1",
+        "webdataset": "1.0.2",
+        "numpy": "2.1.3",
+        "torchdata": "0.11.0",
+    },
     # what an uncapped `pip install -r requirements.txt` installs
     {"python": "3.11", "torch": "2.15.0", "torchvision": "0.29.2", "webdataset": "1.0.2", "numpy": "2.1.3"},
 )

@@ -102,12 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         previous = now
     if args.report:
         ran = previous.at - first.at
-        args.report.write_text(json.dumps({
-            "seconds": round(ran, 1),
-            "competing_cores": round(competing_total / ran, 2) if ran else 0.0,
-            "own_cores": round((previous.own - first.own) / ran, 2) if ran else 0.0,
-            "seconds_at_target": round(sum(c >= 0.9 * args.cores for c in seconds) / len(seconds), 2) if seconds else 1.0,
-        }))
+        args.report.write_text(
+            json.dumps(
+                {
+                    "seconds": round(ran, 1),
+                    "competing_cores": round(competing_total / ran, 2) if ran else 0.0,
+                    "own_cores": round((previous.own - first.own) / ran, 2) if ran else 0.0,
+                    "seconds_at_target": round(sum(c >= 0.9 * args.cores for c in seconds) / len(seconds), 2)
+                    if seconds
+                    else 1.0,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

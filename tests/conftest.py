@@ -45,8 +45,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(tiers) != 1:
             untiered.append(f"{item.nodeid}: {sorted(tiers) or 'no tier'}")
     if untiered:
-        raise pytest.UsageError("every test needs exactly one tier marker, pytest.mark.quick or pytest.mark.full "
-                                "(tests/conftest.py says which is which):\n  " + "\n  ".join(untiered[:30]))
+        raise pytest.UsageError(
+            "every test needs exactly one tier marker, pytest.mark.quick or pytest.mark.full "
+            "(tests/conftest.py says which is which):\n  " + "\n  ".join(untiered[:30])
+        )
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
@@ -56,7 +58,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     name, and the slower one fails with FileExistsError."""
     from xdist.scheduler import LoadScheduling, LoadScopeScheduling
 
-    if config.option.markexpr.strip() == "quick":  # no notebook cells to keep in order: spread test by test (~5 % faster)
+    if (
+        config.option.markexpr.strip() == "quick"
+    ):  # no notebook cells to keep in order: spread test by test (~5 % faster)
         return LoadScheduling(config, log)
 
     class NotebookScopes(LoadScopeScheduling):

@@ -55,7 +55,11 @@ def chp_command() -> str | None:
 def create_user(name: str, private: bool = True) -> pwd.struct_passwd:
     """A learner's account, as the README tells an admin (``adduser``, a private home), or with ``useradd -m``,
     whose home others can read where ``UMASK`` is 022 (Debian's default)."""
-    command = (["adduser", "--disabled-password", "--gecos", "", name] if private else ["useradd", "-m", "-s", "/bin/bash", name])
+    command = (
+        ["adduser", "--disabled-password", "--gecos", "", name]
+        if private
+        else ["useradd", "-m", "-s", "/bin/bash", name]
+    )
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=60, env=env)
     return pwd.getpwnam(name)
@@ -68,7 +72,9 @@ def remove_user(name: str) -> None:
     subprocess.run(["userdel", "-r", name], capture_output=True, timeout=60, env=env)
 
 
-def http(url: str, token: str | None = None, method: str = "GET", body: Any = None, timeout: float = 30) -> tuple[int, Any]:
+def http(
+    url: str, token: str | None = None, method: str = "GET", body: Any = None, timeout: float = 30
+) -> tuple[int, Any]:
     """``(status, JSON or text)`` of a request to the hub or a server, with an API token."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
@@ -113,8 +119,11 @@ class Hub:
         shutil.rmtree(venv / "lib")
         for folder in ("lib", "share", "etc"):
             if (ours / folder).exists():
-                subprocess.run(["cp", "-al" if _same_disk(ours, self.prefix) else "-a", str(ours / folder), str(venv)],
-                               check=True, timeout=600)
+                subprocess.run(
+                    ["cp", "-al" if _same_disk(ours, self.prefix) else "-a", str(ours / folder), str(venv)],
+                    check=True,
+                    timeout=600,
+                )
         site = next((venv / "lib").glob("python3.*/site-packages"))
         for editable in site.glob("__editable__*pytorch_data_course*"):  # pip install -e of the test run's checkout
             editable.unlink()
@@ -124,14 +133,23 @@ class Hub:
         overrides.parent.mkdir(parents=True, exist_ok=True)
         if overrides.exists():
             overrides.unlink()  # a hard link into the test run's venv: never write through it
-        overrides.write_text(json.dumps({"@jupyterlab/apputils-extension:notification":
-                                         {"fetchNews": "false", "checkForUpdates": False}}))
+        overrides.write_text(
+            json.dumps(
+                {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+            )
+        )
         singleuser = venv / "bin" / "jupyterhub-singleuser"
-        singleuser.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom jupyterhub.singleuser import main\n"
-                              "sys.exit(main())\n")
+        singleuser.write_text(
+            f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom jupyterhub.singleuser import main\nsys.exit(main())\n"
+        )
         singleuser.chmod(0o755)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "course_lib", "prepare", "--root", str(self.prefix / "data")],
-                       check=True, capture_output=True, timeout=600, cwd="/")
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "course_lib", "prepare", "--root", str(self.prefix / "data")],
+            check=True,
+            capture_output=True,
+            timeout=600,
+            cwd="/",
+        )
 
     def add_learners(self) -> None:
         for name in self.learners:
@@ -144,16 +162,32 @@ class Hub:
         subprocess.run(["git", "clone", "-q", "--bare", str(REPO), str(remote / "course.git")], check=True, timeout=120)
         log = open(self.work / "git-daemon.log", "wb")
         self.procs["git daemon"] = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--listen=127.0.0.1", f"--port={self.git_port}", f"--base-path={remote}",
-             "--export-all", str(remote)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        probe = lambda: subprocess.run(["git", "ls-remote", self.remote], capture_output=True, timeout=10).returncode == 0  # noqa: E731
+            [
+                "git",
+                "daemon",
+                "--reuseaddr",
+                "--listen=127.0.0.1",
+                f"--port={self.git_port}",
+                f"--base-path={remote}",
+                "--export-all",
+                str(remote),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        probe = lambda: (
+            subprocess.run(["git", "ls-remote", self.remote], capture_output=True, timeout=10).returncode == 0
+        )
         if not poll_until(probe, 20):
             raise RuntimeError(f"git daemon did not serve {self.remote}: {(self.work / 'git-daemon.log').read_text()}")
 
     def publish(self, change: dict[str, str], message: str) -> None:
         """A new commit of the course on its remote: ``change`` maps paths to new contents."""
         clone = self.work / f"update-{uuid.uuid4().hex[:6]}"
-        subprocess.run(["git", "clone", "-q", str(self.prefix / "remote" / "course.git"), str(clone)], check=True, timeout=60)
+        subprocess.run(
+            ["git", "clone", "-q", str(self.prefix / "remote" / "course.git"), str(clone)], check=True, timeout=60
+        )
         for path, text in change.items():
             (clone / path).write_text(text)
         ident = ["-c", "user.name=Course maintainer", "-c", "user.email=maintainer@example.org"]
@@ -186,16 +220,16 @@ class Hub:
             c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
             c.ConfigurableHTTPProxy.command = [{chp_command()!r}]
             c.ConfigurableHTTPProxy.should_start = True
-            c.JupyterHub.db_url = "sqlite:///{self.work / 'hub.sqlite'}"
-            c.JupyterHub.cookie_secret_file = "{self.work / 'cookie_secret'}"
-            c.JupyterHub.pid_file = "{self.work / 'hub.pid'}"
+            c.JupyterHub.db_url = "sqlite:///{self.work / "hub.sqlite"}"
+            c.JupyterHub.cookie_secret_file = "{self.work / "cookie_secret"}"
+            c.JupyterHub.pid_file = "{self.work / "hub.pid"}"
             c.JupyterHub.cleanup_servers = True
             c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
             c.Spawner.ip = "127.0.0.1"
-            c.Spawner.cmd = ["{venv / 'bin' / 'jupyterhub-singleuser'}"]
+            c.Spawner.cmd = ["{venv / "bin" / "jupyterhub-singleuser"}"]
             c.Spawner.default_url = "/lab"
             c.Spawner.notebook_dir = "~"
-            c.Spawner.environment = {{"COURSE_DATA_DIR": "{self.prefix / 'data'}"}}
+            c.Spawner.environment = {{"COURSE_DATA_DIR": "{self.prefix / "data"}"}}
             c.Spawner.cpu_limit = 2
             c.Spawner.mem_limit = "4G"
             c.Spawner.start_timeout = 90
@@ -211,8 +245,13 @@ class Hub:
             raise FileNotFoundError("configurable-http-proxy is not installed (npm install configurable-http-proxy)")
         (self.work / "jupyterhub_config.py").write_text(self.config())
         log = open(self.work / "hub.log", "wb")
-        self.procs["hub"] = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(self.work / "jupyterhub_config.py")],
-                                             cwd=self.work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs["hub"] = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.work / "jupyterhub_config.py")],
+            cwd=self.work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         if not poll_until(lambda: self.api("GET", "/users")[0] == 200 or self.procs["hub"].poll() is not None, timeout):
             raise RuntimeError(f"the hub did not answer in {timeout:.0f} s:\n{self.log_tail()}")
         if self.procs["hub"].poll() is not None:
@@ -238,11 +277,14 @@ class Hub:
         def ready() -> bool:
             status, body = self.api("GET", f"/users/{name}")
             return status == 200 and bool((body.get("servers") or {}).get("", {}).get("ready"))
+
         if not poll_until(ready, timeout, interval=0.5):
             raise RuntimeError(f"{name}'s server is not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
     def server_pid(self, name: str) -> int | None:
-        out = subprocess.run(["pgrep", "-u", name, "-f", "jupyterhub-singleuser"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["pgrep", "-u", name, "-f", "jupyterhub-singleuser"], capture_output=True, text=True, timeout=10
+        )
         return int(out.stdout.split()[0]) if out.stdout.split() else None
 
     def home(self, name: str) -> Path:
@@ -272,13 +314,32 @@ async def _execute(ws_url: str, token: str, code: str, timeout: float) -> dict[s
 
     conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
     msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
-    conn.write_message(json.dumps({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": session,
-                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                    "allow_stdin": False, "stop_on_error": True},
-    }))
+    conn.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": "test",
+                    "session": session,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "channel": "shell",
+                "buffers": [],
+                "content": {
+                    "code": code,
+                    "silent": False,
+                    "store_history": False,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+            }
+        )
+    )
     out = {"stdout": "", "stderr": "", "error": ""}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -43,9 +43,18 @@ except ImportError:  # the stage skips (or, under CI, fails) before any page is 
 # Flags for a quiet, offline browser (as tests/tools/test_slides.py uses): there is no network
 # here, and chromium's own background connections would only be refused.
 CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--no-default-browser-check",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--disable-extensions", "--mute-audio", "--hide-scrollbars",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--mute-audio",
+    "--hide-scrollbars",
 ]
 VIEWPORT = {"width": 1366, "height": 900}  # a laptop screen
 STDERR = "application/vnd.jupyter.stderr"  # JupyterLab shows error outputs (tracebacks) with this type too
@@ -75,7 +84,9 @@ def readme_jupyter_command(repo: Path) -> list[str]:
     command = readme_command_1(repo)
     found = [shlex.split(part) for part in command.split("&&") if part.split()[:2] == ["jupyter", "lab"]]
     if len(found) != 1:
-        raise LookupError(f"README.md's command 1 has {len(found)} `jupyter lab ...` parts (the tests need one): {command}")
+        raise LookupError(
+            f"README.md's command 1 has {len(found)} `jupyter lab ...` parts (the tests need one): {command}"
+        )
     return found[0]
 
 
@@ -120,6 +131,7 @@ def poll_until(done: Callable[[], bool], timeout: float, interval: float = 0.2) 
 
 def end_group(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM, then SIGKILL, the process group ``pgid`` (a process started in its own session)."""
+
     def gone() -> bool:
         if proc is not None and proc.poll() is not None:
             return True
@@ -138,8 +150,9 @@ def end_group(pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
             return
 
 
-def wait_for_server(base: str, token: str, proc: subprocess.Popen[bytes], timeout: float,
-                    log_tail: Callable[[], str]) -> dict:
+def wait_for_server(
+    base: str, token: str, proc: subprocess.Popen[bytes], timeout: float, log_tail: Callable[[], str]
+) -> dict:
     """The server's ``/api/status`` once it answers; :class:`LabError` (with the log's tail) if the
     process exits first, or nothing answers within ``timeout`` seconds."""
     answer: dict = {}
@@ -166,32 +179,58 @@ class LabServer:
     def __init__(self, repo: Path, home: Path, env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
         self.home = home
         self.notebooks = home / "notebooks"  # the copy: the repository's notebooks are never touched
-        shutil.copytree(repo / "notebooks", self.notebooks,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"))
+        shutil.copytree(
+            repo / "notebooks",
+            self.notebooks,
+            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"),
+        )
         self.port, self.token = free_ports()[0], secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "jupyterlab.log"
         readme = readme_jupyter_command(repo)  # e.g. jupyter lab --allow-root notebooks/01_....ipynb
         self.first = Path(opened_notebook(readme)).name
         command = [
-            str(Path(sys.executable).parent / readme[0]), *readme[1:],  # this environment's jupyter; run from home,
+            str(Path(sys.executable).parent / readme[0]),
+            *readme[1:],  # this environment's jupyter; run from home,
             # the copy's parent, as the README's from the repository root: the server's root is notebooks/
-            "--no-browser", "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
         ]
-        private = {name: home / folder for name, folder in (
-            ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
-            ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
-            ("IPYTHONDIR", "ipython"))}
+        private = {
+            name: home / folder
+            for name, folder in (
+                ("JUPYTER_CONFIG_DIR", "config"),
+                ("JUPYTER_DATA_DIR", "data"),
+                ("JUPYTER_RUNTIME_DIR", "runtime"),
+                ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"),
+                ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
+                ("IPYTHONDIR", "ipython"),
+            )
+        }
         # No "Would you like to get notified about official Jupyter news?" toast over the notebook,
         # and no update check (it would ask the internet).
-        notification = private["JUPYTERLAB_SETTINGS_DIR"] / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification = (
+            private["JUPYTERLAB_SETTINGS_DIR"]
+            / "@jupyterlab"
+            / "apputils-extension"
+            / "notification.jupyterlab-settings"
+        )
         notification.parent.mkdir(parents=True)
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
         self.env = {**os.environ, **{k: str(v) for k, v in private.items()}, **(env or {})}
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(command, cwd=home, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command,
+                cwd=home,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.kernels: set[int] = set()
         try:
             self._wait_started(start_timeout)
@@ -308,11 +347,16 @@ class Notebook:
 
     def index(self, marker: str, cell_type: str | None = None) -> int:
         """The one cell (of ``cell_type``: "code", "markdown"; any if None) whose source contains ``marker``."""
-        found = [i for i in range(len(self.cells))
-                 if marker in self.source(i) and cell_type in (None, self.cells[i]["cell_type"])]
+        found = [
+            i
+            for i in range(len(self.cells))
+            if marker in self.source(i) and cell_type in (None, self.cells[i]["cell_type"])
+        ]
         if len(found) != 1:
-            raise LookupError(f"{self.name}: {len(found)} {cell_type or ''} cells contain {marker!r} "
-                              f"(the test's table needs one): {found}")
+            raise LookupError(
+                f"{self.name}: {len(found)} {cell_type or ''} cells contain {marker!r} "
+                f"(the test's table needs one): {found}"
+            )
         return found[0]
 
     def describe(self, index: int) -> str:
@@ -349,8 +393,12 @@ class Notebook:
     def stderr(self) -> list[tuple[int, str]]:
         """(cell, text) of stderr outputs that are not errors (warnings, text progress bars)."""
         every = self.page.evaluate(OUTPUTS_JS, None)
-        return [(i, o["text"]) for i, outputs in enumerate(every) for o in outputs
-                if o["mime"] == STDERR and not ("Traceback" in o["text"] or ERROR_LINE.search(o["text"]))]
+        return [
+            (i, o["text"])
+            for i, outputs in enumerate(every)
+            for o in outputs
+            if o["mime"] == STDERR and not ("Traceback" in o["text"] or ERROR_LINE.search(o["text"]))
+        ]
 
     @staticmethod
     def prompt_number(prompt: str | None) -> int | None:
@@ -361,8 +409,10 @@ class Notebook:
         """The highest execution count shown by cells ``indices`` (all: ``None``). Cells not run since the page
         opened show the counts saved in the file."""
         prompts = self.state()["prompts"]
-        return max((self.prompt_number(prompts[i]) or 0 for i in (range(len(prompts)) if indices is None else indices)),
-                   default=0)
+        return max(
+            (self.prompt_number(prompts[i]) or 0 for i in (range(len(prompts)) if indices is None else indices)),
+            default=0,
+        )
 
     # -- evidence --------------------------------------------------------------------------------
 
@@ -386,8 +436,10 @@ class Notebook:
 
     def fail(self, message: str, index: int | None = None, kind: type[LabError] = LabError) -> LabError:
         shot = self.screenshot("failure", index)
-        return kind(f"{self.name}: {message}\n(screenshot: {shot}; all screenshots in {self.shots}; "
-                    f"server log: {self.lab.log_path})")
+        return kind(
+            f"{self.name}: {message}\n(screenshot: {shot}; all screenshots in {self.shots}; "
+            f"server log: {self.lab.log_path})"
+        )
 
     # -- doing what a learner does ---------------------------------------------------------------
 
@@ -398,10 +450,16 @@ class Notebook:
         try:
             expect(self.page.locator(CELLS)).to_have_count(len(self.cells), timeout=_ms_left(deadline))
             # the kernel started: the status bar says "Python 3 (ipykernel) | Idle", the toolbar's indicator idle
-            expect(self.page.locator("#jp-main-statusbar")).to_contain_text(re.compile(r"\| Idle"), timeout=_ms_left(deadline))
-            expect(self.page.locator(f"{PANEL} {INDICATOR}")).to_have_attribute("data-status", "idle", timeout=_ms_left(deadline))
+            expect(self.page.locator("#jp-main-statusbar")).to_contain_text(
+                re.compile(r"\| Idle"), timeout=_ms_left(deadline)
+            )
+            expect(self.page.locator(f"{PANEL} {INDICATOR}")).to_have_attribute(
+                "data-status", "idle", timeout=_ms_left(deadline)
+            )
         except Exception as exc:
-            raise self.fail(f"not ready within {timeout:.0f} s (cells shown, kernel idle): {self.state()}\n{_first_lines(exc)}") from None
+            raise self.fail(
+                f"not ready within {timeout:.0f} s (cells shown, kernel idle): {self.state()}\n{_first_lines(exc)}"
+            ) from None
         self.lab.remember_kernels()
 
     def menu(self, menu: str, command: str) -> None:
@@ -448,14 +506,22 @@ class Notebook:
         A dialog ends the wait at once: it is reported, not waited out."""
         self.activate()  # a page behind others draws nothing: its prompts would never change
         try:
-            expect(self.page.locator(SETTLED).or_(self.page.locator(DIALOG)).first).to_be_attached(timeout=timeout * 1000)
+            expect(self.page.locator(SETTLED).or_(self.page.locator(DIALOG)).first).to_be_attached(
+                timeout=timeout * 1000
+            )
         except Exception:
             state = self.state()
             running = [i for i, p in enumerate(state["prompts"]) if p and "*" in p]
             if running:
-                raise self.fail(f"{self.describe(running[0])} still shows [*] after {timeout:.0f} s "
-                                f"({len(running) - 1} more cells wait behind it)", running[0], StuckCell) from None
-            raise self.fail(f"the kernel did not become idle within {timeout:.0f} s: {state}", None, StuckCell) from None
+                raise self.fail(
+                    f"{self.describe(running[0])} still shows [*] after {timeout:.0f} s "
+                    f"({len(running) - 1} more cells wait behind it)",
+                    running[0],
+                    StuckCell,
+                ) from None
+            raise self.fail(
+                f"the kernel did not become idle within {timeout:.0f} s: {state}", None, StuckCell
+            ) from None
         finally:
             self.page.evaluate("() => window.__labTestWatcher && window.__labTestWatcher.disconnect()")
         dialog = self.state()["dialog"]
@@ -467,10 +533,15 @@ class Notebook:
         """Fail on an error output among ``indices``, or a code cell there that did not run."""
         problems = [f"{self.describe(i)} shows an error:\n{_tail(text)}" for i, text in self.errors(indices)]
         prompts = self.state()["prompts"]
-        skipped = [i for i in indices if prompts[i] is not None and self.source(i).strip()
-                   and (self.prompt_number(prompts[i]) or 0) <= since]
+        skipped = [
+            i
+            for i in indices
+            if prompts[i] is not None and self.source(i).strip() and (self.prompt_number(prompts[i]) or 0) <= since
+        ]
         if skipped:
-            problems.append("not run (after an error, Run All stops): " + ", ".join(self.describe(i) for i in skipped[:5]))
+            problems.append(
+                "not run (after an error, Run All stops): " + ", ".join(self.describe(i) for i in skipped[:5])
+            )
         if problems:
             errors = self.errors(indices)
             raise self.fail("\n".join(problems), errors[0][0] if errors else skipped[0])
@@ -506,7 +577,9 @@ class Notebook:
             expect(editor.locator(".cm-line")).to_have_text(lines, timeout=10_000)
         except Exception:
             shown = editor.evaluate("e => [...e.querySelectorAll('.cm-line')].map(l => l.textContent).join('\\n')")
-            raise self.fail(f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index) from None
+            raise self.fail(
+                f"the editor of {self.describe(index)} shows\n{shown}\ninstead of what was typed\n{text}", index
+            ) from None
         self.edited[index] = text
 
     def activate(self) -> None:

@@ -65,14 +65,24 @@ def stream_epochs(env: distributed.DistEnv, epochs: int) -> list[list[int]]:
 
 
 def reader_args(urls: str, **options) -> argparse.Namespace:
-    defaults = dict(urls=urls, workers=WORKERS, batch_size=BATCH, seed=0, buffer=8, resampled=False, epoch_batches=0,
-                    no_nodesplitter=False)
+    defaults = dict(
+        urls=urls,
+        workers=WORKERS,
+        batch_size=BATCH,
+        seed=0,
+        buffer=8,
+        resampled=False,
+        epoch_batches=0,
+        no_nodesplitter=False,
+    )
     return argparse.Namespace(**{**defaults, **options})
 
 
 def shard_epochs(urls: str, epochs: int, **options) -> list[list[int]]:
-    return [[key_index(k) for keys, *_ in shard_reader.rank_webloader(reader_args(urls, **options), epoch) for k in keys]
-            for epoch in range(epochs)]
+    return [
+        [key_index(k) for keys, *_ in shard_reader.rank_webloader(reader_args(urls, **options), epoch) for k in keys]
+        for epoch in range(epochs)
+    ]
 
 
 def shard_draws(epochs: int) -> list[list[str]]:
@@ -93,9 +103,14 @@ def capstone_epochs(image_shards: str, epochs: int, steps: int) -> list[dict]:
     for _ in range(epochs):
         keys: list[list[str]] = []
         _, workers = capstone.run_epoch(loader, steps, lambda batch: keys.append(list(batch[2])))
-        out.append({"keys": [k for batch in keys for k in batch],
-                    "by_worker": {str(w): [k for kk, ww in zip(keys, workers) if ww == w for k in kk]
-                                  for w in set(workers)}})
+        out.append(
+            {
+                "keys": [k for batch in keys for k in batch],
+                "by_worker": {
+                    str(w): [k for kk, ww in zip(keys, workers) if ww == w for k in kk] for w in set(workers)
+                },
+            }
+        )
     del loader
     return out
 

@@ -62,10 +62,12 @@ def key_index(sample: dict) -> int:
 
 
 def iterable_kinds(urls: str, rank: int, world: int) -> Chain:
-    pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
-                              workersplitter=wds.split_by_worker, empty_check=False).map(key_index)
-    resampled = wds.DataPipeline(wds.ResampledShards(urls, seed=0, deterministic=True), wds.tarfile_to_samples(),
-                                 wds.map(key_index))
+    pipeline = wds.WebDataset(
+        urls, shardshuffle=False, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker, empty_check=False
+    ).map(key_index)
+    resampled = wds.DataPipeline(
+        wds.ResampledShards(urls, seed=0, deterministic=True), wds.tarfile_to_samples(), wds.map(key_index)
+    )
     return Chain({"stream": ShardedStream(N, shuffle=True, rank=rank, world_size=world), "wds": pipeline}, resampled)
 
 
@@ -73,10 +75,20 @@ def read_cell(urls: str, env: distributed.DistEnv, method: str, workers: int) ->
     context = mp.get_context(method) if workers else None
     sampler = DistributedSampler(Indices(), num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=0)
     sampler.set_epoch(0)
-    got = {"map": [int(i) for i in DataLoader(Indices(), batch_size=None, sampler=sampler, num_workers=workers,
-                                                 multiprocessing_context=context)]}
-    loader = DataLoader(iterable_kinds(urls, env.rank, env.world_size), batch_size=None, num_workers=workers,
-                        multiprocessing_context=context)
+    got = {
+        "map": [
+            int(i)
+            for i in DataLoader(
+                Indices(), batch_size=None, sampler=sampler, num_workers=workers, multiprocessing_context=context
+            )
+        ]
+    }
+    loader = DataLoader(
+        iterable_kinds(urls, env.rank, env.world_size),
+        batch_size=None,
+        num_workers=workers,
+        multiprocessing_context=context,
+    )
     got["resampled"], ends = [], 0
     for kind, i in loader:  # until every reader has passed its end mark and the resampled epoch is full
         if kind == "end":
@@ -94,8 +106,13 @@ def read_cell(urls: str, env: distributed.DistEnv, method: str, workers: int) ->
 def plain_start() -> distributed.DistEnv:
     """What a script that reads Slurm's variables by hand does: a process group, and no RANK/WORLD_SIZE exported."""
     env = distributed.dist_env()
-    dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
-                            world_size=env.world_size, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
     return env
 
 
@@ -103,8 +120,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("urls")
     p.add_argument("out")
-    p.add_argument("--cells", default="-/0,fork/1,fork/2,spawn/2,forkserver/2",
-                   help="start method/workers settings, comma-separated (-/0: no workers)")
+    p.add_argument(
+        "--cells",
+        default="-/0,fork/1,fork/2,spawn/2,forkserver/2",
+        help="start method/workers settings, comma-separated (-/0: no workers)",
+    )
     p.add_argument("--plain", action="store_true", help="join without the course's start() (the srun pitfall)")
     args = p.parse_args()
     mp.set_forkserver_preload(["torch", "webdataset", "course_lib.iterable"])

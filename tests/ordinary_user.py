@@ -54,8 +54,11 @@ class User:
         """An environment for the user: this process's, with the user's ``HOME`` and names; for another
         user, without this one's folders for Jupyter, IPython and XDG (theirs are under their home)."""
         own = self.uid == os.geteuid()
-        kept = {k: v for k, v in os.environ.items()
-                if own or not k.startswith(("XDG_", "JUPYTER", "IPYTHONDIR", "MPLCONFIGDIR", "TMPDIR"))}
+        kept = {
+            k: v
+            for k, v in os.environ.items()
+            if own or not k.startswith(("XDG_", "JUPYTER", "IPYTHONDIR", "MPLCONFIGDIR", "TMPDIR"))
+        }
         return {**kept, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, **extra}
 
     def give(self, path: Path) -> None:
@@ -97,8 +100,10 @@ def _namespace_prefix(blocked: dict[Path, set[str]], work: Path) -> list[str]:
     holding its needed entries, bound from the real folder (kept reachable at ``work/keep-N``)."""
     unshare, mount = shutil.which("unshare", path=SBIN), shutil.which("mount", path=SBIN)
     if not unshare or not mount:
-        raise CannotRunAsUser("unshare and mount (util-linux) are needed to show the user "
-                              f"{', '.join(map(str, blocked))} without changing its permissions")
+        raise CannotRunAsUser(
+            "unshare and mount (util-linux) are needed to show the user "
+            f"{', '.join(map(str, blocked))} without changing its permissions"
+        )
     lines = ["set -e"]
     for n, (folder, names) in enumerate(sorted(blocked.items())):
         if folder == Path("/"):
@@ -129,27 +134,52 @@ def throwaway_user(needs: list[Path]) -> Iterator[User]:
     work.chmod(0o755)
     name = f"course-{secrets.token_hex(4)}"
     home = work / "home"
-    made = subprocess.run([tools["useradd"], "--system", "--user-group", "--create-home", "--home-dir", str(home),
-                           "--shell", "/bin/sh", "--comment", "throwaway user of tests/test_jupyterlab.py", name],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        [
+            tools["useradd"],
+            "--system",
+            "--user-group",
+            "--create-home",
+            "--home-dir",
+            str(home),
+            "--shell",
+            "/bin/sh",
+            "--comment",
+            "throwaway user of tests/test_jupyterlab.py",
+            name,
+        ],
+        capture_output=True,
+        text=True,
+    )
     try:
         if made.returncode != 0:
             raise CannotRunAsUser(f"useradd {name} failed ({made.returncode}): {made.stderr.strip()}")
         entry = pwd.getpwnam(name)
         drop = [tools["setpriv"], f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", "--"]
-        blocked = blocked_folders(needs + [Path(sys.executable).resolve(), Path(sys.base_prefix)],
-                                  entry.pw_uid, entry.pw_gid)
+        blocked = blocked_folders(
+            needs + [Path(sys.executable).resolve(), Path(sys.base_prefix)], entry.pw_uid, entry.pw_gid
+        )
         prefix = [*_namespace_prefix(blocked, work), *drop] if blocked else drop
-        how = (f"useradd {name} (uid {entry.pw_uid}), then setpriv"
-               + (f", in a mount namespace that shows it {sorted(str(f / n) for f, ns in blocked.items() for n in ns)}"
-                  f" (others may not pass through {sorted(map(str, blocked))})" if blocked else ""))
+        how = f"useradd {name} (uid {entry.pw_uid}), then setpriv" + (
+            f", in a mount namespace that shows it {sorted(str(f / n) for f, ns in blocked.items() for n in ns)}"
+            f" (others may not pass through {sorted(map(str, blocked))})"
+            if blocked
+            else ""
+        )
         user = User(name, entry.pw_uid, entry.pw_gid, home, prefix, how)
         # Can the user start this Python at all? (Else every later failure would read as the test's.)
-        tried = subprocess.run([*prefix, sys.executable, "-c", "import os; print(os.geteuid())"], env=user.env(),
-                               capture_output=True, text=True, timeout=60)
+        tried = subprocess.run(
+            [*prefix, sys.executable, "-c", "import os; print(os.geteuid())"],
+            env=user.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if tried.returncode != 0 or tried.stdout.strip() != str(entry.pw_uid):
-            raise CannotRunAsUser(f"{how}: cannot run {sys.executable} ({tried.returncode}): "
-                                  f"{(tried.stderr or tried.stdout).strip()[-1000:]}")
+            raise CannotRunAsUser(
+                f"{how}: cannot run {sys.executable} ({tried.returncode}): "
+                f"{(tried.stderr or tried.stdout).strip()[-1000:]}"
+            )
         yield user
     finally:
         if made.returncode == 0:

@@ -44,8 +44,17 @@ from course_lib.jobs import free_ports
 PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "scontrol", "squeue", "scancel", "sinfo", "srun")
 PACKAGES = ("slurm-wlm", "munge")
 #: A job in one of these states is over (scontrol's JobState).
-DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-               "BOOT_FAIL", "DEADLINE"}
+DONE_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 HOSTS = Path("/etc/hosts")
 HOSTS_MARK = "# tests/slurm_cluster.py, pid"
 #: In the environment of the daemons (and so of slurmstepd): the pid of the process that started them.
@@ -56,6 +65,7 @@ _SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 #: Job credential lifetime (slurm.conf AuthInfo cred_expire; Slurm's default is 120 s). It is also how long a requeued
 #: job is held before it may start again: a job started earlier is killed ("Job credential revoked").
 CRED_EXPIRE_S = 15  # 30 until 2026-11: each requeue test waited 30 s of it
+
 
 class SlurmError(RuntimeError):
     """The cluster could not start, or a job could not be submitted or waited for."""
@@ -74,8 +84,10 @@ def ensure_installed(timeout: float = 300.0) -> str | None:
     if not missing_programs():
         return None
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return (f"{', '.join(missing_programs())} not found, and they cannot be installed here (needs root and "
-                f"apt-get): apt-get install {' '.join(PACKAGES)}")
+        return (
+            f"{', '.join(missing_programs())} not found, and they cannot be installed here (needs root and "
+            f"apt-get): apt-get install {' '.join(PACKAGES)}"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", *PACKAGES]  # as .ci/run does
     tries = [install, ["apt-get", "update"], install]  # a fresh container may have no package lists yet
@@ -121,8 +133,9 @@ def kill_orphans() -> list[int]:
     """Kill (by pid) the daemons and job steps of clusters whose test process died without stopping
     them (killed with SIGKILL, say): they carry OWNER_VAR with a pid that no longer runs."""
     killed = []
-    for process in _processes_whose_environment(lambda env: OWNER_VAR in env and env[OWNER_VAR].isdigit()
-                                                and not psutil.pid_exists(int(env[OWNER_VAR]))):
+    for process in _processes_whose_environment(
+        lambda env: OWNER_VAR in env and env[OWNER_VAR].isdigit() and not psutil.pid_exists(int(env[OWNER_VAR]))
+    ):
         try:
             process.kill()  # psutil: still the process found (its pid not reused meanwhile)
             killed.append(process.pid)
@@ -186,8 +199,10 @@ class JobResult:
             return f"(no output file: {exc})"
 
     def describe(self) -> str:
-        return (f"job {self.job_id} ({self.name}): {self.state}, exit code {self.exit_code}, nodes {self.nodes}, "
-                f"{self.waited_s:.1f} s\n--- {self.stdout_path}\n{self.output()[-6000:]}")
+        return (
+            f"job {self.job_id} ({self.name}): {self.state}, exit code {self.exit_code}, nodes {self.nodes}, "
+            f"{self.waited_s:.1f} s\n--- {self.stdout_path}\n{self.output()[-6000:]}"
+        )
 
 
 @dataclass
@@ -319,8 +334,11 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
         ctld_port, *node_ports = free_ports(1 + self.nodes)
         self.conf.write_text(self.config_text(ctld_port, node_ports))
         self._spawn("slurmctld", [which("slurmctld"), "-D", "-i"])
-        self._until(deadline, lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0,
-                    "slurmctld does not answer scontrol ping")
+        self._until(
+            deadline,
+            lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0,
+            "slurmctld does not answer scontrol ping",
+        )
         for name in self.node_names:
             self._spawn(f"slurmd-{name}", [which("slurmd"), "-D", "-N", name])
         self._until(deadline, self._all_nodes_idle, f"the nodes {', '.join(self.node_names)} are not idle")
@@ -339,17 +357,34 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
         key = folder / "munge.key"
         key.write_bytes(secrets.token_bytes(128))  # what mungekey writes: random bytes, private
         key.chmod(0o600)
-        self._spawn("munged", [which("munged"), "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
-                               f"--pid-file={folder / 'munged.pid'}", f"--seed-file={folder / 'munged.seed'}",
-                               f"--log-file={self.root / 'log' / 'munged.log'}", "--num-threads=2"])
+        self._spawn(
+            "munged",
+            [
+                which("munged"),
+                "-F",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={folder / 'munged.pid'}",
+                f"--seed-file={folder / 'munged.seed'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                "--num-threads=2",
+            ],
+        )
         self._until(deadline, self.munge_socket.exists, f"munged made no socket {self.munge_socket}")
 
     def _spawn(self, name: str, cmd: list) -> None:
         out = open(self.root / "log" / f"{name}.stdout.log", "w")
         # a session of its own: a Ctrl-C in the terminal does not reach it before the fixture stops it
         env = dict(self.env, **{OWNER_VAR: str(os.getpid())})
-        self.procs[name] = subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root)
+        self.procs[name] = subprocess.Popen(
+            [str(c) for c in cmd],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.root,
+        )
         out.close()
 
     def _until(self, deadline: float, ready, what: str) -> None:
@@ -373,8 +408,13 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
 
     # ------------------------------------------------------------------ jobs
 
-    def sbatch(self, script: Path | str, options: Sequence[str] = (), env: Mapping[str, str] | None = None,
-               cwd: Path | str | None = None) -> int:
+    def sbatch(
+        self,
+        script: Path | str,
+        options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+    ) -> int:
         """Submit ``script`` with command-line ``options`` (they win over its #SBATCH lines); its job id."""
         job_env = dict(env if env is not None else self.env, SLURM_CONF=str(self.conf))
         cmd = [which("sbatch"), "--parsable", *options, str(script)]
@@ -417,9 +457,12 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
                 details = "\n".join(
                     f"job {j}: {jobs.get(j, {}).get('JobState', 'unknown')} "
                     f"(reason {jobs.get(j, {}).get('Reason', '?')})\n"
-                    f"{_tail(jobs.get(j, {}).get('StdOut'))}" for j in late)
-                raise SlurmError(f"jobs {late} not finished after {timeout:.0f} s (cancelled now):\n{details}\n"
-                                 f"{self.log_tails()}")
+                    f"{_tail(jobs.get(j, {}).get('StdOut'))}"
+                    for j in late
+                )
+                raise SlurmError(
+                    f"jobs {late} not finished after {timeout:.0f} s (cancelled now):\n{details}\n{self.log_tails()}"
+                )
             time.sleep(poll)
 
     # ------------------------------------------------------------------ stop
@@ -432,7 +475,8 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
                 self.run("scancel", f"--partition={self.partition}", check=False, timeout=10)
                 end = time.monotonic() + 10
                 while time.monotonic() < end and any(
-                        info.get("JobState") not in DONE_STATES for info in self.jobs().values()):
+                    info.get("JobState") not in DONE_STATES for info in self.jobs().values()
+                ):
                     time.sleep(0.2)
             except SlurmError as exc:  # slurmctld not answering: its jobs' processes are killed below
                 notes.append(f"could not cancel the jobs: {exc}".splitlines()[0])
@@ -454,7 +498,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
                 pass
         if self._hosts_line:
             line, self._hosts_line = self._hosts_line, None
-            _rewrite_hosts(lambda l: l != line)
+            _rewrite_hosts(lambda other: other != line)
         if self.own_root:
             shutil.rmtree(self.root, ignore_errors=True)  # the folder __post_init__ made, nothing else
         return notes

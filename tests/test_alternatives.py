@@ -34,8 +34,10 @@ def items() -> list[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def written(items, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("formats")
-    return {"mds": write_mds(items, out / "mds", size_limit=20_000),
-            "lit": write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2)}
+    return {
+        "mds": write_mds(items, out / "mds", size_limit=20_000),
+        "lit": write_litdata(items, out / "lit", chunk_bytes=20_000, num_workers=2),
+    }
 
 
 def expected(items: list[tuple[str, int]]) -> list[tuple[torch.Tensor, int]]:
@@ -76,7 +78,9 @@ def test_readers_split_among_dataloader_workers(items, written) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_an_mds_dataset_iterated_here_never_delivers_in_forked_workers_and_one_made_for_the_loader_does(written) -> None:
+def test_an_mds_dataset_iterated_here_never_delivers_in_forked_workers_and_one_made_for_the_loader_does(
+    written,
+) -> None:
     """Notebook 11's pitfall, as its prose states it (mosaicml-streaming 0.13). A look with ``next(iter(...))`` starts
     the dataset's preparing threads in this process; a fork worker's copy waits for them forever (here: until the
     loader's timeout) or, when they had stopped before the fork, fails at the barrier lock (filelock 3.30 or later).
@@ -86,8 +90,9 @@ def test_an_mds_dataset_iterated_here_never_delivers_in_forked_workers_and_one_m
     from packaging.version import Version
 
     def first_batch(dataset, timeout=0):
-        return next(iter(DataLoader(dataset, batch_size=8, num_workers=1, multiprocessing_context="fork",
-                                    timeout=timeout)))
+        return next(
+            iter(DataLoader(dataset, batch_size=8, num_workers=1, multiprocessing_context="fork", timeout=timeout))
+        )
 
     peeked = alt.mds_images(written["mds"], batch_size=8)
     next(iter(peeked))  # a look at the first sample, in this process
@@ -118,16 +123,23 @@ def test_compare_formats_counts_every_sample(items, written, tmp_path: Path) -> 
     ws = shards.write_image_shards(tmp_path / "wds", split="train", maxcount=N // 4)
     first = ws.paths[:4]  # the first 4 shards hold the first N images of the shuffled set; compare only needs counts
     urls = shards.brace_urls(first)
-    results = alt.compare_formats({"WebDataset": lambda: alt.webdataset_images(urls),
-                                   "MDS": lambda: alt.mds_images(written["mds"], batch_size=8),
-                                   "litdata": lambda: alt.litdata_images(written["lit"])},
-                                  samples=N, batch_size=8, rounds=1)
+    results = alt.compare_formats(
+        {
+            "WebDataset": lambda: alt.webdataset_images(urls),
+            "MDS": lambda: alt.mds_images(written["mds"], batch_size=8),
+            "litdata": lambda: alt.litdata_images(written["lit"]),
+        },
+        samples=N,
+        batch_size=8,
+        rounds=1,
+    )
     assert list(results) == ["WebDataset", "MDS", "litdata"] and all(v[0] > 0 for v in results.values())
     fig = alt.plot_formats(results)
     assert len(fig.axes[0].patches) == 3
     with pytest.raises(RuntimeError, match="instead of"):
-        alt.compare_formats({"MDS": lambda: alt.mds_images(written["mds"], batch_size=8)}, samples=N + 1,
-                            batch_size=8, rounds=1)
+        alt.compare_formats(
+            {"MDS": lambda: alt.mds_images(written["mds"], batch_size=8)}, samples=N + 1, batch_size=8, rounds=1
+        )
 
 
 def test_missing_folders_are_clear_errors(tmp_path: Path) -> None:
@@ -178,13 +190,21 @@ def test_release_mds_unlinks_the_shared_memory_and_the_lock_files(written, tmp_p
 @pytest.mark.timeout(60)
 def test_a_process_that_exits_without_release_mds_leaves_no_lock_files(written, tmp_path: Path) -> None:
     """A script (or a test process) that never calls release_mds: its datasets are released at a normal exit."""
-    program = ("import sys\nfrom course_lib import alternatives as alt\n"
-               "dataset = alt.mds_dataset(local=sys.argv[1], remote=None, shuffle=False, batch_size=8, predownload=8)\n"
-               "next(iter(dataset))  # a loop left early: its threads still prepare shards at exit\n")
+    program = (
+        "import sys\nfrom course_lib import alternatives as alt\n"
+        "dataset = alt.mds_dataset(local=sys.argv[1], remote=None, shuffle=False, batch_size=8, predownload=8)\n"
+        "next(iter(dataset))  # a loop left early: its threads still prepare shards at exit\n"
+    )
     folder = tmp_path / "tmp"
     folder.mkdir()
-    job = subprocess.run([sys.executable, "-c", program, str(written["mds"])], capture_output=True, text=True,
-                         timeout=50, env=dict(os.environ, TMPDIR=str(folder)), cwd=ROOT)
+    job = subprocess.run(
+        [sys.executable, "-c", program, str(written["mds"])],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ, TMPDIR=str(folder)),
+        cwd=ROOT,
+    )
     assert job.returncode == 0 and not job.stderr.strip(), job.stderr[-2000:]
     left = sorted(p.name for p in folder.iterdir() if "filelock" in p.name)
     assert not left, f"the process left MDS lock files in its temporary folder: {left}"

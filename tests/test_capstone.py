@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path) -> shards.ShardSet:
     """The tiny set's 80 training images as 8 shards of 10."""
-    return shards.write_image_shards(tmp_path_factory.mktemp("capstone") / "train", size="tiny", root=tiny_root,
-                                     maxcount=10)
+    return shards.write_image_shards(
+        tmp_path_factory.mktemp("capstone") / "train", size="tiny", root=tiny_root, maxcount=10
+    )
 
 
 # --------------------------------------------------------------------------- the pipeline, in this process
@@ -42,8 +43,9 @@ def simulated_job(urls, epochs: int, seed: int = 3, first_epoch: int = 0, batche
     job: dict = {}
     for rank in range(2):
         with shards.simulated_reader(rank, world_size=2):  # the forked workers inherit the rank
-            loader = capstone.make_loader(urls, num_workers=2, batch_size=5, decode_ms=0, seed=seed,
-                                          first_epoch=first_epoch)
+            loader = capstone.make_loader(
+                urls, num_workers=2, batch_size=5, decode_ms=0, seed=seed, first_epoch=first_epoch
+            )
             for epoch in range(first_epoch, epochs):
                 keys: list[list[str]] = []
                 _, workers = capstone.run_epoch(loader, batches, lambda batch: keys.append(list(batch[2])))
@@ -88,8 +90,12 @@ def test_three_epochs_deal_the_shards_anew_and_keep_the_readers_disjoint(shard_s
 @pytest.mark.quick
 def test_the_shuffle_buffer_mixes_shards_in_every_batch(shard_set, three_epochs) -> None:
     shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
-    per_batch = [len({shard_of[k] for k in keys}) for ranks in three_epochs.values() for batches in ranks.values()
-                 for _, keys in batches]
+    per_batch = [
+        len({shard_of[k] for k in keys})
+        for ranks in three_epochs.values()
+        for batches in ranks.values()
+        for _, keys in batches
+    ]
     assert len(per_batch) == 48 and sum(n > 1 for n in per_batch) >= 40  # without a buffer: 1 shard (10 samples of 5s)
 
 
@@ -137,7 +143,7 @@ def test_rotating_shard_list_and_shuffle_buffer_on_their_own() -> None:
     assert [s["__key__"] for s in capstone.ShuffleBuffer(4, seed=1, first_epoch=1)(samples(range(10)))] == second
     # an endless reader's rounds over its shards: every round still yields each of its samples once
     rounds = [s["__key__"] for s in capstone.ShuffleBuffer(4, seed=1)(samples(list(range(10)) * 3))]
-    assert all(sorted(rounds[i:i + 10]) == sorted(keys) for i in (0, 10, 20))
+    assert all(sorted(rounds[i : i + 10]) == sorted(keys) for i in (0, 10, 20))
     with pytest.raises(ValueError, match="at least 1 sample"):
         capstone.ShuffleBuffer(0)
 
@@ -237,8 +243,18 @@ def test_cli_check(shard_set, capsys) -> None:
 
 @pytest.mark.full
 def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> None:
-    run = launch("course_lib.capstone", "train", "--shards", str(shard_set.folder), "--workers", "5",
-                 nproc=2, timeout=120, check=False, show=False)
+    run = launch(
+        "course_lib.capstone",
+        "train",
+        "--shards",
+        str(shard_set.folder),
+        "--workers",
+        "5",
+        nproc=2,
+        timeout=120,
+        check=False,
+        show=False,
+    )
     assert not run.ok and not run.timed_out
     assert run.first_error().startswith("ShardError: 8 shards for 2 ranks × 5 workers = 10 readers")
 
@@ -248,7 +264,9 @@ def test_two_ranks_refuse_too_few_shards_before_the_rendezvous(shard_set) -> Non
 
 @pytest.mark.quick
 def test_cpus_per_task() -> None:
-    assert capstone.cpus_per_task(4, 7) == 32 and capstone.cpus_per_task(1, 0) == 1 and capstone.cpus_per_task(2, 2) == 6
+    assert (
+        capstone.cpus_per_task(4, 7) == 32 and capstone.cpus_per_task(1, 0) == 1 and capstone.cpus_per_task(2, 2) == 6
+    )
     with pytest.raises(ValueError):
         capstone.cpus_per_task(0, 2)
 
@@ -282,12 +300,34 @@ def test_cli_writes_shards(tmp_path, tiny_root, capsys) -> None:
 
 @pytest.mark.full
 def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard_set, tmp_path) -> None:
-    common = ("train", "--shards", str(shard_set.folder), "--workers", "1", "--epoch-batches", "3", "--batch-size", "4",
-              "--decode-ms", "0")
+    common = (
+        "train",
+        "--shards",
+        str(shard_set.folder),
+        "--workers",
+        "1",
+        "--epoch-batches",
+        "3",
+        "--batch-size",
+        "4",
+        "--decode-ms",
+        "0",
+    )
 
     def train(name: str, epochs: int, *more: str, nproc: int = 2):
-        return launch("course_lib.capstone", *common, "--epochs", str(epochs), "--report", str(tmp_path / name), *more,
-                      nproc=nproc, timeout=120, check=False, show=False)
+        return launch(
+            "course_lib.capstone",
+            *common,
+            "--epochs",
+            str(epochs),
+            "--report",
+            str(tmp_path / name),
+            *more,
+            nproc=nproc,
+            timeout=120,
+            check=False,
+            show=False,
+        )
 
     straight = train("straight", 2)
     ckpt = str(tmp_path / "ckpt")
@@ -301,8 +341,10 @@ def test_two_ranks_resume_from_the_last_finished_epoch_as_if_never_stopped(shard
         assert [e["keys_by_worker"] for e in a["epochs"]] == [e["keys_by_worker"] for e in b["epochs"]]
         assert a["weights_sha256"] == b["weights_sha256"]
     shard_of = {k: i for i, names in enumerate(shard_set.keys) for k in names}
-    read = [[{shard_of[k] for keys in r["epochs"][e]["keys_by_worker"].values() for k in keys} for r in want]
-            for e in range(2)]
+    read = [
+        [{shard_of[k] for keys in r["epochs"][e]["keys_by_worker"].values() for k in keys} for r in want]
+        for e in range(2)
+    ]
     assert all(ranks[0].isdisjoint(ranks[1]) for ranks in read)  # one deal of the shards on both ranks in each epoch
     assert read[0] != read[1]  # and another deal in the next epoch
     other = train("other", 2, "--ckpt", ckpt, nproc=1)

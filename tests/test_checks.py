@@ -54,10 +54,10 @@ def test_outcomes_of_the_machinery() -> None:
 
 # --------------------------------------------------------------------------- notebook 08
 
-from torch.utils.data import IterableDataset  # noqa: E402
+from torch.utils.data import IterableDataset
 
-from course_lib import iterable  # noqa: E402
-from course_lib.checks import nb08  # noqa: E402
+from course_lib import iterable
+from course_lib.checks import nb08
 
 
 class _Stream08(IterableDataset):
@@ -84,14 +84,22 @@ def _stub_stream(n, info):
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_08_sharded_stream() -> None:
     assert status(nb08.sharded_stream, _Stream08)[0] is Status.SOLVED
-    blocks = _stream(lambda n, info: range(n) if info is None else iterable.contiguous_share(n, info.id, info.num_workers))
+    blocks = _stream(
+        lambda n, info: range(n) if info is None else iterable.contiguous_share(n, info.id, info.num_workers)
+    )
     assert status(nb08.sharded_stream, blocks)[0] is Status.SOLVED
     assert status(nb08.sharded_stream, ...)[0] is Status.NOT_ATTEMPTED
     assert status(nb08.sharded_stream, _stream(_stub_stream))[0] is Status.NOT_ATTEMPTED
     assert "every worker yielded all" in status(nb08.sharded_stream, _stream(lambda n, info: range(n)))[1]
     no_none = _stream(lambda n, info: range(info.id, n, info.num_workers))
     assert "returns None" in status(nb08.sharded_stream, no_none)[1]
-    floor_blocks = _stream(lambda n, info: range(n) if info is None else range(info.id * (n // info.num_workers), (info.id + 1) * (n // info.num_workers)))
+    floor_blocks = _stream(
+        lambda n, info: (
+            range(n)
+            if info is None
+            else range(info.id * (n // info.num_workers), (info.id + 1) * (n // info.num_workers))
+        )
+    )
     assert "never arrived" in status(nb08.sharded_stream, floor_blocks)[1]
     overlap = _stream(lambda n, info: range(n) if info is None else range(info.id, n))
     assert "more than once" in status(nb08.sharded_stream, overlap)[1]
@@ -106,10 +114,18 @@ def _batches08(n, batch_size, num_workers, drop_last):
     return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
 
 
-def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w: [s.seed, s.epoch, s.rank, w],
-                  share=lambda s, w, workers: s.rank * workers + w, total=lambda s, workers: s.world_size * workers,
-                  global_noise=False, shuffle=True, set_epoch=True, stub=False):
+def ranked_stream(
+    perm_seed=lambda s: [s.seed, s.epoch],
+    noise_seed=lambda s, w: [s.seed, s.epoch, s.rank, w],
+    share=lambda s, w, workers: s.rank * workers + w,
+    total=lambda s, workers: s.world_size * workers,
+    global_noise=False,
+    shuffle=True,
+    set_epoch=True,
+    stub=False,
+):
     """Exercise 08.2's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
+
     class RankedStream(IterableDataset):
         def __init__(self, n, rank, world_size, seed=0):
             self.n, self.rank, self.world_size, self.seed, self.epoch = n, rank, world_size, seed, 0
@@ -121,7 +137,7 @@ def ranked_stream(perm_seed=lambda s: [s.seed, s.epoch], noise_seed=lambda s, w:
             worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
             order = np.random.default_rng(perm_seed(self)).permutation(self.n) if shuffle else np.arange(self.n)
             noise = np.random.default_rng(noise_seed(self, worker))
-            for i in order[share(self, worker, workers)::total(self, workers)].tolist():
+            for i in order[share(self, worker, workers) :: total(self, workers)].tolist():
                 yield i, float(np.random.random() if global_noise else noise.random())
 
     if set_epoch:
@@ -135,10 +151,19 @@ def test_08_ranked_stream() -> None:
     assert status(check, ranked_stream(share=lambda s, w, workers: w * s.world_size + s.rank))[0] is Status.SOLVED
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
     assert status(check, ranked_stream(stub=True))[0] is Status.NOT_ATTEMPTED
-    assert "every rank yielded the same" in status(check, ranked_stream(share=lambda s, w, workers: w, total=lambda s, workers: workers))[1]
-    assert "every worker yielded all" in status(check, ranked_stream(share=lambda s, w, workers: s.rank, total=lambda s, workers: s.world_size))[1]
+    assert (
+        "every rank yielded the same"
+        in status(check, ranked_stream(share=lambda s, w, workers: w, total=lambda s, workers: workers))[1]
+    )
+    assert (
+        "every worker yielded all"
+        in status(check, ranked_stream(share=lambda s, w, workers: s.rank, total=lambda s, workers: s.world_size))[1]
+    )
     assert "different permutations" in status(check, ranked_stream(perm_seed=lambda s: [s.seed, s.epoch, s.rank]))[1]
-    assert "epochs 0 and 1" in status(check, ranked_stream(perm_seed=lambda s: [s.seed], noise_seed=lambda s, w: [s.seed, s.rank, w]))[1]
+    assert (
+        "epochs 0 and 1"
+        in status(check, ranked_stream(perm_seed=lambda s: [s.seed], noise_seed=lambda s, w: [s.seed, s.rank, w]))[1]
+    )
     assert "rank, worker" in status(check, ranked_stream(noise_seed=lambda s, w: [s.seed, s.epoch, w]))[1]
     assert "not from the global ones" in status(check, ranked_stream(global_noise=True))[1]
     assert "order 0, 1, 2" in status(check, ranked_stream(shuffle=False))[1]
@@ -149,17 +174,23 @@ def test_08_batches_per_epoch() -> None:
     assert status(nb08.batches_per_epoch, _batches08)[0] is Status.SOLVED
     assert status(nb08.batches_per_epoch, ...)[0] is Status.NOT_ATTEMPTED
     assert "len(loader)" in status(nb08.batches_per_epoch, lambda n, b, w, d: n // b if d else math.ceil(n / b))[1]
-    per_worker = lambda n, b, w, d: sum((s // b if d else math.ceil(s / b)) for s in [n // w + (i < n % w) for i in range(w)])  # noqa: E731
+    per_worker = lambda n, b, w, d: sum(
+        (s // b if d else math.ceil(s / b)) for s in [n // w + (i < n % w) for i in range(w)]
+    )
     assert "num_workers=0" in status(nb08.batches_per_epoch, per_worker)[1]
+
     def ceil_shares(n, b, w, d):
         k = max(w, 1)
         per = math.ceil(n / k)
         return k * (per // b if d else math.ceil(per / b))
+
     assert "not every share" in status(nb08.batches_per_epoch, ceil_shares)[1]
     assert "drops its own short" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, False))[1]
     assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, d) + 0.5)[1]
     assert "whole number" in status(nb08.batches_per_epoch, lambda n, b, w, d: "3")[1]
-    assert "the loader yields" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, d) + (n == 100))[1]
+    assert (
+        "the loader yields" in status(nb08.batches_per_epoch, lambda n, b, w, d: _batches08(n, b, w, d) + (n == 100))[1]
+    )
 
 
 def test_08_eviction_policy() -> None:
@@ -168,17 +199,19 @@ def test_08_eviction_policy() -> None:
     assert status(nb08.eviction_policy, evict_oldest)[0] is Status.SOLVED
     assert status(nb08.eviction_policy, ...)[0] is Status.NOT_ATTEMPTED
     assert "newest" in status(nb08.eviction_policy, lambda e, b: evict_oldest(e[::-1], b))[1]
-    by_count = lambda e, b: [name for name, _ in e[: max(0, len(e) - b // 100)]]  # noqa: E731
+    by_count = lambda e, b: [name for name, _ in e[: max(0, len(e) - b // 100)]]
     assert "add up bytes, not files" in status(nb08.eviction_policy, by_count)[1]
     assert "delete nothing" not in status(nb08.eviction_policy, lambda e, b: [])[1]
     assert "Keep deleting" in status(nb08.eviction_policy, lambda e, b: [])[1]
-    assert "only the names" in status(nb08.eviction_policy, lambda e, b: [x for x in e if x[0] in evict_oldest(e, b)])[1]
+    assert (
+        "only the names" in status(nb08.eviction_policy, lambda e, b: [x for x in e if x[0] in evict_oldest(e, b)])[1]
+    )
     assert "returned None" in status(nb08.eviction_policy, lambda e, b: None)[1]
     assert "not names" in status(nb08.eviction_policy, lambda e, b: ["x"] if e else [])[1]
     assert "twice" in status(nb08.eviction_policy, lambda e, b: evict_oldest(e, b) * 2 if evict_oldest(e, b) else [])[1]
-    everything = lambda e, b: [name for name, _ in e]  # noqa: E731
+    everything = lambda e, b: [name for name, _ in e]
     assert "is enough" in status(nb08.eviction_policy, everything)[1]
-    biggest_first = lambda e, b: evict_oldest(sorted(e, key=lambda x: -x[1]), b)  # noqa: E731
+    biggest_first = lambda e, b: evict_oldest(sorted(e, key=lambda x: -x[1]), b)
     assert "the oldest-first choice is" in status(nb08.eviction_policy, biggest_first)[1]
 
 
@@ -195,28 +228,44 @@ def test_08_checks_leave_the_learners_random_state_alone() -> None:
 
 # ----------------------------------------------------------------- notebook 09
 
-import warnings  # noqa: E402
+import warnings
 
-import webdataset as wds  # noqa: E402
+import webdataset as wds
 
-from course_lib import shards as shards09  # noqa: E402
-from course_lib.checks import nb09  # noqa: E402
+from course_lib import shards as shards09
+from course_lib.checks import nb09
 
 
 @pytest.fixture(scope="module")
 def val09(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> shards09.ShardSet:
     """The tiny set's 20 validation images in 4 shards of 5."""
-    return shards09.write_image_shards(tmp_path_factory.mktemp("nb09") / "val", split="val", size="tiny",
-                                       root=tiny_root, maxcount=5)
+    return shards09.write_image_shards(
+        tmp_path_factory.mktemp("nb09") / "val", split="val", size="tiny", root=tiny_root, maxcount=5
+    )
 
 
-def _loader09(urls, batch_size, *, workers=2, loader_batch=None, in_workers=True, unbatch=True, shuffle=True,
-              rebatch=True, decode="torchrgb", fields=("jpg", "cls"), labels=None, resampled=False,
-              workersplitter=wds.split_by_worker, final=None):
+def _loader09(
+    urls,
+    batch_size,
+    *,
+    workers=2,
+    loader_batch=None,
+    in_workers=True,
+    unbatch=True,
+    shuffle=True,
+    rebatch=True,
+    decode="torchrgb",
+    fields=("jpg", "cls"),
+    labels=None,
+    resampled=False,
+    workersplitter=wds.split_by_worker,
+    final=None,
+):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds = wds.WebDataset(urls, shardshuffle=False if resampled else 10, seed=0, resampled=resampled,
-                            workersplitter=workersplitter)
+        ds = wds.WebDataset(
+            urls, shardshuffle=False if resampled else 10, seed=0, resampled=resampled, workersplitter=workersplitter
+        )
     ds = ds.shuffle(20, seed=0).decode(decode).to_tuple(*fields)
     if labels is not None:
         ds = ds.map_tuple(lambda x: x, labels)
@@ -288,9 +337,17 @@ def test_09_with_epoch_value() -> None:
     assert status(nb09.with_epoch_value, ...)[0] is Status.NOT_ATTEMPTED
     assert "not samples" in status(nb09.with_epoch_value, lambda n, b, w, on: _epoch09(n, b, w, on) * b)[1]
     assert "counts per worker" in status(nb09.with_epoch_value, lambda n, b, w, on: n)[1]
-    assert "per worker is per rank" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n))[1]
+    assert (
+        "per worker is per rank"
+        in status(
+            nb09.with_epoch_value,
+            lambda n, b, w, on: n // max(1, w) if on == "dataset" and w else (0 if on == "dataset" else n),
+        )[1]
+    )
     assert "whole rank's epoch" in status(nb09.with_epoch_value, lambda n, b, w, on: n // max(1, w))[1]
-    assert "whole number" in status(nb09.with_epoch_value, lambda n, b, w, on: n / max(1, w) if on == "dataset" else n)[1]
+    assert (
+        "whole number" in status(nb09.with_epoch_value, lambda n, b, w, on: n / max(1, w) if on == "dataset" else n)[1]
+    )
 
 
 class _FailsAtZero(torch.utils.data.Dataset):
@@ -306,13 +363,16 @@ class _FailsAtZero(torch.utils.data.Dataset):
 def rank_loader(node=True, worker=True, epoch_on="loader", seed="epoch", rebatch=True):
     """Exercise 09.4's answer (the notebook's solution with the defaults), and its wrong forms through the keywords:
     ``seed`` is "epoch" (every shuffle), "shards" (the shard shuffle only), a number (the epoch ignored) or None."""
+
     def fn(urls, batch_size, steps, epoch):
         shard_seed = epoch if seed in ("epoch", "shards") else seed
         buffer_seed = epoch if seed == "epoch" else (0 if seed == "shards" else seed)
         options = dict(shardshuffle=100, seed=shard_seed, workersplitter=wds.split_by_worker if worker else None)
         if node:
             options["nodesplitter"] = wds.split_by_node
-        dataset = wds.WebDataset(urls, **options).shuffle(100, seed=buffer_seed).decode("torchrgb").to_tuple("jpg", "cls")
+        dataset = (
+            wds.WebDataset(urls, **options).shuffle(100, seed=buffer_seed).decode("torchrgb").to_tuple("jpg", "cls")
+        )
         dataset = dataset.batched(batch_size)
         if epoch_on == "dataset":
             dataset = dataset.with_epoch(steps)
@@ -320,6 +380,7 @@ def rank_loader(node=True, worker=True, epoch_on="loader", seed="epoch", rebatch
         if rebatch:
             loader = loader.unbatched().shuffle(200, seed=buffer_seed).batched(batch_size)
         return loader.with_epoch(steps) if epoch_on == "loader" else loader
+
     return fn
 
 
@@ -352,7 +413,10 @@ def test_drain_stops_the_workers_even_when_a_worker_fails() -> None:
     from course_lib.checks._core import drain
 
     assert [b.tolist() for b in drain(torch.utils.data.DataLoader(range(6), batch_size=2, num_workers=2))] == [
-        [0, 1], [2, 3], [4, 5]]
+        [0, 1],
+        [2, 3],
+        [4, 5],
+    ]
     loader = torch.utils.data.DataLoader(_FailsAtZero(), num_workers=2, multiprocessing_context="fork")
     with pytest.raises(ValueError, match="sample 0 is broken"):
         drain(loader)
@@ -392,8 +456,12 @@ def test_persistent_stream() -> None:
     assert status(nb08.persistent_stream, _persistent())[0] is Status.SOLVED
     assert status(nb08.persistent_stream, ...)[0] is Status.NOT_ATTEMPTED
     assert status(nb08.persistent_stream, stub)[0] is Status.NOT_ATTEMPTED
-    wrong = {"share_memory_": dict(shared=False), "arrived more than once": dict(split=False),
-             "global random state": dict(rng="global"), "seed the permutation with the epoch": dict(with_epoch=False)}
+    wrong = {
+        "share_memory_": dict(shared=False),
+        "arrived more than once": dict(split=False),
+        "global random state": dict(rng="global"),
+        "seed the permutation with the epoch": dict(with_epoch=False),
+    }
     for words, kw in wrong.items():
         outcome, message = status(nb08.persistent_stream, _persistent(**kw))
         assert outcome is Status.WRONG and words in message, (words, message)

@@ -90,10 +90,12 @@ def test_01_squares() -> None:
 
 def split_with(fractions, seed, objects=2):
     """A split_holdout: the solution's recipe (split the indices, then one dataset object per part), varied."""
+
     def split_holdout(ds):
         idx = random_split(range(len(ds)), fractions, generator=torch.Generator().manual_seed(seed))
         views = [ImageFileDataset(ds.root, "train") for _ in range(objects)]
         return Subset(views[0], idx[0].indices), Subset(views[-1], idx[1].indices)
+
     return split_holdout
 
 
@@ -108,13 +110,19 @@ def test_01_split(tiny_set: Path) -> None:
     assert "[0.8, 0.2]" in status(check, split_with([0.5, 0.5], 42), train)[1]
     assert "the function itself" in status(check, split_with([0.8, 0.2], 42)(train), train)[1]
     assert "should return two Subsets" in status(check, lambda ds: split_with([0.8, 0.2], 42)(ds)[0], train)[1]
-    assert "should be a Subset" in status(check, lambda ds: (list(range(64)), split_with([0.8, 0.2], 42)(ds)[1]), train)[1]
+    assert (
+        "should be a Subset" in status(check, lambda ds: (list(range(64)), split_with([0.8, 0.2], 42)(ds)[1]), train)[1]
+    )
     val = ImageFileDataset(tiny_set, "val")
-    assert "over the same files" in status(check, lambda ds: (split_with([0.8, 0.2], 42)(ds)[0], Subset(val, range(16))), train)[1]
+    assert (
+        "over the same files"
+        in status(check, lambda ds: (split_with([0.8, 0.2], 42)(ds)[0], Subset(val, range(16))), train)[1]
+    )
 
     def overlap(ds):
         good = split_with([0.8, 0.2], 42)(ds)
         return good[0], Subset(good[1].dataset, good[0].indices[:16])
+
     assert "in both parts" in status(check, overlap, train)[1]
 
 
@@ -126,7 +134,9 @@ def test_01_split_from_the_global_seed(tiny_set: Path) -> None:
 
     def from_global(ds):
         idx = random_split(range(len(ds)), [0.8, 0.2])
-        return Subset(ImageFileDataset(ds.root, "train"), idx[0].indices), Subset(ImageFileDataset(ds.root, "train"), idx[1].indices)
+        return Subset(ImageFileDataset(ds.root, "train"), idx[0].indices), Subset(
+            ImageFileDataset(ds.root, "train"), idx[1].indices
+        )
 
     torch.manual_seed(42)
     right_here = from_global(train)
@@ -138,6 +148,7 @@ def test_01_split_from_the_global_seed(tiny_set: Path) -> None:
     def reseeds_global(ds):
         torch.manual_seed(42)
         return from_global(ds)
+
     assert "reseeds or draws from torch's global generator" in status(check, reseeds_global, train)[1]
 
 
@@ -152,7 +163,7 @@ def test_01_counts(tiny_set: Path) -> None:
     assert status(check, class_counts, val)[0] is Status.SOLVED
     assert status(check, lambda ds: dict(zip(ds.classes, np.bincount(ds.targets).tolist())), val)[0] is Status.SOLVED
     assert status(check, ..., val)[0] is Status.NOT_ATTEMPTED
-    by_decoding = lambda ds: {c: sum(ds[i][1] == k for i in range(len(ds))) for k, c in enumerate(ds.classes)}  # noqa: E731
+    by_decoding = lambda ds: {c: sum(ds[i][1] == k for i in range(len(ds))) for k, c in enumerate(ds.classes)}
     assert "indexed the dataset" in status(check, by_decoding, val)[1]
     assert "class names as keys" in status(check, lambda ds: {i: 2 for i in range(10)}, val)[1]
     assert "the count for 'star' is 3" in status(check, lambda ds: dict(class_counts(ds), star=3), val)[1]
@@ -177,7 +188,9 @@ class AnnotatedImages(Dataset):
         self.targets = [self.class_to_idx[row["label"]] for row in rows]
         missing = [name for name in self.files if not (self.root / name).is_file()]
         if missing:
-            raise FileNotFoundError(f"{len(missing)} files listed in {annotations} are not in {root}, e.g. {missing[0]}")
+            raise FileNotFoundError(
+                f"{len(missing)} files listed in {annotations} are not in {root}, e.g. {missing[0]}"
+            )
 
     def __len__(self):
         return len(self.files)
@@ -296,7 +309,9 @@ class PackedImages(Dataset):
         self.record_bytes = int(np.prod(shape))
         self.file, self.pid = None, None
         if os.path.getsize(path) != len(labels) * self.record_bytes:
-            raise ValueError(f"{path} holds {os.path.getsize(path)} bytes, not {len(labels)} records of {self.record_bytes}")
+            raise ValueError(
+                f"{path} holds {os.path.getsize(path)} bytes, not {len(labels)} records of {self.record_bytes}"
+            )
 
     def __len__(self):
         return len(self.labels)

@@ -83,7 +83,10 @@ def test_02_pipelines() -> None:
     assert "add v2.ToImage()" in status(nb02.train_and_val, train_tf, v2.CenterCrop(48))[1]
     normalized = v2.Compose([val_tf, v2.Normalize([0.5] * 3, [0.5] * 3)])
     assert "leave out Normalize" in status(nb02.train_and_val, train_tf, normalized)[1]
-    crop_only = v2.Compose([v2.RandomCrop(48, pad_if_needed=True), *to_float]), v2.Compose([v2.CenterCrop(48), *to_float])
+    crop_only = (
+        v2.Compose([v2.RandomCrop(48, pad_if_needed=True), *to_float]),
+        v2.Compose([v2.CenterCrop(48), *to_float]),
+    )
     assert status(nb02.train_and_val, *crop_only)[0] is Status.WRONG  # a 40x30 image is padded, not resized
     short_side = v2.Compose([v2.Resize(48, antialias=True), *to_float])
     assert "sets the *shorter* side" in status(nb02.train_and_val, train_tf, short_side)[1]
@@ -114,16 +117,30 @@ def test_02_is_round() -> None:
     assert "the number 0 or 1, got 'other'" in status(check, lambda y, c=classes: "other", classes)[1]
     assert "the number 0 or 1, got tensor" in status(check, lambda y, c=classes: torch.tensor([1.0, 0.0]), classes)[1]
     # hard-coded label numbers: right for these classes, wrong for the same names in another order
-    assert "give it a second parameter, `classes=train.classes`" in status(check, lambda l: int(l in (1, 2, 6)), classes)[1]
-    assert "still answers from label numbers" in status(check, lambda l, c=classes: int(l in (1, 2, 6)), classes)[1]
+    assert (
+        "give it a second parameter, `classes=train.classes`"
+        in status(check, lambda label: int(label in (1, 2, 6)), classes)[1]
+    )
+    assert (
+        "still answers from label numbers"
+        in status(check, lambda label, c=classes: int(label in (1, 2, 6)), classes)[1]
+    )
     round_labels = {classes.index(n) for n in ("circle", "ring", "crescent")}  # looked up once, from the global list
-    assert "still answers from label numbers" in status(check, lambda l, c=classes: int(l in round_labels), classes)[1]
+    assert (
+        "still answers from label numbers"
+        in status(check, lambda label, c=classes: int(label in round_labels), classes)[1]
+    )
 
 
 # ----------------------------------------------------------------- 02.4: image and mask together
 
-pair_tf = v2.Compose([v2.RandomResizedCrop(48, scale=(0.5, 1.0), antialias=True), v2.RandomHorizontalFlip(),
-                      v2.ToDtype(torch.float32, scale=True)])
+pair_tf = v2.Compose(
+    [
+        v2.RandomResizedCrop(48, scale=(0.5, 1.0), antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32, scale=True),
+    ]
+)
 
 
 def augment_pair(image, mask):
@@ -172,7 +189,9 @@ def test_02_augment_pair() -> None:
     assert "the mask came back untouched" in status(check, plain_mask)[1]
     assert "cropped or flipped differently" in status(check, two_calls)[1]
     as_image = status(check, mask_as_image)[1]
-    assert "came back as a tv_tensors.Image" in as_image and "float" not in as_image  # no conversion the learner never did
+    assert (
+        "came back as a tv_tensors.Image" in as_image and "float" not in as_image
+    )  # no conversion the learner never did
     assert "came back as a tv_tensors.Image" in status(check, mask_as_image_2d)[1]
     assert "not the class ids 0-3" in status(check, mask_to_float)[1]
     assert "should be random" in status(check, not_random)[1]

@@ -27,7 +27,12 @@ def test_03_count() -> None:
 
 def test_03_loader() -> None:
     def good(seed):
-        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(seed))
+        return DataLoader(
+            InMemoryDataset(torch.arange(100)),
+            batch_size=10,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
 
     def ordered(seed):
         return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10)
@@ -51,7 +56,9 @@ def test_03_loader() -> None:
         return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True)
 
     def seeds_global_as_argument(seed):
-        return DataLoader(InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True, generator=torch.manual_seed(seed))
+        return DataLoader(
+            InMemoryDataset(torch.arange(100)), batch_size=10, shuffle=True, generator=torch.manual_seed(seed)
+        )
 
     class OwnIterable:  # not a DataLoader: the generator attribute is absent, the orders decide
         def __init__(self, seed):
@@ -62,10 +69,14 @@ def test_03_loader() -> None:
 
     def pairs(seed):
         x = torch.arange(100)
-        return DataLoader(TensorDataset(x, x), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(seed))
+        return DataLoader(
+            TensorDataset(x, x), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(seed)
+        )
 
     def no_batch_size(seed):
-        return DataLoader(InMemoryDataset(torch.arange(100)), shuffle=True, generator=torch.Generator().manual_seed(seed))
+        return DataLoader(
+            InMemoryDataset(torch.arange(100)), shuffle=True, generator=torch.Generator().manual_seed(seed)
+        )
 
     assert "global generator" in status(nb03.reproducible_loader, seeds_global)[1]
     assert "global generator" in status(nb03.reproducible_loader, seeds_global_as_argument)[1]
@@ -78,9 +89,12 @@ def test_03_loader() -> None:
 
 def test_03_loader_with_a_seeded_sampler() -> None:
     """Shuffling by a RandomSampler with its own seeded generator is as reproducible (review finding: it got ❌)."""
+
     def sampled(seed):
         data = InMemoryDataset(torch.arange(100))
-        return DataLoader(data, batch_size=10, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(seed)))
+        return DataLoader(
+            data, batch_size=10, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(seed))
+        )
 
     assert status(nb03.reproducible_loader, sampled)[0] is Status.SOLVED
 
@@ -109,6 +123,7 @@ def changed(**replace):
         for key, fn in replace.items():
             batch[key] = fn(batch, samples)
         return batch
+
     return collate
 
 
@@ -128,7 +143,9 @@ def test_03_collate_records() -> None:
     list_labels = changed(label=lambda b, s: [x["label"] for x in s])
     assert "one int64 tensor" in status(check, list_labels)[1]
     no_lengths = changed()
-    assert "has no ['lengths']" in status(check, lambda s: {k: v for k, v in no_lengths(s).items() if k != "lengths"})[1]
+    assert (
+        "has no ['lengths']" in status(check, lambda s: {k: v for k, v in no_lengths(s).items() if k != "lengths"})[1]
+    )
     assert "return a dict" in status(check, lambda s: tuple(collate_records(s).values()))[1]
 
     def padded_to_fixed(samples):  # pads every batch to the longest sequence of the data set: wasted work
@@ -149,7 +166,7 @@ def my_batches(x, y, batch_size, generator, drop_last=False):
     order = torch.randperm(len(x), generator=generator)
     stop = len(x) - len(x) % batch_size if drop_last else len(x)
     for start in range(0, stop, batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         yield x[idx], y[idx]
 
 
@@ -160,17 +177,17 @@ def test_03_my_batches() -> None:
 
     def in_order(x, y, batch_size, generator, drop_last=False):
         for start in range(0, len(x), batch_size):
-            yield x[start:start + batch_size], y[start:start + batch_size]
+            yield x[start : start + batch_size], y[start : start + batch_size]
 
     def global_rng(x, y, batch_size, generator, drop_last=False):
         order = torch.randperm(len(x))
         for start in range(0, len(x), batch_size):
-            yield x[order[start:start + batch_size]], y[order[start:start + batch_size]]
+            yield x[order[start : start + batch_size]], y[order[start : start + batch_size]]
 
     def unpaired(x, y, batch_size, generator, drop_last=False):
         ox, oy = torch.randperm(len(x), generator=generator), torch.randperm(len(x), generator=generator)
         for start in range(0, len(x), batch_size):
-            yield x[ox[start:start + batch_size]], y[oy[start:start + batch_size]]
+            yield x[ox[start : start + batch_size]], y[oy[start : start + batch_size]]
 
     def ignores_drop_last(x, y, batch_size, generator, drop_last=False):
         yield from my_batches(x, y, batch_size, generator)
@@ -271,6 +288,7 @@ def mixup(images, labels, num_classes, generator):
 
 def mixup_with(lam=None, perm=None, labels_mixed=True, swap=False, in_place=False):
     """A wrong MixUp: a fixed or per-sample lam, no permutation, hard labels, swapped weights, or written in place."""
+
     def fn(images, labels, num_classes, generator):
         g = generator if lam != "global" else None
         w = torch.rand((), generator=g) if lam in (None, "global") else lam(len(images), generator)
@@ -282,6 +300,7 @@ def mixup_with(lam=None, perm=None, labels_mixed=True, swap=False, in_place=Fals
         x = images.mul_(wi).add_((1 - wi) * other) if in_place else wi * images + (1 - wi) * other
         y = ((1 - wl) * t + wl * t[p]) if swap else (wl * t + (1 - wl) * t[p])
         return x, (y if labels_mixed else t)
+
     return fn
 
 

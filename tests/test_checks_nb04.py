@@ -145,10 +145,13 @@ def test_04_profile_stall() -> None:
 
     right_and_stubs(check, profile_stall, stub)
     assert "did not run under torch.profiler" in status(check, measure_stall)[1]
-    assert "put iter(loader) inside" in status(check, lambda l, s: profile_stall(l, s, wrap_iter=False))[1]
-    assert "not by its self time" in status(check, lambda l, s: profile_stall(l, s, epoch_total="self_cpu_time_total"))[1]
-    assert "where the loop waited" in status(check, lambda l, s: profile_stall(l, s, waiting_key="step"))[1]
-    assert "one number" in status(check, lambda l, s: str(profile_stall(l, s)))[1]
+    assert "put iter(loader) inside" in status(check, lambda loader, s: profile_stall(loader, s, wrap_iter=False))[1]
+    assert (
+        "not by its self time"
+        in status(check, lambda loader, s: profile_stall(loader, s, epoch_total="self_cpu_time_total"))[1]
+    )
+    assert "where the loop waited" in status(check, lambda loader, s: profile_stall(loader, s, waiting_key="step"))[1]
+    assert "one number" in status(check, lambda loader, s: str(profile_stall(loader, s)))[1]
 
 
 def test_04_workers_needed() -> None:
@@ -185,11 +188,23 @@ def test_04_just_enough_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "training step" in status(nb04.just_enough_workers, 2, {**results, 0: _epoch(0.5, step=0.0)})[1]
     assert "whole epochs" in status(nb04.just_enough_workers, 2, {**results, 1: _epoch(0.2, complete=False)})[1]
     assert "dict" in status(nb04.just_enough_workers, 2, [0.5, 0.2])[1]
-    assert "exercise's step" in status(nb04.just_enough_workers, 2, {w: _epoch(s, step=0.02) for w, s in [(0, 0.5), (1, 0.2), (2, 0.05)]})[1]
-    busy = {0: _epoch(0.5), 1: _epoch(0.4), 2: _epoch(0.3), 3: _epoch(0.2)}  # a machine too busy for any to get under 10 %
-    assert status(nb04.just_enough_workers, 1, busy)[0] is Status.SOLVED  # the most with a core of their own: 2 cores - 1
+    assert (
+        "exercise's step"
+        in status(nb04.just_enough_workers, 2, {w: _epoch(s, step=0.02) for w, s in [(0, 0.5), (1, 0.2), (2, 0.05)]})[1]
+    )
+    busy = {
+        0: _epoch(0.5),
+        1: _epoch(0.4),
+        2: _epoch(0.3),
+        3: _epoch(0.2),
+    }  # a machine too busy for any to get under 10 %
+    assert (
+        status(nb04.just_enough_workers, 1, busy)[0] is Status.SOLVED
+    )  # the most with a core of their own: 2 cores - 1
     assert "more than your 2 cores leave" in status(nb04.just_enough_workers, 3, busy)[1]
-    assert status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
+    assert (
+        status(nb04.just_enough_workers, np.int64(2), {np.int64(k): v for k, v in results.items()})[0] is Status.SOLVED
+    )
     # measure() records the step it was asked for: sleeps that overshoot on a loaded machine are still that step
     overshot = {0: _epoch(0.5, step=0.06), 1: _epoch(0.2, step=0.06), 2: _epoch(0.05, step=0.06)}
     for record in overshot.values():
@@ -216,15 +231,23 @@ def my_sweep(dataset, name, values, step, **settings):
 
 def sweep_with(build=None, rate=None, result=None):
     """A wrong sweep: loaders built otherwise, another rate, or another result per value."""
+
     def fn(dataset, name, values, step, **settings):
         results = {}
         for value in values:
-            loader = build(dataset, name, value, settings) if build else DataLoader(dataset, **{**settings, name: value})
+            loader = (
+                build(dataset, name, value, settings) if build else DataLoader(dataset, **{**settings, name: value})
+            )
             start = time.perf_counter()
             stall = measure_stall(loader, step)
             seconds = time.perf_counter() - start
-            results[value] = result(stall, seconds, loader) if result else (stall, (rate or (lambda s, l: len(dataset) / s))(seconds, loader))
+            results[value] = (
+                result(stall, seconds, loader)
+                if result
+                else (stall, (rate or (lambda s, loader: len(dataset) / s))(seconds, loader))
+            )
         return results
+
     return fn
 
 
@@ -244,13 +267,20 @@ def test_04_my_sweep() -> None:
     per_step_only = sweep_with(rate=lambda seconds, loader: 10 * len(loader.dataset) / seconds)
     assert "too fast" in status(check, per_step_only)[1]
     assert "a pair of numbers" in status(check, sweep_with(result=lambda stall, seconds, loader: stall))[1]
-    assert "a share of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (100 * stall, 1.0)))[1]
+    assert (
+        "a share of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (100 * stall, 1.0)))[1]
+    )
 
     def as_list(dataset, name, values, step, **settings):
         return list(my_sweep(dataset, name, values, step, **settings).values())
 
     assert "return a dict" in status(check, as_list)[1]
-    assert "about 75 % of the time" in status(check, sweep_with(result=lambda stall, seconds, loader: (1 - stall, len(loader.dataset) / seconds)))[1]
+    assert (
+        "about 75 % of the time"
+        in status(check, sweep_with(result=lambda stall, seconds, loader: (1 - stall, len(loader.dataset) / seconds)))[
+            1
+        ]
+    )
 
 
 def test_04_just_enough_workers_counts_cores_and_noise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,7 +290,7 @@ def test_04_just_enough_workers_counts_cores_and_noise(monkeypatch: pytest.Monke
     assert status(nb04.just_enough_workers, 1, loaded)[0] is Status.SOLVED
     for wrong in (2, 3):  # 3 on 2 cores was accepted before
         hint = status(nb04.just_enough_workers, wrong, loaded)[1]
-        assert f"more than your 2 cores leave for workers (1" in hint and "smallest answer is 1" in hint
+        assert "more than your 2 cores leave for workers (1" in hint and "smallest answer is 1" in hint
     assert "try more" in status(nb04.just_enough_workers, 0, loaded)[1]
     # beyond the cores only if fewer cannot get there: 1 worker far off, 3 under the target
     only_more = {0: _epoch(0.6), 1: _epoch(0.3), 2: _epoch(0.2), 3: _epoch(0.08)}

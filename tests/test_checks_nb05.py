@@ -55,7 +55,7 @@ def test_05_seed_workers() -> None:
 
 # ----------------------------------------------------------------- 05.2: a module that spawn workers import
 
-GOOD = '''
+GOOD = """
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
@@ -79,9 +79,9 @@ class GaussianNoise:
 def seed_worker(worker_id):
     info = get_worker_info()
     info.dataset.rng = np.random.default_rng(info.seed)
-'''
+"""
 
-STUB = '''
+STUB = """
 import torch
 
 
@@ -98,40 +98,80 @@ class GaussianNoise:
 
 def seed_worker(worker_id):
     raise NotImplementedError
-'''
+"""
 
 SEED = "    info.dataset.rng = np.random.default_rng(info.seed)"
 WRONG = {
     "no_clamp": (GOOD.replace(").clamp(0, 1)", ")"), "with std=1 values left [0, 1]"),
-    "numpy": (GOOD.replace("torch.randn_like(image)", "torch.from_numpy(np.random.standard_normal("
-                           "tuple(image.shape))).float()"), "with the same torch.manual_seed the noise differs"),
-    "generator_in_init": (GOOD.replace("self.std = std", "self.std = std\n        self.g = torch.Generator().manual_seed(0)")
-                          .replace("torch.randn_like(image)", "torch.randn(image.shape, generator=self.g)"),
-                          "with the same torch.manual_seed the noise differs"),
-    "in_place": (GOOD.replace("return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
-                              "return image.add_(torch.randn_like(image) * self.std).clamp_(0, 1)"), "changed its input in place"),
+    "numpy": (
+        GOOD.replace(
+            "torch.randn_like(image)", "torch.from_numpy(np.random.standard_normal(tuple(image.shape))).float()"
+        ),
+        "with the same torch.manual_seed the noise differs",
+    ),
+    "generator_in_init": (
+        GOOD.replace("self.std = std", "self.std = std\n        self.g = torch.Generator().manual_seed(0)").replace(
+            "torch.randn_like(image)", "torch.randn(image.shape, generator=self.g)"
+        ),
+        "with the same torch.manual_seed the noise differs",
+    ),
+    "in_place": (
+        GOOD.replace(
+            "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+            "return image.add_(torch.randn_like(image) * self.std).clamp_(0, 1)",
+        ),
+        "changed its input in place",
+    ),
     "variance": (GOOD.replace("* self.std)", "* self.std ** 2)"), "standard deviation of 0.010"),
-    "no_repr": (GOOD.replace('    def __repr__(self):\n        return f"GaussianNoise(std={self.std})"\n', ""), "give it a __repr__"),
+    "no_repr": (
+        GOOD.replace('    def __repr__(self):\n        return f"GaussianNoise(std={self.std})"\n', ""),
+        "give it a __repr__",
+    ),
     "no_validation": (GOOD.replace("            raise ValueError", "            pass  #"), "should raise ValueError"),
     "no_type_error": (GOOD.replace("raise TypeError(", "print("), "should raise TypeError saying what to do"),
-    "useless_type_error": (GOOD.replace('raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and '
-                                        'v2.ToDtype(torch.float32, scale=True)")', 'raise TypeError("wrong type")'),
-                           "which does not tell the user what to do"),
-    "type_error_expects_only": (GOOD.replace('"GaussianNoise works on tensors: put it after v2.ToImage() and '
-                                             'v2.ToDtype(torch.float32, scale=True)"', '"expected a tensor"'),
-                                "which does not tell the user what to do"),
-    "empty_type_error": (GOOD.replace('"GaussianNoise works on tensors: put it after v2.ToImage() and '
-                                      'v2.ToDtype(torch.float32, scale=True)"', ''), "which does not tell the user what to do"),
-    "noise_drawn_once": (GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
-        "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
-        "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
-        "        return (image + self.noise).clamp(0, 1)"), "draw new noise in __call__"),
+    "useless_type_error": (
+        GOOD.replace(
+            'raise TypeError("GaussianNoise works on tensors: put it after v2.ToImage() and '
+            'v2.ToDtype(torch.float32, scale=True)")',
+            'raise TypeError("wrong type")',
+        ),
+        "which does not tell the user what to do",
+    ),
+    "type_error_expects_only": (
+        GOOD.replace(
+            '"GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)"',
+            '"expected a tensor"',
+        ),
+        "which does not tell the user what to do",
+    ),
+    "empty_type_error": (
+        GOOD.replace(
+            '"GaussianNoise works on tensors: put it after v2.ToImage() and v2.ToDtype(torch.float32, scale=True)"', ""
+        ),
+        "which does not tell the user what to do",
+    ),
+    "noise_drawn_once": (
+        GOOD.replace("self.std = std", "self.std = std\n        self.noise = None").replace(
+            "return (image + torch.randn_like(image) * self.std).clamp(0, 1)",
+            "if self.noise is None:\n            self.noise = torch.randn_like(image) * self.std\n"
+            "        return (image + self.noise).clamp(0, 1)",
+        ),
+        "draw new noise in __call__",
+    ),
     "wrong_name": (GOOD.replace("class GaussianNoise", "class Noise"), "should define a class GaussianNoise"),
     "no_seed_worker": (GOOD.split("\n\ndef seed_worker")[0], "should define a function seed_worker"),
-    "seed_worker_does_nothing": (GOOD.replace(SEED, "    pass"), "still draw the same shifts (your module's seed_worker"),
-    "seed_worker_fresh_entropy": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"), "not from fresh entropy"),
-    "seed_worker_by_id": (GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
-                          "the worker id alone"),
+    "seed_worker_does_nothing": (
+        GOOD.replace(SEED, "    pass"),
+        "still draw the same shifts (your module's seed_worker",
+    ),
+    "seed_worker_fresh_entropy": (
+        GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng()"),
+        "not from fresh entropy",
+    ),
+    "seed_worker_by_id": (
+        GOOD.replace(SEED, "    info.dataset.rng = np.random.default_rng(worker_id)"),
+        "the worker id alone",
+    ),
 }
 
 
@@ -149,10 +189,21 @@ def test_05_the_rule_for_a_helpful_type_error() -> None:
     from PIL import Image
 
     image = Image.new("RGB", (4, 4))
-    for message in ("put it after v2.ToImage()", "expected a tensor, got Image", "needs a tensor, not a PIL image",
-                    "use transforms.ToTensor() first", "got Image; convert with pil_to_tensor"):
+    for message in (
+        "put it after v2.ToImage()",
+        "expected a tensor, got Image",
+        "needs a tensor, not a PIL image",
+        "use transforms.ToTensor() first",
+        "got Image; convert with pil_to_tensor",
+    ):
         assert nb05._tells_what_to_do(message, image), message
-    for message in ("wrong type", "expected a tensor", "TypeError", "bad input: Image", "image must be an image tensor"):
+    for message in (
+        "wrong type",
+        "expected a tensor",
+        "TypeError",
+        "bad input: Image",
+        "image must be an image tensor",
+    ):
         assert not nb05._tells_what_to_do(message, image), message
 
 
@@ -197,9 +248,13 @@ def test_05_worker_module_sees_edits_and_spawned_copies(module_folder: Path) -> 
     assert "values left [0, 1]" in status(nb05.worker_module, path)[1]
     write_module(module_folder, "edited_module", GOOD)
     assert status(nb05.worker_module, path)[0] is Status.SOLVED
-    same_in_workers = GOOD.replace("self.std = std", "self.std = std\n        self.calls = 0").replace(
-        "torch.randn_like(image)", "(torch.randn_like(image) if self.calls < 4 else torch.zeros_like(image) + 0.1)"
-    ).replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
+    same_in_workers = (
+        GOOD.replace("self.std = std", "self.std = std\n        self.calls = 0")
+        .replace(
+            "torch.randn_like(image)", "(torch.randn_like(image) if self.calls < 4 else torch.zeros_like(image) + 0.1)"
+        )
+        .replace("        if not isinstance", "        self.calls += 1\n        if not isinstance")
+    )
     write_module(module_folder, "edited_module", same_in_workers)
     assert "both spawn workers drew the same noise" in status(nb05.worker_module, path)[1]
 
@@ -293,6 +348,7 @@ def _meter(context: str = "fork", field: str = "Private_Dirty:"):
     def copied_mb(items):
         loader = DataLoader(_ReadAll(items, field), batch_size=None, num_workers=1, multiprocessing_context=context)
         return float(next(iter(loader)))
+
     return copied_mb
 
 

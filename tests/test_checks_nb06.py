@@ -17,20 +17,27 @@ from exercise_status import status
 pytestmark = pytest.mark.quick
 
 
-IMBALANCED = np.repeat(np.arange(10), 80)[imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])]
+IMBALANCED = np.repeat(np.arange(10), 80)[
+    imbalanced_subset(np.repeat(np.arange(10), 80), [80, 60, 45, 35, 25, 18, 12, 8, 5, 3])
+]
 
 
 def test_06_balanced_weights() -> None:
     counts = np.bincount(IMBALANCED)
     assert status(nb06.balanced_weights, 1.0 / counts[IMBALANCED], IMBALANCED)[0] is Status.SOLVED
     assert status(nb06.balanced_weights, torch.tensor(1.0 / counts[IMBALANCED]).float(), IMBALANCED)[0] is Status.SOLVED
-    assert status(nb06.balanced_weights, list(3.0 / counts[IMBALANCED]), IMBALANCED)[0] is Status.SOLVED  # scale is free
+    assert (
+        status(nb06.balanced_weights, list(3.0 / counts[IMBALANCED]), IMBALANCED)[0] is Status.SOLVED
+    )  # scale is free
     assert status(nb06.balanced_weights, ..., IMBALANCED)[0] is Status.NOT_ATTEMPTED
     per_class = status(nb06.balanced_weights, 1.0 / counts, IMBALANCED)
     assert per_class[0] is Status.WRONG and "one per *class*" in per_class[1] and "only indices 0..9" in per_class[1]
     assert "same weight" in status(nb06.balanced_weights, np.ones(len(IMBALANCED)), IMBALANCED)[1]
     assert "1 / count, not count" in status(nb06.balanced_weights, counts[IMBALANCED].astype(float), IMBALANCED)[1]
-    assert "one weight per sample of the imbalanced set: 291 numbers, got 800" in status(nb06.balanced_weights, np.ones(800), IMBALANCED)[1]
+    assert (
+        "one weight per sample of the imbalanced set: 291 numbers, got 800"
+        in status(nb06.balanced_weights, np.ones(800), IMBALANCED)[1]
+    )
     with np.errstate(divide="ignore"):
         infinite = 1.0 / (counts[IMBALANCED] - counts[0])  # class 0 divides by zero
     assert "inf or nan" in status(nb06.balanced_weights, infinite, IMBALANCED)[1]
@@ -60,7 +67,9 @@ def test_06_train_val_samplers() -> None:
 
     def tail_block(n, f, seed):
         n_val = round(n * f)
-        return SubsetRandomSampler(range(n - n_val), generator=torch.Generator().manual_seed(seed)), list(range(n - n_val, n))
+        return SubsetRandomSampler(range(n - n_val), generator=torch.Generator().manual_seed(seed)), list(
+            range(n - n_val, n)
+        )
 
     def overlapping(n, f, seed):
         train, val = _split(n, f, seed)
@@ -121,7 +130,9 @@ def test_06_train_val_samplers() -> None:
     assert "seeds 0 and 1 give the same split" in status(nb06.train_val_samplers, fixed_seed)[1]
     assert "round(100 * 0.2) = 20 indices, got 25" in status(nb06.train_val_samplers, wrong_size)[1]
     assert "two things" in status(nb06.train_val_samplers, lambda n, f, seed: _split(n, f, seed)[0])[1]
-    assert "len() and yield indices" in status(nb06.train_val_samplers, lambda n, f, seed: (_split(n, f, seed)[0], 5))[1]
+    assert (
+        "len() and yield indices" in status(nb06.train_val_samplers, lambda n, f, seed: (_split(n, f, seed)[0], 5))[1]
+    )
 
 
 def test_06_checks_leave_the_learners_random_state_alone() -> None:
@@ -392,8 +403,10 @@ def test_06_balanced_sampler() -> None:
         def fn(targets, power, generator):
             targets = torch.as_tensor(targets)
             weights = weights_of(torch.bincount(targets).double(), targets, power)
-            return WeightedRandomSampler(weights, num_samples=size or len(targets), replacement=replacement,
-                                         generator=generator_of(generator))
+            return WeightedRandomSampler(
+                weights, num_samples=size or len(targets), replacement=replacement, generator=generator_of(generator)
+            )
+
         return fn
 
     class Reseeding:  # a new generator with the same seed every epoch: all epochs alike
@@ -406,9 +419,9 @@ def test_06_balanced_sampler() -> None:
         def __iter__(self):
             return iter(balanced_sampler(*self.args, torch.Generator().manual_seed(self.seed)))
 
-    per_sample = lambda counts, targets, power: counts[targets] ** -power  # noqa: E731
+    per_sample = lambda counts, targets, power: counts[targets] ** -power
     assert status(check, stub)[0] is Status.NOT_ATTEMPTED
-    assert "one per *class*" in status(check, weighted(lambda c, t, p: c ** -p))[1]
+    assert "one per *class*" in status(check, weighted(lambda c, t, p: c**-p))[1]
     assert "with power=0.5" in status(check, weighted(lambda c, t, p: c[t] ** -1.0))[1]
     assert "negative exponent" in status(check, weighted(lambda c, t, p: c[t] ** p))[1]
     assert "replacement=True" in status(check, weighted(per_sample, replacement=False))[1]

@@ -40,7 +40,9 @@ def test_07_epoch_sampler() -> None:
     assert status(nb07.epoch_sampler, ...)[0] is Status.NOT_ATTEMPTED
     assert "set_epoch" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, set_epoch=False))[1]
     assert "same seed" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, seed=r))[1]
-    assert "turn shuffle on" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, shuffle=False))[1]
+    assert (
+        "turn shuffle on" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, r, e, shuffle=False))[1]
+    )
     assert "rank=rank" in status(nb07.epoch_sampler, lambda d, w, r, e: _epoch_sampler(d, w, 0, e))[1]
     assert "sampler" in status(nb07.epoch_sampler, lambda d, w, r, e: 3)[1]
     assert status(nb07.epoch_sampler, _dl)[0] is Status.SOLVED  # drop_last=True is fine for training
@@ -58,11 +60,13 @@ def test_07_eval_indices() -> None:
     assert status(nb07.eval_indices, lambda n, w, r: range(r, n, w))[0] is Status.SOLVED
     assert status(nb07.eval_indices, lambda n, w, r: list(np.array_split(np.arange(n), w)[r]))[0] is Status.SOLVED
     assert status(nb07.eval_indices, ...)[0] is Status.NOT_ATTEMPTED
-    padded = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False))  # noqa: E731
+    padded = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False))
     assert "padding" in status(nb07.eval_indices, padded)[1]
-    dropped = lambda n, w, r: list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False, drop_last=True)) if n >= w else []  # noqa: E731
+    dropped = lambda n, w, r: (
+        list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False, drop_last=True)) if n >= w else []
+    )
     assert "never evaluated" in status(nb07.eval_indices, dropped)[1]
-    lopsided = lambda n, w, r: list(range(n)) if r == 0 else []  # noqa: E731
+    lopsided = lambda n, w, r: list(range(n)) if r == 0 else []
     assert "balance" in status(nb07.eval_indices, lopsided)[1]
     assert "outside" in status(nb07.eval_indices, lambda n, w, r: [n + r])[1]
 
@@ -92,8 +96,11 @@ def test_slurm_ranks() -> None:
         "position SLURM_NODEID": lambda env: slurm_ranks(env, at_node=False),
         "return ints": lambda env: slurm_ranks(env, as_int=False),
         "SLURM_NTASKS_PER_NODE": lambda env: slurm_ranks(env)[:3] + (int(env["SLURM_NTASKS_PER_NODE"]),),
-        "SLURM_PROCID, SLURM_LOCALID": lambda env: (int(env["SLURM_LOCALID"]), int(env["SLURM_PROCID"]),
-                                                    *slurm_ranks(env)[2:]),
+        "SLURM_PROCID, SLURM_LOCALID": lambda env: (
+            int(env["SLURM_LOCALID"]),
+            int(env["SLURM_PROCID"]),
+            *slurm_ranks(env)[2:],
+        ),
     }
     for words, fn in wrong.items():
         outcome, message = status(nb07.slurm_ranks, fn)
@@ -102,18 +109,23 @@ def test_slurm_ranks() -> None:
 
 # ----------------------------------------------------------------- 07.5: a DDP training script of your own
 
+
 def solution_script(folder: Path) -> Path:
     """The notebook's solution, scratch/my_ddp.py as its %%writefile cell writes it."""
     import nbformat
 
-    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks/solutions/07_distributed_sampling.ipynb", as_version=4)
+    notebook = nbformat.read(
+        Path(__file__).parents[1] / "notebooks/solutions/07_distributed_sampling.ipynb", as_version=4
+    )
     cell = next(c.source for c in notebook.cells if c.source.startswith("%%writefile scratch/my_ddp.py"))
     script = folder / "my_ddp.py"
     script.write_text(cell.split("\n", 1)[1] + "\n")
     return script
 
 
-def reports(seed_of=lambda rank: 0, set_epoch=True, distributed=True, ddp=True, val_share=None, reduce=True, rank_of=None):
+def reports(
+    seed_of=lambda rank: 0, set_epoch=True, distributed=True, ddp=True, val_share=None, reduce=True, rank_of=None
+):
     """The two reports the learner's script writes, computed in this process; the keywords make it wrong."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -129,8 +141,15 @@ def reports(seed_of=lambda rank: 0, set_epoch=True, distributed=True, ddp=True, 
         share = list(val_share(rank)) if val_share else list(range(rank, nb07.VAL_N, 2))
         with torch.no_grad():
             right = model(val.tensors[1][share]).argmax(1) == val.tensors[2][share]
-        out.append({"rank": rank if rank_of is None else rank_of(rank), "epochs": epochs, "weights": weights,
-                    "correct": int(right.sum()), "seen": len(share)})
+        out.append(
+            {
+                "rank": rank if rank_of is None else rank_of(rank),
+                "epochs": epochs,
+                "weights": weights,
+                "correct": int(right.sum()),
+                "seen": len(share),
+            }
+        )
     if reduce:
         totals = sum(x["correct"] for x in out), sum(x["seen"] for x in out)
         for r in out:
@@ -153,7 +172,7 @@ def test_07_ddp_reports() -> None:
     assert "set_epoch(epoch)" in hint(reports(set_epoch=False))
     assert "no DistributedSampler" in hint(reports(distributed=False))
     assert "DistributedDataParallel" in hint(reports(ddp=False))
-    padded = lambda rank: DistributedSampler(range(nb07.VAL_N), num_replicas=2, rank=rank, shuffle=False)  # noqa: E731
+    padded = lambda rank: DistributedSampler(range(nb07.VAL_N), num_replicas=2, rank=rank, shuffle=False)
     assert "no DistributedSampler padding" in hint(reports(val_share=padded))
     assert "reports 26 validation samples" in hint(reports(reduce=False))
     assert "one report from each of the 2 ranks" in hint(reports(rank_of=lambda rank: 0))
@@ -169,5 +188,7 @@ def test_07_ddp_script_under_torchrun(tmp_path: Path) -> None:
     stub.write_text(script.read_text().split("### BEGIN SOLUTION")[0] + "raise NotImplementedError\n")
     assert status(nb07.ddp_script, stub, launch)[0] is Status.NOT_ATTEMPTED
     broken = tmp_path / "broken.py"
-    broken.write_text(script.read_text().replace('dist.init_process_group("gloo")', 'dist.init_process_group("gloo")\nrank = 1 / 0'))
+    broken.write_text(
+        script.read_text().replace('dist.init_process_group("gloo")', 'dist.init_process_group("gloo")\nrank = 1 / 0')
+    )
     assert "the job failed" in status(nb07.ddp_script, broken, launch)[1]

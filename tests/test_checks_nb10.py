@@ -130,8 +130,9 @@ def test_read_all(learner) -> None:
         return read_all(urls, len(urls))
 
     def streams(urls, in_flight):
-        return [object_store.s3_client().get_object(Bucket="course", Key=object_store.split_url(u)[1])["Body"]
-                for u in urls]
+        return [
+            object_store.s3_client().get_object(Bucket="course", Key=object_store.split_url(u)[1])["Body"] for u in urls
+        ]
 
     wrong = {
         "one after the other": lambda urls, in_flight: [object_store.read_object(u) for u in urls],
@@ -274,7 +275,9 @@ def test_epoch_shards(learner) -> None:
     first = epoch_shards(prefix, 0, 0)
 
     wrong = {
-        "list the bucket inside the function": lambda p, e, s: [first[i] for i in np.random.default_rng([s, e]).permutation(len(first))],
+        "list the bucket inside the function": lambda p, e, s: [
+            first[i] for i in np.random.default_rng([s, e]).permutation(len(first))
+        ],
         "not shards": lambda p, e, s: epoch_shards(p, e, s, keep_all=True),
         "rank 1 got another order": lambda p, e, s: epoch_shards(p, e, s, rank_in_seed=True),
         "put the epoch": lambda p, e, s: epoch_shards(p, e, s, epoch_in_seed=False),

@@ -86,9 +86,11 @@ def test_prepare_script_slips_seen_in_the_text() -> None:
     assert plain != GOOD_SCRIPT
     outcome, message = status(nb11.prepare_script, plain)
     assert outcome is Status.WRONG and "line 11 calls optimize outside" in message, message
-    definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square"):GOOD_SCRIPT.index("if __name__")]
+    definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square") : GOOD_SCRIPT.index("if __name__")]
     inside = GOOD_SCRIPT.replace(definition, "").replace(
-        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    def square(i):\n        return {"x": i, "square": i * i}\n\n')
+        'if __name__ == "__main__":\n',
+        'if __name__ == "__main__":\n    def square(i):\n        return {"x": i, "square": i * i}\n\n',
+    )
     assert inside != GOOD_SCRIPT
     outcome, message = status(nb11.prepare_script, inside)
     assert outcome is Status.WRONG and "square is defined inside" in message and "outside the guard" in message, message
@@ -96,12 +98,14 @@ def test_prepare_script_slips_seen_in_the_text() -> None:
     guard = 'if __name__ == "__main__":\n    litdata'
     right = {
         "the guard the other way round": GOOD_SCRIPT.replace('__name__ == "__main__"', '"__main__" == __name__'),
-        "optimize in a main function": GOOD_SCRIPT.replace(guard, "def main():\n    litdata") + (
-            '\nif __name__ == "__main__":\n    main()\n'),
+        "optimize in a main function": GOOD_SCRIPT.replace(guard, "def main():\n    litdata")
+        + ('\nif __name__ == "__main__":\n    main()\n'),
         "optimize imported by name": GOOD_SCRIPT.replace("import litdata", "from litdata import optimize").replace(
-            "litdata.optimize(", "optimize("),
+            "litdata.optimize(", "optimize("
+        ),
         "the function bound to another name at the top": GOOD_SCRIPT.replace("fn=square", "fn=sq").replace(
-            "\nif __name__", "\nsq = square\n\nif __name__"),
+            "\nif __name__", "\nsq = square\n\nif __name__"
+        ),
     }
     for case, text in right.items():
         tree = ast.parse(text)
@@ -122,10 +126,16 @@ def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     unguarded = GOOD_SCRIPT.replace('if __name__ == "__main__":\n    litdata', "if True:\n    litdata")
     outcome, message = status(nb11.prepare_script, unguarded)
     assert outcome is Status.WRONG and "Guard the call" in message, message
-    definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square"):GOOD_SCRIPT.index("if __name__")]
-    instance = GOOD_SCRIPT.replace(definition, "").replace("fn=square", "fn=Square()").replace(
-        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    class Square:\n        def __call__(self, i):\n'
-        '            return {"x": i, "square": i * i}\n\n')
+    definition = GOOD_SCRIPT[GOOD_SCRIPT.index("def square") : GOOD_SCRIPT.index("if __name__")]
+    instance = (
+        GOOD_SCRIPT.replace(definition, "")
+        .replace("fn=square", "fn=Square()")
+        .replace(
+            'if __name__ == "__main__":\n',
+            'if __name__ == "__main__":\n    class Square:\n        def __call__(self, i):\n'
+            '            return {"x": i, "square": i * i}\n\n',
+        )
+    )
     outcome, message = status(nb11.prepare_script, instance)
     assert outcome is Status.WRONG and "Can't get attribute" in message and "outside the guard" in message, message
     wrong_values = GOOD_SCRIPT.replace('"square": i * i', '"square": i + i')
@@ -167,14 +177,20 @@ def test_rank_env() -> None:
         if "RANK" in environ:
             return {k: environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
         if "SLURM_PROCID" in environ:
-            return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
-                    "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"]}
+            return {
+                "RANK": environ["SLURM_PROCID"],
+                "WORLD_SIZE": environ["SLURM_NTASKS"],
+                "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"],
+            }
         return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 
     def slurm_first(environ):
         if "SLURM_PROCID" in environ:
-            return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
-                    "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"]}
+            return {
+                "RANK": environ["SLURM_PROCID"],
+                "WORLD_SIZE": environ["SLURM_NTASKS"],
+                "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"],
+            }
         return right(environ)
 
     def ints(environ):
@@ -186,8 +202,12 @@ def test_rank_env() -> None:
     right_and_stubs(nb11.rank_env, right, stub)
     assert "srun's task number" in status(nb11.rank_env, slurm_first)[1]
     assert "strings" in status(nb11.rank_env, ints)[1]
-    assert "no variables" in status(nb11.rank_env, lambda e: right(e) if e else {"RANK": "0", "WORLD_SIZE": "0",
-                                                                                 "LOCAL_WORLD_SIZE": "0"})[1]
+    assert (
+        "no variables"
+        in status(
+            nb11.rank_env, lambda e: right(e) if e else {"RANK": "0", "WORLD_SIZE": "0", "LOCAL_WORLD_SIZE": "0"}
+        )[1]
+    )
 
 
 @pytest.mark.quick
@@ -227,8 +247,13 @@ def test_fit() -> None:
         return sum(len(labels) for _, labels in itertools.islice(loader, steps))
 
     right_and_stubs(nb11.fit, alt.train_steps, stub)
-    expected = {everything: "took 20 batches", whole_loader: "took 20 batches", no_zero_grad: "zero_grad",
-                batches_not_images: "count len(labels)", no_step: "did not change"}
+    expected = {
+        everything: "took 20 batches",
+        whole_loader: "took 20 batches",
+        no_zero_grad: "zero_grad",
+        batches_not_images: "count len(labels)",
+        no_step: "did not change",
+    }
     for wrong, words in expected.items():
         outcome, message = status(nb11.fit, wrong)
         assert outcome is Status.WRONG and words in message, (wrong.__name__, message)

@@ -33,7 +33,10 @@ def test_first_batches() -> None:
     result = nb12.first_batches.evaluate(views)
     assert result.status is Status.WRONG and "clone" in result.message
     assert "got 3" in nb12.first_batches.evaluate(too_few).message
-    assert "keep torch tensors" in nb12.first_batches.evaluate(lambda loader, n: [b.numpy().copy() for b in right(loader, n)]).message
+    assert (
+        "keep torch tensors"
+        in nb12.first_batches.evaluate(lambda loader, n: [b.numpy().copy() for b in right(loader, n)]).message
+    )
     assert nb12.first_batches.evaluate(...).status is Status.NOT_ATTEMPTED
 
 
@@ -71,7 +74,7 @@ class _Mapped:
         order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
         self.epoch += 1
         for start in range(0, self.n, self.batch_size):
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             if self.wrong == "fresh":
                 yield self.records[rows]
             elif self.wrong == "numpy":
@@ -97,8 +100,14 @@ def test_mapped_batches() -> None:
 
     right_and_stubs(nb12.mapped_batches, mapped_right, stub)
     assert status(nb12.mapped_batches, wrong_mapped(""))[0] is Status.SOLVED
-    expected = {"fresh": "Allocate one buffer", "same_order": "seed + epoch", "numpy": "torch tensors",
-                "offset": "file order", "drop_last": "len() is 6", "resized": "out=buffer[:len(rows)]"}
+    expected = {
+        "fresh": "Allocate one buffer",
+        "same_order": "seed + epoch",
+        "numpy": "torch tensors",
+        "offset": "file order",
+        "drop_last": "len() is 6",
+        "resized": "out=buffer[:len(rows)]",
+    }
     for kind, words in expected.items():
         outcome, message = status(nb12.mapped_batches, wrong_mapped(kind))
         assert outcome is Status.WRONG and words in message, (kind, message)
@@ -169,7 +178,10 @@ def test_raw_read_in_measure() -> None:
         for chunk in raw_read_right(path, chunk_bytes):
             yield chunk.clone()
 
-    assert highrate.raw_read is not raw_read_right and status(nb12.measure, measure_right, highrate.raw_read)[0] is Status.SOLVED
+    assert (
+        highrate.raw_read is not raw_read_right
+        and status(nb12.measure, measure_right, highrate.raw_read)[0] is Status.SOLVED
+    )
     expected = {values_as_bytes: "chunk_bytes // 4", unsliced: "filled // 4", fresh: "used 3 buffers"}
     for wrong, words in expected.items():
         outcome, message = status(nb12.measure, measure_right, wrong)
@@ -202,8 +214,10 @@ class _Threads:
             with ThreadPoolExecutor(self.threads) as pool:
                 pending = collections.deque()
                 if self.wrong == "unbounded":  # every read submitted at once, each into its own buffer
-                    pending.extend(pool.submit(self._read, fd, k, torch.empty(self.batch_size, self.raw.sample_len))
-                                   for k in range(len(self)))
+                    pending.extend(
+                        pool.submit(self._read, fd, k, torch.empty(self.batch_size, self.raw.sample_len))
+                        for k in range(len(self))
+                    )
                 for number in range(0 if self.wrong == "unbounded" else len(self)):
                     buffer = self.buffers[number % len(self.buffers)]
                     pending.append(pool.submit(self._read, fd, number, buffer))
@@ -226,9 +240,15 @@ def test_thread_batches() -> None:
 
     right_and_stubs(nb12.thread_batches, threads.ThreadBatches, stub)
     assert status(nb12.thread_batches, wrong_threads(""))[0] is Status.SOLVED
-    expected = {"fresh": "different buffers", "unbounded": "batches ahead while the loop held", "offset": "byte offset",
-                "drop_last": "len() is 10", "too_few_buffers": "in_flight + 1 buffers", "one_ahead": "ran 3 batches ahead",
-                "unsliced": "only 2 samples are left"}
+    expected = {
+        "fresh": "different buffers",
+        "unbounded": "batches ahead while the loop held",
+        "offset": "byte offset",
+        "drop_last": "len() is 10",
+        "too_few_buffers": "in_flight + 1 buffers",
+        "one_ahead": "ran 3 batches ahead",
+        "unsliced": "only 2 samples are left",
+    }
     for kind, words in expected.items():
         outcome, message = status(nb12.thread_batches, wrong_threads(kind))
         assert outcome is Status.WRONG and words in message, (kind, message)

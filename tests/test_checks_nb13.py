@@ -20,19 +20,38 @@ pytestmark = pytest.mark.quick
 STALLS = {0: 0.6, 1: 0.35, 2: 0.03, 3: 0.02}  # the shape measured on 2 cores
 
 
-def record(workers: int, stall: float, batches: int = 12, decode_ms: float = capstone.DECODE_MS,
-           step_ms: float = capstone.STEP_MS, batch_size: int = 16) -> EpochRecord:
+def record(
+    workers: int,
+    stall: float,
+    batches: int = 12,
+    decode_ms: float = capstone.DECODE_MS,
+    step_ms: float = capstone.STEP_MS,
+    batch_size: int = 16,
+) -> EpochRecord:
     """An epoch whose loop waits ``stall`` of each batch's time (the first batch excepted)."""
     step = step_ms / 1000
     wait = stall * step / (1 - stall)
-    epoch = EpochRecord(num_workers=workers, t0=0.0, settings={"num_workers": workers, "batch_size": batch_size,
-                                                               "decode_ms": decode_ms, "step_ms": step_ms})
+    epoch = EpochRecord(
+        num_workers=workers,
+        t0=0.0,
+        settings={"num_workers": workers, "batch_size": batch_size, "decode_ms": decode_ms, "step_ms": step_ms},
+    )
     t = 0.0
     for i in range(batches):
         first_wait = 0.3 if i == 0 else wait
-        epoch.batches.append(BatchRecord(number=i, worker=-1 if workers == 0 else i % workers, start=t, end=t + first_wait,
-                                         requested=t, received=t + first_wait, step_end=t + first_wait + step,
-                                         samples=batch_size, nbytes=0))
+        epoch.batches.append(
+            BatchRecord(
+                number=i,
+                worker=-1 if workers == 0 else i % workers,
+                start=t,
+                end=t + first_wait,
+                requested=t,
+                received=t + first_wait,
+                step_end=t + first_wait + step,
+                samples=batch_size,
+                nbytes=0,
+            )
+        )
         t += first_wait + step
     return epoch
 
@@ -44,8 +63,17 @@ def sweep(stalls: dict[int, float] = STALLS, **kw) -> dict[int, EpochRecord]:
 # --------------------------------------------------------------------------- 13.1
 
 
-def pipeline(node=True, worker=True, cycle="course", decode=True, fields=("jpg", "cls", "__key__"), simulate=True,
-             fixed_seed=False, rotate="course", buffer=None):
+def pipeline(
+    node=True,
+    worker=True,
+    cycle="course",
+    decode=True,
+    fields=("jpg", "cls", "__key__"),
+    simulate=True,
+    fixed_seed=False,
+    rotate="course",
+    buffer=None,
+):
     """Exercise 13.1's answer (the notebook's solution with ``buffer="course"``), and its other forms through the
     keywords: ``rotate`` "course", None (wds.SimpleShardList) or "by rank"; ``cycle`` "course", None, "same order" or
     "with replacement"; ``buffer`` None, "course", "small" (ShuffleBuffer(5, seed)) or "unseeded" (wds.shuffle)."""
@@ -70,17 +98,29 @@ def pipeline(node=True, worker=True, cycle="course", decode=True, fields=("jpg",
 
     def fn(urls, seed, decode_ms):
         seed = 0 if fixed_seed else seed
-        source = {"course": capstone.RotatingShardList(urls, seed), None: wds.SimpleShardList(urls),
-                  "by rank": RankRotation(urls, seed)}[rotate]
+        source = {
+            "course": capstone.RotatingShardList(urls, seed),
+            None: wds.SimpleShardList(urls),
+            "by rank": RankRotation(urls, seed),
+        }[rotate]
         stages = [source] + ([wds.split_by_node] if node else []) + ([wds.split_by_worker] if worker else [])
-        stages += {"course": [capstone.EndlessShardCycle(seed)], None: [],
-                   "same order": [lambda src: itertools.cycle(list(src))], "with replacement": [with_replacement]}[cycle]
+        stages += {
+            "course": [capstone.EndlessShardCycle(seed)],
+            None: [],
+            "same order": [lambda src: itertools.cycle(list(src))],
+            "with replacement": [with_replacement],
+        }[cycle]
         stages += [wds.tarfile_to_samples()]
-        stages += {None: [], "course": [capstone.ShuffleBuffer(capstone.SHUFFLE_BUFFER, seed)],
-                   "small": [capstone.ShuffleBuffer(5, seed)], "unseeded": [wds.shuffle(100)]}[buffer]
+        stages += {
+            None: [],
+            "course": [capstone.ShuffleBuffer(capstone.SHUFFLE_BUFFER, seed)],
+            "small": [capstone.ShuffleBuffer(5, seed)],
+            "unseeded": [wds.shuffle(100)],
+        }[buffer]
         stages += ([wds.decode("torchrgb")] if decode else []) + [wds.to_tuple(*fields)]
         stages += [wds.map(capstone.SimulatedDecode(decode_ms))] if simulate else []
         return wds.DataPipeline(*stages)
+
     return fn
 
 
@@ -93,22 +133,25 @@ def test_13_build_dataset_right_answers() -> None:
         assert status(nb13.build_dataset, right)[0] is Status.SOLVED, status(nb13.build_dataset, right)[1]
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (dict(node=False), "wds.split_by_node"),
-    (dict(worker=False), "wds.split_by_worker"),
-    (dict(cycle=None), "EndlessShardCycle(seed) after the splitters"),
-    (dict(cycle="same order"), "same order every pass"),
-    (dict(cycle="with replacement"), "do not draw shards with replacement"),
-    (dict(rotate=None), "in place of wds.SimpleShardList(urls)"),
-    (dict(rotate=None, buffer="course"), "in place of wds.SimpleShardList(urls)"),
-    (dict(rotate="by rank"), "shuffled alike on every rank and worker"),
-    (dict(decode=False), "float tensor"),
-    (dict(fields=("cls", "jpg", "__key__")), "float tensor"),
-    (dict(fixed_seed=True), "seeds 0 and 1"),
-    (dict(fixed_seed=True, buffer="course"), "seeds 0 and 1"),
-    (dict(buffer="unseeded"), "capstone.ShuffleBuffer(size, seed)"),
-    (dict(simulate=False), "SimulatedDecode"),
-])
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (dict(node=False), "wds.split_by_node"),
+        (dict(worker=False), "wds.split_by_worker"),
+        (dict(cycle=None), "EndlessShardCycle(seed) after the splitters"),
+        (dict(cycle="same order"), "same order every pass"),
+        (dict(cycle="with replacement"), "do not draw shards with replacement"),
+        (dict(rotate=None), "in place of wds.SimpleShardList(urls)"),
+        (dict(rotate=None, buffer="course"), "in place of wds.SimpleShardList(urls)"),
+        (dict(rotate="by rank"), "shuffled alike on every rank and worker"),
+        (dict(decode=False), "float tensor"),
+        (dict(fields=("cls", "jpg", "__key__")), "float tensor"),
+        (dict(fixed_seed=True), "seeds 0 and 1"),
+        (dict(fixed_seed=True, buffer="course"), "seeds 0 and 1"),
+        (dict(buffer="unseeded"), "capstone.ShuffleBuffer(size, seed)"),
+        (dict(simulate=False), "SimulatedDecode"),
+    ],
+)
 def test_13_build_dataset_wrong_answers(wrong, hint) -> None:
     got, message = status(nb13.build_dataset, pipeline(**wrong))
     assert got is Status.WRONG and hint in message, message
@@ -138,18 +181,25 @@ def test_tuned_workers_right_answer() -> None:
     assert status(nb13.tuned_workers, 1, sweep({0: 0.5, 1: 0.05, 2: 0.01}))[0] is Status.SOLVED  # another machine
 
 
-@pytest.mark.parametrize("answer, results, hint", [
-    (1, sweep(), "still waits 3"),
-    (3, sweep(), "num_workers=2 already stays under 15 %"),
-    (4, sweep(), "did not measure num_workers=4"),
-    (2, sweep({2: 0.03, 3: 0.02}), "measure every smaller setting too (0, 1)"),
-    (2.0, sweep(), "a number of workers (an int)"),
-    (2, sweep(decode_ms=0.0), "capstone's workload"),
-    (2, sweep(step_ms=40.0), "capstone's workload"),
-    (2, sweep(batches=4), "at least 8"),
-    (2, {w: r for w, r in zip([0, 1, 2, 3], sweep().values())} | {1: record(2, 0.35)}, "the num_workers its record"),
-    (2, [record(0, 0.6)], "should be a dict"),
-])
+@pytest.mark.parametrize(
+    "answer, results, hint",
+    [
+        (1, sweep(), "still waits 3"),
+        (3, sweep(), "num_workers=2 already stays under 15 %"),
+        (4, sweep(), "did not measure num_workers=4"),
+        (2, sweep({2: 0.03, 3: 0.02}), "measure every smaller setting too (0, 1)"),
+        (2.0, sweep(), "a number of workers (an int)"),
+        (2, sweep(decode_ms=0.0), "capstone's workload"),
+        (2, sweep(step_ms=40.0), "capstone's workload"),
+        (2, sweep(batches=4), "at least 8"),
+        (
+            2,
+            {w: r for w, r in zip([0, 1, 2, 3], sweep().values())} | {1: record(2, 0.35)},
+            "the num_workers its record",
+        ),
+        (2, [record(0, 0.6)], "should be a dict"),
+    ],
+)
 @pytest.mark.usefixtures("four_cores")
 def test_tuned_workers_wrong_answers(answer, results, hint) -> None:
     got, message = status(nb13.tuned_workers, answer, results)
@@ -164,7 +214,9 @@ def test_tuned_workers_counts_the_cores() -> None:
     for wrong in (2, 3):
         got, message = status(nb13.tuned_workers, wrong, loaded)
         assert got is Status.WRONG and "more than your 2 cores leave for workers (1" in message, message
-    assert status(nb13.tuned_workers, 2, sweep())[0] is Status.SOLVED  # 1 worker misses the target: 2 may share the cores
+    assert (
+        status(nb13.tuned_workers, 2, sweep())[0] is Status.SOLVED
+    )  # 1 worker misses the target: 2 may share the cores
     got, message = status(nb13.tuned_workers, 3, sweep())
     assert got is Status.WRONG and "By your sweep the answer is 2." in message, message
     busy = sweep({0: 0.6, 1: 0.4, 2: 0.3, 3: 0.25})  # none under 15 %: the most with a core of their own
@@ -194,8 +246,9 @@ def test_tuned_workers_on_a_real_measurement(tmp_path, tiny_root) -> None:
 # --------------------------------------------------------------------------- 13.3
 
 
-def audit(reports, shard_of, stall_target, across_epochs=False, weights=True, every_epoch_stall=False, stall=True,
-          idle=True):
+def audit(
+    reports, shard_of, stall_target, across_epochs=False, weights=True, every_epoch_stall=False, stall=True, idle=True
+):
     """Exercise 13.3's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
     problems = []
     seen_ever, shards_ever = [], []
@@ -253,14 +306,17 @@ def test_cpus_per_task_right_answer() -> None:
     assert status(nb13.cpus_per_task, capstone.cpus_per_task)[0] is Status.SOLVED
 
 
-@pytest.mark.parametrize("fn, hint", [
-    (lambda r, w: r * w, "counts the workers only"),
-    (lambda r, w: w + 1, "one rank's share"),
-    (lambda r, w: r + w + 0 * (r == 1), "counts multiply"),
-    (lambda r, w: 32, "cpus_per_task(1, 0) = 32, expected 1: 1 rank, "),
-    (lambda r, w: r * (w + 1) / 3, "a number of CPUs is a whole number"),
-    (lambda r, w: "32", "whole number"),
-])
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (lambda r, w: r * w, "counts the workers only"),
+        (lambda r, w: w + 1, "one rank's share"),
+        (lambda r, w: r + w + 0 * (r == 1), "counts multiply"),
+        (lambda r, w: 32, "cpus_per_task(1, 0) = 32, expected 1: 1 rank, "),
+        (lambda r, w: r * (w + 1) / 3, "a number of CPUs is a whole number"),
+        (lambda r, w: "32", "whole number"),
+    ],
+)
 def test_cpus_per_task_wrong_answers(fn, hint) -> None:
     got, message = status(nb13.cpus_per_task, fn)
     assert got is Status.WRONG and hint in message, message
@@ -286,13 +342,16 @@ def test_slurm_script_right_answer(tmp_path) -> None:
     assert status(nb13.slurm_script, str(write(tmp_path)), sweep())[0] is Status.SOLVED
 
 
-@pytest.mark.parametrize("settings, hint", [
-    (dict(nodes=1), "2 nodes"),
-    (dict(gpus_per_node=2), "4 GPUs"),
-    (dict(num_workers=3), "your measurement calls for 2"),
-    (dict(num_workers=7), "your measurement calls for 2"),
-    (dict(shards="/tmp/course13-abc/train"), "/scratch/$USER/course-shards"),
-])
+@pytest.mark.parametrize(
+    "settings, hint",
+    [
+        (dict(nodes=1), "2 nodes"),
+        (dict(gpus_per_node=2), "4 GPUs"),
+        (dict(num_workers=3), "your measurement calls for 2"),
+        (dict(num_workers=7), "your measurement calls for 2"),
+        (dict(shards="/tmp/course13-abc/train"), "/scratch/$USER/course-shards"),
+    ],
+)
 def test_slurm_script_wrong_settings(tmp_path, settings, hint) -> None:
     got, message = status(nb13.slurm_script, write(tmp_path, **settings), sweep())
     assert got is Status.WRONG and hint in message, message
@@ -303,15 +362,18 @@ def test_slurm_script_edited_by_hand(tmp_path) -> None:
     text = path.read_text()
     path.write_text(text.replace("--cpus-per-task=12", "--cpus-per-task=8"))
     assert "expected 12" in status(nb13.slurm_script, path, sweep())[1]
-    path.write_text(text.replace("--account=CHANGE_ME", "--account=myproj").replace("--partition=CHANGE_ME", "--partition=gpu"))
+    path.write_text(
+        text.replace("--account=CHANGE_ME", "--account=myproj").replace("--partition=CHANGE_ME", "--partition=gpu")
+    )
     assert "CHANGE_ME" in status(nb13.slurm_script, path, sweep())[1]
     path.write_text(text.replace("fi\n", "", 1))
     assert "bash cannot parse" in status(nb13.slurm_script, path, sweep())[1]
 
 
 def test_slurm_script_elsewhere_or_missing(tmp_path, monkeypatch) -> None:
-    other = slurm.write_slurm_script(tmp_path / "train_capstone.sbatch", shards=nb13.CLUSTER_SHARDS, num_workers=2,
-                                        nodes=2)
+    other = slurm.write_slurm_script(
+        tmp_path / "train_capstone.sbatch", shards=nb13.CLUSTER_SHARDS, num_workers=2, nodes=2
+    )
     assert "runs/capstone/" in status(nb13.slurm_script, other, sweep())[1]
     assert "no file" in status(nb13.slurm_script, tmp_path / "runs" / "capstone" / "nope.sbatch", sweep())[1]
     # no setting under the target (a busy machine): 13.2's answer is the core budget, 1 on 2 cores, and the script follows it

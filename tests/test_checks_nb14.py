@@ -74,8 +74,9 @@ def never_over_all_epochs(steps, n, epoch):
 
 def every_occurrence(steps, n, epoch):
     """Every occurrence of an index trained more than once, not the index once."""
-    held = [i for rank_steps in steps.values() for step in rank_steps if step["epoch"] == epoch
-            for i in step["indices"]]
+    held = [
+        i for rank_steps in steps.values() for step in rank_steps if step["epoch"] == epoch for i in step["indices"]
+    ]
     return sorted(i for i in held if held.count(i) > 1), sorted(set(range(n)) - set(held))
 
 
@@ -91,14 +92,17 @@ def test_14_seen_twice_and_never_right_and_stubs() -> None:
     right_and_stubs(nb14.seen_twice_and_never, seen_twice_and_never, stub)
 
 
-@pytest.mark.parametrize("fn, hints", [
-    (all_epochs, ["twice should be [3], got [0, 2, 3]", "of that epoch only"]),
-    (twice_per_rank, ["twice should be [1], got []", "over every rank's steps"]),
-    (every_occurrence, ["twice should be [0, 1, 4, 5], got [0, 0, 1, 1, 4, 4, 5, 5]", "list it once"]),
-    (never_from_rank_0, ["never should be [], got [4, 5, 6, 7]", "that no rank's step of that epoch holds"]),
-    (never_over_all_epochs, ["never should be [1], got []", "that no rank's step of that epoch holds"]),
-    (as_dict, ["return two sorted lists, `return twice, never`", "{'twice': [], 'never': []}"]),
-])
+@pytest.mark.parametrize(
+    "fn, hints",
+    [
+        (all_epochs, ["twice should be [3], got [0, 2, 3]", "of that epoch only"]),
+        (twice_per_rank, ["twice should be [1], got []", "over every rank's steps"]),
+        (every_occurrence, ["twice should be [0, 1, 4, 5], got [0, 0, 1, 1, 4, 4, 5, 5]", "list it once"]),
+        (never_from_rank_0, ["never should be [], got [4, 5, 6, 7]", "that no rank's step of that epoch holds"]),
+        (never_over_all_epochs, ["never should be [1], got []", "that no rank's step of that epoch holds"]),
+        (as_dict, ["return two sorted lists, `return twice, never`", "{'twice': [], 'never': []}"]),
+    ],
+)
 def test_14_seen_twice_and_never_wrong_answers(fn, hints) -> None:
     message = wrong(nb14.seen_twice_and_never, fn)
     assert all(hint in message for hint in hints), message
@@ -121,7 +125,7 @@ class MyResumableShuffle(Sampler):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.n, generator=generator).tolist()
         self.yielded, self.skip = self.skip, 0
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -159,7 +163,7 @@ class CountsAfterYield(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         self.yielded, self.skip = self.skip, 0
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             yield index
             self.yielded += 1
 
@@ -170,7 +174,7 @@ class SkipsEveryPass(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         self.yielded = self.skip
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -195,7 +199,7 @@ class GlobalRng(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n).tolist()
         self.yielded, self.skip = self.skip, 0
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -210,7 +214,7 @@ class GeneratorInInit(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n, generator=self.generator).tolist()
         self.yielded, self.skip = self.skip, 0
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -219,7 +223,7 @@ class SameOrderEveryEpoch(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()
         self.yielded, self.skip = self.skip, 0
-        for index in order[self.yielded:]:
+        for index in order[self.yielded :]:
             self.yielded += 1
             yield index
 
@@ -239,18 +243,24 @@ def test_14_resumable_sampler_right_and_stubs() -> None:
     assert status(nb14.resumable_sampler, resume.ResumableShuffle)[0] is Status.SOLVED  # the course's reference
 
 
-@pytest.mark.parametrize("cls, hints", [
-    # the check stops after 3 batches of epoch 1: 12 indices drawn, and resumes in a sampler set to epoch 0
-    (NoEpochInState, [f"{[order(0)[12:16], order(0)[16:20]]}... came next", "Save the epoch"]),
-    (CountsAfterYield, [f"{[order(1)[11:15], order(1)[15:19]]}... came next", "count before each yield"]),
-    (IgnoresLoad, [f"{[order(0)[0:4], order(0)[4:8]]}... came next", "stopped after 3 batches"]),
-    (AlwaysFromTheStart, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "skip that many of the epoch's order"]),
-    (SkipsEveryPass, ["it had 28 indices", "skip only once"]),
-    (GlobalRng, ["two samplers with the same seed and epoch gave different orders", "not the global random state"]),
-    (GeneratorInInit, ["two samplers with the same seed and epoch gave different orders", "seeded from (seed, epoch)"]),
-    (SameOrderEveryEpoch, ["set_epoch(1) gave the same order as epoch 0"]),
-    (LenInBatches, ["len(sampler) should be 40, got 10"]),
-])
+@pytest.mark.parametrize(
+    "cls, hints",
+    [
+        # the check stops after 3 batches of epoch 1: 12 indices drawn, and resumes in a sampler set to epoch 0
+        (NoEpochInState, [f"{[order(0)[12:16], order(0)[16:20]]}... came next", "Save the epoch"]),
+        (CountsAfterYield, [f"{[order(1)[11:15], order(1)[15:19]]}... came next", "count before each yield"]),
+        (IgnoresLoad, [f"{[order(0)[0:4], order(0)[4:8]]}... came next", "stopped after 3 batches"]),
+        (AlwaysFromTheStart, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "skip that many of the epoch's order"]),
+        (SkipsEveryPass, ["it had 28 indices", "skip only once"]),
+        (GlobalRng, ["two samplers with the same seed and epoch gave different orders", "not the global random state"]),
+        (
+            GeneratorInInit,
+            ["two samplers with the same seed and epoch gave different orders", "seeded from (seed, epoch)"],
+        ),
+        (SameOrderEveryEpoch, ["set_epoch(1) gave the same order as epoch 0"]),
+        (LenInBatches, ["len(sampler) should be 40, got 10"]),
+    ],
+)
 def test_14_resumable_sampler_wrong_answers(cls, hints) -> None:
     message = wrong(nb14.resumable_sampler, cls)
     assert all(hint in message for hint in hints), message
@@ -275,7 +285,7 @@ class MyResumableStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for i in range(worker, self.n, workers)[self.done:]:
+        for i in range(worker, self.n, workers)[self.done :]:
             self.done += 1
             yield self.load(i)
 
@@ -309,14 +319,14 @@ class NoWorkerSplit(MyResumableStream):
     """Every worker yields all of range(n)."""
 
     def __iter__(self):
-        for i in range(self.n)[self.done:]:
+        for i in range(self.n)[self.done :]:
             self.done += 1
             yield self.load(i)
 
 
 class StreamCountsAfterYield(MyResumableStream):
     def __iter__(self):
-        for i in _share(self)[self.done:]:
+        for i in _share(self)[self.done :]:
             yield self.load(i)
             self.done += 1
 
@@ -344,7 +354,7 @@ class StreamRestartsItsCount(MyResumableStream):
 
     def __iter__(self):
         self.done = 0
-        for i in _share(self)[self.done:]:
+        for i in _share(self)[self.done :]:
             self.done += 1
             yield self.load(i)
 
@@ -386,14 +396,20 @@ def test_14_resumable_stream_right_and_stubs() -> None:
     assert outcome is Status.NOT_ATTEMPTED and "in `__iter__`" in message, message  # named from the worker's traceback
 
 
-@pytest.mark.parametrize("cls, hints", [
-    (NoWorkerSplit, ["got 60 samples", "range(info.id, n, info.num_workers)"]),
-    (StreamCountsAfterYield, ["stopped after 4 batches and resumed", "Count a sample before you yield it"]),
-    (StreamIgnoresLoad, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
-    (StreamRestartsItsCount, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
-    (SkipsByGlobalIndex, ["stopped after 4 batches and resumed", "skip that many of this worker's share"]),
-    (LoadsAndDiscards, ["called load() 30 times for 18 samples", "instead of loading samples and throwing them away"]),
-])
+@pytest.mark.parametrize(
+    "cls, hints",
+    [
+        (NoWorkerSplit, ["got 60 samples", "range(info.id, n, info.num_workers)"]),
+        (StreamCountsAfterYield, ["stopped after 4 batches and resumed", "Count a sample before you yield it"]),
+        (StreamIgnoresLoad, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
+        (StreamRestartsItsCount, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
+        (SkipsByGlobalIndex, ["stopped after 4 batches and resumed", "skip that many of this worker's share"]),
+        (
+            LoadsAndDiscards,
+            ["called load() 30 times for 18 samples", "instead of loading samples and throwing them away"],
+        ),
+    ],
+)
 def test_14_resumable_stream_wrong_answers(cls, hints) -> None:
     message = wrong(nb14.resumable_stream, cls)
     assert all(hint in message for hint in hints), message
@@ -404,8 +420,12 @@ def test_14_resumable_stream_wrong_answers(cls, hints) -> None:
 
 def save(path, model, optimizer, loader, step):
     """The notebook's solution."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "loader": loader.state_dict(), "step": step}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "loader": loader.state_dict(),
+        "step": step,
+    }
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     try:
         torch.save(state, tmp)
@@ -424,8 +444,10 @@ def load(path, model, optimizer, loader):
 
 
 def save_in_place(path, model, optimizer, loader, step):
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
-                "step": step}, path)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(), "step": step},
+        path,
+    )
 
 
 def save_without_optimizer(path, model, optimizer, loader, step):
@@ -463,8 +485,10 @@ def save_swallowing_errors(path, model, optimizer, loader, step):
 
 def save_leaving_tmp(path, model, optimizer, loader, step):
     tmp = Path(path).with_name(Path(path).name + ".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
-                "step": step}, tmp)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(), "step": step},
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -483,17 +507,20 @@ def test_14_checkpoint_right_and_stubs() -> None:
     assert status(check, save, load_stub)[0] is Status.NOT_ATTEMPTED
 
 
-@pytest.mark.parametrize("save_fn, load_fn, hints", [
-    (save_in_place, load, ["destroyed the previous checkpoint", "os.replace(tmp, path)"]),
-    (save_without_optimizer, load_without_optimizer, ["gave different weights", "optimizer's state too"]),
-    (save, load_without_optimizer, ["gave different weights", "optimizer's state too"]),
-    (save, load_without_loader, ["the next batches started with samples", "loader.load_state_dict()"]),
-    (save, load_returns_nothing, ["load(...) should return a whole number, got None"]),
-    (save, load_returns_the_next_step, ["load should return the saved step, 3; got 4"]),
-    (save_swallowing_errors, load, ["save() returned normally although torch.save raised OSError"]),
-    (save_leaving_tmp, load, ["the failed save left ['ckpt.pt.tmp'] behind"]),
-    (lambda path, *rest: None, load, ["should write the file ckpt.pt; nothing is there"]),
-])
+@pytest.mark.parametrize(
+    "save_fn, load_fn, hints",
+    [
+        (save_in_place, load, ["destroyed the previous checkpoint", "os.replace(tmp, path)"]),
+        (save_without_optimizer, load_without_optimizer, ["gave different weights", "optimizer's state too"]),
+        (save, load_without_optimizer, ["gave different weights", "optimizer's state too"]),
+        (save, load_without_loader, ["the next batches started with samples", "loader.load_state_dict()"]),
+        (save, load_returns_nothing, ["load(...) should return a whole number, got None"]),
+        (save, load_returns_the_next_step, ["load should return the saved step, 3; got 4"]),
+        (save_swallowing_errors, load, ["save() returned normally although torch.save raised OSError"]),
+        (save_leaving_tmp, load, ["the failed save left ['ckpt.pt.tmp'] behind"]),
+        (lambda path, *rest: None, load, ["should write the file ckpt.pt; nothing is there"]),
+    ],
+)
 def test_14_checkpoint_wrong_answers(save_fn, load_fn, hints) -> None:
     message = wrong(nb14.checkpoint, save_fn, load_fn)
     assert all(hint in message for hint in hints), message

@@ -35,8 +35,10 @@ def test_an_effect_within_twice_the_spread_is_inconclusive_in_both_directions() 
     for statement, kwargs in (("faster", {"above": 1}), ("slower", {"below": 1})):
         c = claim(statement, noisy, load=_idle(), **kwargs)
         assert c.verdict == "inconclusive" and c.holds is None
-        assert str(c) == (f"{statement} → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice "
-                          "the rounds' spread (±0.2×) of 1.0×")
+        assert str(c) == (
+            f"{statement} → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice "
+            "the rounds' spread (±0.2×) of 1.0×"
+        )
 
 
 def test_the_boundary_is_twice_the_spread() -> None:
@@ -54,8 +56,10 @@ def test_a_failure_while_others_take_the_cpu_is_inconclusive_but_a_success_is_no
     assert claim("workers help", slower, above=1, load=_idle(0.1)).verdict == "does not hold"
     busy = claim("workers help", slower, above=1, load=_idle(0.9))
     assert busy.verdict == "inconclusive"
-    assert str(busy) == ("workers help → inconclusive on this machine: 0.60× (median of 5 rounds), but other processes "
-                         "used 0.9 of the 2 cores while it ran")
+    assert str(busy) == (
+        "workers help → inconclusive on this machine: 0.60× (median of 5 rounds), but other processes "
+        "used 0.9 of the 2 cores while it ran"
+    )
     assert claim("workers help", [1 / s for s in slower], above=1, load=_idle(0.9)).verdict == "holds"
 
 
@@ -64,10 +68,13 @@ def test_shares_print_as_percentages() -> None:
     assert str(c) == "the loop waits under 15 % of the time → holds: 2% (median of 5 rounds, spread ±0%)"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"above": 1, "below": 2}, "exactly one of above= or below="),
-    ({}, "exactly one of above= or below="),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"above": 1, "below": 2}, "exactly one of above= or below="),
+        ({}, "exactly one of above= or below="),
+    ],
+)
 def test_a_claim_needs_one_threshold(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         claim("x", [1, 2, 3], **kwargs)
@@ -87,10 +94,11 @@ def test_interleave_alternates_the_order_and_keeps_each_variants_values() -> Non
         def run() -> float:
             calls.append(name)
             return value
+
         return run
 
     r = interleave({"a": variant("a", 1.0), "b": variant("b", 2.0), "c": variant("c", 4.0)}, rounds=4)
-    assert calls == list("abc" "cba" "abc" "cba")
+    assert calls == list("abccbaabccba")
     assert r.values == {"a": [1.0] * 4, "b": [2.0] * 4, "c": [4.0] * 4}
     assert r.ratio("c", "a") == [4.0] * 4 and r.median("b") == 2.0
     with pytest.raises(KeyError, match="no variant 'd'.*'a', 'b', 'c'"):
@@ -113,8 +121,9 @@ def _burn(cpu_seconds: float) -> str:
 def test_our_cpu_counts_live_and_finished_children_and_a_stranger_is_another_process() -> None:
     before = claims._our_seconds()
     live = subprocess.Popen([sys.executable, "-c", _burn(0.5)], stdout=subprocess.PIPE, text=True)
-    finished = subprocess.Popen([sys.executable, "-c", _burn(0.5).replace("time.sleep(30)", "")],
-                                stdout=subprocess.DEVNULL)
+    finished = subprocess.Popen(
+        [sys.executable, "-c", _burn(0.5).replace("time.sleep(30)", "")], stdout=subprocess.DEVNULL
+    )
     try:
         assert live.stdout.readline() == "done\n"
         finished.wait(timeout=60)
@@ -122,8 +131,11 @@ def test_our_cpu_counts_live_and_finished_children_and_a_stranger_is_another_pro
     finally:
         live.kill(), live.wait()
     # a process that is not ours (the shell's background job, re-parented when the shell exits) spins meanwhile
-    pid = int(subprocess.check_output(
-        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], text=True))
+    pid = int(
+        subprocess.check_output(
+            ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"], text=True
+        )
+    )
     try:
         with claims.LoadWatch() as others:
             time.sleep(1.0)

@@ -31,14 +31,18 @@ def test_require_of_a_newer_version_says_what_to_do(monkeypatch: pytest.MonkeyPa
         course_lib.require("0.2.0")
     message = str(caught.value)
     assert message.startswith("this notebook needs course_lib 0.2.0 or newer, and the environment has 0.1.0")
-    assert "ask its admin" in message and "pip install -r requirements.txt" in message and "restart the kernel" in message
+    assert (
+        "ask its admin" in message and "pip install -r requirements.txt" in message and "restart the kernel" in message
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}/{p.name}" for p in NOTEBOOKS])
 def test_every_notebook_first_requires_this_version(path: Path) -> None:
     cells = json.loads(path.read_text())["cells"]
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
-    assert first.startswith(f'import course_lib\nfrom course_lib import kernel\n\ncourse_lib.require("{course_lib.__version__}")'), (
-        "the first code cell starts by requiring the course library it was written for: bump it with the version")
+    assert first.startswith(
+        f'import course_lib\nfrom course_lib import kernel\n\ncourse_lib.require("{course_lib.__version__}")'
+    ), "the first code cell starts by requiring the course library it was written for: bump it with the version"
     assert "\nkernel.let_the_kernel_exit()  # " in first.split("\n\n")[1], (
-        "then lets the kernel exit when asked to (course_lib.kernel), with a comment saying why")
+        "then lets the kernel exit when asked to (course_lib.kernel), with a comment saying why"
+    )

@@ -130,11 +130,17 @@ if sys.argv[1] == "kill":
 """
 
 
-def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def run(how: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", SCRATCH_SCRIPT, how], env={**os.environ, "TMPDIR": str(tmp_path)},
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-c", SCRATCH_SCRIPT, how],
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     killed = Path(run("kill").stdout.strip())
     (killed / "big.f32").write_bytes(b"x" * 1000)
@@ -157,8 +163,9 @@ def test_scratch_folder_of_a_killed_kernel_goes_at_the_next_call(tmp_path: Path,
 
 def killed_pid_stand_in() -> int:
     """A pid that surely runs no more: a child that has exited and been reaped."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60
+    )
     return int(proc.stdout)
 
 

@@ -36,7 +36,9 @@ pytestmark = pytest.mark.quick
     epoch=st.integers(0, 50),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_sampler_shares_cover_every_index_once_or_the_padded_multiset(n, world, drop_last, shuffle, epoch, seed) -> None:
+def test_sampler_shares_cover_every_index_once_or_the_padded_multiset(
+    n, world, drop_last, shuffle, epoch, seed
+) -> None:
     if drop_last and n < world:
         with pytest.raises(ValueError, match="every rank empty"):
             sampler_shares(n, world, epoch=epoch, drop_last=drop_last)
@@ -76,7 +78,13 @@ def test_sampler_shares_reject_bad_sizes() -> None:
 
 def test_padding_report_and_coverage() -> None:
     shares = sampler_shares(10, 4, shuffle=False)
-    assert padding_report(shares, 10) == {"samples": 10, "drawn": 12, "seen once": 8, "seen twice or more": 2, "never seen": 0}
+    assert padding_report(shares, 10) == {
+        "samples": 10,
+        "drawn": 12,
+        "seen once": 8,
+        "seen twice or more": 2,
+        "never seen": 0,
+    }
     cov = coverage(list(shares), 10)
     assert cov.repeated == [0, 1] and not cov.exact
     assert coverage([[0, 2], [1, 3]], 4).exact
@@ -100,10 +108,29 @@ SLURM = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_
 
 def test_dist_env_from_torchrun_slurm_or_nothing() -> None:
     env = dist_env(TORCHRUN)
-    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (3, 1, 4, "n1", 1234, "torchrun")
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (
+        3,
+        1,
+        4,
+        "n1",
+        1234,
+        "torchrun",
+    )
     env = dist_env(SLURM)
-    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (3, 1, 4, "gpu07", 29500, "slurm")
-    assert dist_env({k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"} | {"SLURM_NODELIST": "cn[2-3]"}).master_addr == "cn2"
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port, env.source) == (
+        3,
+        1,
+        4,
+        "gpu07",
+        29500,
+        "slurm",
+    )
+    assert (
+        dist_env(
+            {k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"} | {"SLURM_NODELIST": "cn[2-3]"}
+        ).master_addr
+        == "cn2"
+    )
     assert dist_env({**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "4000"}).master_addr == "head"
     assert dist_env({**SLURM, "MASTER_PORT": "4000"}).master_port == 4000
     both = dist_env({**SLURM, **TORCHRUN, "SLURM_PROCID": "0"})  # srun torchrun: torchrun's numbers win
@@ -187,8 +214,12 @@ def test_expand_nodelist_rejects_garbage(bad: str) -> None:
         expand_nodelist(bad)
 
 
-@given(prefix=st.from_regex(r"[a-z][a-z0-9-]{0,6}", fullmatch=True), lo=st.integers(0, 50), span=st.integers(0, 20),
-       width=st.integers(1, 4))
+@given(
+    prefix=st.from_regex(r"[a-z][a-z0-9-]{0,6}", fullmatch=True),
+    lo=st.integers(0, 50),
+    span=st.integers(0, 20),
+    width=st.integers(1, 4),
+)
 def test_expand_nodelist_ranges_roundtrip(prefix: str, lo: int, span: int, width: int) -> None:
     hi = lo + span
     hosts = expand_nodelist(f"{prefix}[{str(lo).zfill(width)}-{str(hi).zfill(width)}]")
@@ -203,16 +234,46 @@ def test_read_reports_says_what_to_run(tmp_path: Path) -> None:
 MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
-@pytest.mark.parametrize("variables, gpus, refused", [
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, 1, True),  # a 1-GPU hub, 2 ranks
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, 2, False),
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **MASTER}, 2, False),  # 2 nodes of 2
-    ({"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "g1",
-      "SLURM_STEP_TASKS_PER_NODE": "4"}, 1, True),  # 4 tasks see one GPU, all the same
-    ({"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "g1",
-      "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_GPUS_PER_TASK": "1"}, 1, False),  # each task its own, as cuda:0
-    ({}, 1, False),  # a notebook: a world of one
-])
+@pytest.mark.parametrize(
+    "variables, gpus, refused",
+    [
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER},
+            1,
+            True,
+        ),  # a 1-GPU hub, 2 ranks
+        ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, 2, False),
+        (
+            {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **MASTER},
+            2,
+            False,
+        ),  # 2 nodes of 2
+        (
+            {
+                "SLURM_PROCID": "1",
+                "SLURM_LOCALID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_JOB_NODELIST": "g1",
+                "SLURM_STEP_TASKS_PER_NODE": "4",
+            },
+            1,
+            True,
+        ),  # 4 tasks see one GPU, all the same
+        (
+            {
+                "SLURM_PROCID": "1",
+                "SLURM_LOCALID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_JOB_NODELIST": "g1",
+                "SLURM_STEP_TASKS_PER_NODE": "4",
+                "SLURM_GPUS_PER_TASK": "1",
+            },
+            1,
+            False,
+        ),  # each task its own, as cuda:0
+        ({}, 1, False),  # a notebook: a world of one
+    ],
+)
 def test_two_ranks_on_one_gpu_are_refused_with_what_to_do(variables, gpus, refused) -> None:
     env = dist_env(variables)
     if refused:

@@ -137,12 +137,17 @@ def test_the_stream_and_event_protocol() -> None:
     prefetcher.cuda = log = _Log()
     for n, _ in enumerate(prefetcher):
         log.calls.append(f"batch {n} handed on")
-    copy = lambda k: [f"event {k} synchronized", "on side", f"event {k} recorded on side"]  # noqa: E731
+    copy = lambda k: [f"event {k} synchronized", "on side", f"event {k} recorded on side"]
     assert log.calls == [
         *copy(0),  # batch 0 into slot 0, its copy started
-        "consumer waits for side", *copy(1), "batch 0 handed on",
-        "consumer waits for side", *copy(0), "batch 1 handed on",  # slot 0 again: after batch 0's copy finished
-        "consumer waits for side", "batch 2 handed on",
+        "consumer waits for side",
+        *copy(1),
+        "batch 0 handed on",
+        "consumer waits for side",
+        *copy(0),
+        "batch 1 handed on",  # slot 0 again: after batch 0's copy finished
+        "consumer waits for side",
+        "batch 2 handed on",
     ]
 
 
@@ -185,10 +190,20 @@ def test_the_cpu_reference_decodes_the_course_jpegs() -> None:
 
 FIGURES = {  # made up, for the tests only: the shipped file holds real recordings or none
     "copy stage": {"copy_gbps": 20.0, "pinned_gbps": 25.0, "share": 0.8},
-    "non_blocking": {"wrong_before_sync": 1.0, "wrong_after_sync": 0.0, "pageable_ms": 5.0, "pin_then_copy_ms": 7.5,
-                     "pinned_ms": 2.5, "pin_then_copy_vs_pageable": 1.5},
-    "gpu decode": {"decoder": "torchvision.io.decode_jpeg(device='cuda')", "deprecation": "deprecated since 0.29",
-                   "gpu_images_per_s": 6000.0, "cpu_images_per_s": 1000.0},
+    "non_blocking": {
+        "wrong_before_sync": 1.0,
+        "wrong_after_sync": 0.0,
+        "pageable_ms": 5.0,
+        "pin_then_copy_ms": 7.5,
+        "pinned_ms": 2.5,
+        "pin_then_copy_vs_pageable": 1.5,
+    },
+    "gpu decode": {
+        "decoder": "torchvision.io.decode_jpeg(device='cuda')",
+        "deprecation": "deprecated since 0.29",
+        "gpu_images_per_s": 6000.0,
+        "cpu_images_per_s": 1000.0,
+    },
 }
 
 
@@ -252,16 +267,18 @@ def test_the_shipped_recordings_are_valid() -> None:
 
 
 @pytest.mark.quick
-def test_show_with_a_gpu_runs_the_part(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path) -> None:
+def test_show_with_a_gpu_runs_the_part(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     figures = show("copy stage", lambda: FIGURES["copy stage"], lambda f: f"share {f['share']}", tmp_path / "r.json")
     assert figures == FIGURES["copy stage"] and capsys.readouterr().out == "share 0.8\n"
 
 
 @pytest.mark.quick
-def test_show_without_a_gpu_prints_the_recording_labelled(monkeypatch: pytest.MonkeyPatch, fake_gpu: None,
-                                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_show_without_a_gpu_prints_the_recording_labelled(
+    monkeypatch: pytest.MonkeyPatch, fake_gpu: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "recordings.json"
     for part in PARTS:
         _record(part, FIGURES[part], path)
@@ -271,7 +288,10 @@ def test_show_without_a_gpu_prints_the_recording_labelled(monkeypatch: pytest.Mo
     out = capsys.readouterr().out
     assert not ran and figures == FIGURES["copy stage"]
     when = _recorded("copy stage", path)["when"]  # type: ignore[index]
-    assert out == f"recorded on Test GPU 80GB, {when}, torch {torch.__version__}, CUDA 12.8 (this machine has no GPU): share 0.8\n"
+    assert (
+        out
+        == f"recorded on Test GPU 80GB, {when}, torch {torch.__version__}, CUDA 12.8 (this machine has no GPU): share 0.8\n"
+    )
     for part in PARTS:  # the module's own sentences
         assert show(part, dict, path=path) == FIGURES[part]
     out = capsys.readouterr().out
@@ -280,8 +300,9 @@ def test_show_without_a_gpu_prints_the_recording_labelled(monkeypatch: pytest.Mo
 
 
 @pytest.mark.quick
-def test_show_without_a_gpu_or_a_recording_says_so(monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_show_without_a_gpu_or_a_recording_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = tmp_path / "recordings.json"
     path.write_text("{}\n")
@@ -291,12 +312,14 @@ def test_show_without_a_gpu_or_a_recording_says_so(monkeypatch: pytest.MonkeyPat
         show("decode", dict, path=path)
     assert gpu_feed._show_all(path) == {part: None for part in PARTS}  # notebook 12's cell, on a machine like CI's
     assert capsys.readouterr().out.splitlines() == [
-        f"{part}: this part has not run on a GPU yet (this machine has no GPU)" for part in PARTS]
+        f"{part}: this part has not run on a GPU yet (this machine has no GPU)" for part in PARTS
+    ]
 
 
 @pytest.mark.quick
-def test_main_without_a_gpu_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                    tmp_path: Path) -> None:
+def test_main_without_a_gpu_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out.json"
     assert gpu_feed.main(["--record", str(out)]) == 1
@@ -306,8 +329,12 @@ def test_main_without_a_gpu_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pyt
 @pytest.mark.full
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_the_command_without_a_gpu_exits_1(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "course_lib.gpu_feed", "--record", str(tmp_path / "o.json")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.gpu_feed", "--record", str(tmp_path / "o.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and "no CUDA GPU here" in done.stderr and not (tmp_path / "o.json").exists()
 
 

@@ -102,7 +102,9 @@ def test_a_budget_below_one_sample_is_refused(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("bad", [dict(producers=0), dict(per_request=0), dict(producers=True), dict(image_size=4), dict(producers=100)])
+@pytest.mark.parametrize(
+    "bad", [dict(producers=0), dict(per_request=0), dict(producers=True), dict(image_size=4), dict(producers=100)]
+)
 def test_bad_sizes_are_refused(tmp_path: Path, bad: dict) -> None:
     with pytest.raises(ValueError):
         cache(tmp_path, **bad)

@@ -103,7 +103,9 @@ def test_ring_loader_yields_the_file_in_order_every_epoch(raw, shuffle: bool, dr
             batches = [b.clone() for b in ring]
             assert len(batches) == len(ring)
             if shuffle:
-                order = torch.randperm(37, generator=torch.Generator().manual_seed(4 + epoch))[: 32 if drop_last else 37]
+                order = torch.randperm(37, generator=torch.Generator().manual_seed(4 + epoch))[
+                    : 32 if drop_last else 37
+                ]
             else:
                 order = torch.arange(37)
             assert torch.equal(torch.cat(batches), expected[order])
@@ -145,8 +147,16 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     threads = torch.get_num_threads()
     results = compare(raw, batch_size=8, workers=1, rounds=1, cpu=cpu)
     assert torch.get_num_threads() == threads, "measured on one thread, then restored"
-    assert list(results) == ["fastest raw read", "raw read, sample-sized reused buffer", "raw read, batch-sized reused buffer", "raw read, fresh batch buffer", "DataLoader, 0 workers",
-                             "DataLoader, 1 workers", "DataLoader, batch reads, 1 workers", "RingLoader, 1 workers"]
+    assert list(results) == [
+        "fastest raw read",
+        "raw read, sample-sized reused buffer",
+        "raw read, batch-sized reused buffer",
+        "raw read, fresh batch buffer",
+        "DataLoader, 0 workers",
+        "DataLoader, 1 workers",
+        "DataLoader, batch reads, 1 workers",
+        "RingLoader, 1 workers",
+    ]
     assert all(len(v) == 1 and v[0] > 0 for v in results.values())
     assert results["fastest raw read"] == [max(v[0] for name, v in results.items() if name.startswith("raw read"))]
     assert list(cpu) == list(results)[1:] and all(v[0] >= 0 for v in cpu.values())
@@ -155,8 +165,13 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
     fig = plot_main_process(results, cpu)
     assert len(fig.axes[0].patches) == 14  # own CPU + waiting, per method
     costs = breakdown(results, cpu, workers=1)
-    assert list(costs) == ["copy from the page cache", "a fresh buffer per batch", "per-sample arrays + collate's copy",
-                           "main process, fresh shared batches", "main process, RingLoader slots"]
+    assert list(costs) == [
+        "copy from the page cache",
+        "a fresh buffer per batch",
+        "per-sample arrays + collate's copy",
+        "main process, fresh shared batches",
+        "main process, RingLoader slots",
+    ]
     assert costs["copy from the page cache"] == pytest.approx(1 / results["raw read, batch-sized reused buffer"][0])
     assert set(medians(results)) == set(results)
     with pytest.raises(RuntimeError, match="delivered"):
@@ -166,10 +181,27 @@ def test_compare_measures_every_reader_on_the_same_bytes(raw) -> None:
 
 @pytest.mark.timeout(120)
 def test_bench_highrate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = bench.main(["highrate", "--data", str(tmp_path / "b.f32"), "--size-mb", "4", "--sample-mb", "0.125",
-                       "--batch-size", "8", "--workers", "1", "--rounds", "1"])
+    code = bench.main(
+        [
+            "highrate",
+            "--data",
+            str(tmp_path / "b.f32"),
+            "--size-mb",
+            "4",
+            "--sample-mb",
+            "0.125",
+            "--batch-size",
+            "8",
+            "--workers",
+            "1",
+            "--rounds",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
-    assert code == 0 and "RingLoader, 1 workers" in out and "goals:" in out and out.count("PASS") + out.count("FAIL") == 2
+    assert (
+        code == 0 and "RingLoader, 1 workers" in out and "goals:" in out and out.count("PASS") + out.count("FAIL") == 2
+    )
     with pytest.raises(SystemExit):
         bench.main(["highrate"])  # --data is required
 
@@ -268,7 +300,11 @@ def test_shard_loader_and_file_reads(tensor_shards) -> None:
 @pytest.mark.timeout(120)
 def test_compare_shards(tensor_shards) -> None:
     results = compare_shards(tensor_shards.paths, batch_size=8, workers=2, rounds=1)
-    assert list(results) == ["shard files read, sample-sized reused buffer", "WebDataset, 2 workers", "RingLoader on the index, 2 workers"]
+    assert list(results) == [
+        "shard files read, sample-sized reused buffer",
+        "WebDataset, 2 workers",
+        "RingLoader on the index, 2 workers",
+    ]
     assert all(v[0] > 0 for v in results.values())
     with pytest.raises(ValueError, match="at least 2"):
         compare_shards(tensor_shards.paths[:1], batch_size=8, workers=2, rounds=1)
@@ -276,15 +312,24 @@ def test_compare_shards(tensor_shards) -> None:
 
 def test_breakdown_of_known_numbers() -> None:
     """Seconds per GB from GB/s medians: differences of neighbouring methods, and the main process's own CPU."""
-    results = {"raw read, batch-sized reused buffer": [4.0, 5.0, 6.0],  # median 5 GB/s: 0.2 s per GB
-               "raw read, fresh batch buffer": [2.0, 2.5, 3.0],  # 0.4 s per GB
-               "DataLoader, 0 workers": [1.0, 1.0, 0.5],  # 1.0 s per GB
-               "DataLoader, batch reads, 2 workers": [1.5], "RingLoader, 2 workers": [8.0]}
+    results = {
+        "raw read, batch-sized reused buffer": [4.0, 5.0, 6.0],  # median 5 GB/s: 0.2 s per GB
+        "raw read, fresh batch buffer": [2.0, 2.5, 3.0],  # 0.4 s per GB
+        "DataLoader, 0 workers": [1.0, 1.0, 0.5],  # 1.0 s per GB
+        "DataLoader, batch reads, 2 workers": [1.5],
+        "RingLoader, 2 workers": [8.0],
+    }
     cpu = {"DataLoader, batch reads, 2 workers": [0.3, 0.1, 0.2], "RingLoader, 2 workers": [0.04]}
     costs = breakdown(results, cpu, workers=2)
-    assert costs == pytest.approx({"copy from the page cache": 0.2, "a fresh buffer per batch": 0.2,
-                                   "per-sample arrays + collate's copy": 0.6, "main process, fresh shared batches": 0.2,
-                                   "main process, RingLoader slots": 0.04})
+    assert costs == pytest.approx(
+        {
+            "copy from the page cache": 0.2,
+            "a fresh buffer per batch": 0.2,
+            "per-sample arrays + collate's copy": 0.6,
+            "main process, fresh shared batches": 0.2,
+            "main process, RingLoader slots": 0.04,
+        }
+    )
     noisy = dict(results, **{"raw read, fresh batch buffer": [6.0]})  # faster than the reused buffer, by noise
     assert breakdown(noisy, cpu, workers=2)["a fresh buffer per batch"] == 0.0
 
@@ -303,10 +348,15 @@ def test_mapped_batches_gather_every_record_once_into_one_buffer(raw) -> None:
         assert sorted(order) == list(range(raw.n))
         epochs.append(order)
     assert epochs[0] != epochs[1], "a new order each epoch"
-    again = [int(torch.nonzero((truth == row).all(dim=1))[0]) for b in MappedBatches(raw.path, raw.sample_bytes, 8, seed=3)
-             for row in b.clone()]
+    again = [
+        int(torch.nonzero((truth == row).all(dim=1))[0])
+        for b in MappedBatches(raw.path, raw.sample_bytes, 8, seed=3)
+        for row in b.clone()
+    ]
     assert again == epochs[0], "the same seed, the same first epoch"
-    assert torch.equal(torch.cat([b.clone() for b in MappedBatches(raw.path, raw.sample_bytes, 8, shuffle=False)]), truth)
+    assert torch.equal(
+        torch.cat([b.clone() for b in MappedBatches(raw.path, raw.sample_bytes, 8, shuffle=False)]), truth
+    )
 
 
 def test_mapped_batches_refuse_a_file_that_is_not_whole_records(raw) -> None:
@@ -319,14 +369,20 @@ def test_mapped_batches_refuse_a_file_that_is_not_whole_records(raw) -> None:
 @pytest.mark.timeout(120)
 def test_compare_records_measures_every_reader_at_every_size(tmp_path: Path) -> None:
     cpu: dict[int, dict[str, list[float]]] = {}
-    results = compare_records(tmp_path, (4096, 65536), total_bytes=1 << 20, batch_bytes=256 << 10, workers=1, rounds=1,
-                              cpu=cpu)
+    results = compare_records(
+        tmp_path, (4096, 65536), total_bytes=1 << 20, batch_bytes=256 << 10, workers=1, rounds=1, cpu=cpu
+    )
     assert list(results) == [4096, 65536] and list(cpu) == [4096, 65536]
     for size, by_method in results.items():
-        assert list(by_method) == ["fastest raw read", "raw read, record-sized reused buffer",
-                                   "raw read, batch-sized reused buffer", "DataLoader, 1 workers, tensors",
-                                   "DataLoader, 1 workers, NumPy batches", "RingLoader, 1 workers",
-                                   "MappedBatches, no workers"]
+        assert list(by_method) == [
+            "fastest raw read",
+            "raw read, record-sized reused buffer",
+            "raw read, batch-sized reused buffer",
+            "DataLoader, 1 workers, tensors",
+            "DataLoader, 1 workers, NumPy batches",
+            "RingLoader, 1 workers",
+            "MappedBatches, no workers",
+        ]
         assert by_method["fastest raw read"][0] == max(v[0] for k, v in by_method.items() if k.startswith("raw read"))
         assert list(cpu[size]) == list(by_method)[1:]
         assert (tmp_path / f"records-{size}.f32").stat().st_size == 1 << 20

@@ -94,9 +94,11 @@ print("\n".join(nodelist.split(",")))
 
 def clean_env() -> dict[str, str]:
     """This process's environment without anything that would make the child think it is in a job."""
-    drop = re.compile(r"^(SLURM_|SRUN_|SBATCH_|TORCHELASTIC_|COURSE_)|^(RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|"
-                      r"LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|TRAIN_ARGS|"
-                      r"RUNS_DIR|VIRTUAL_ENV)$")
+    drop = re.compile(
+        r"^(SLURM_|SRUN_|SBATCH_|TORCHELASTIC_|COURSE_)|^(RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|"
+        r"LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|TRAIN_ARGS|"
+        r"RUNS_DIR|VIRTUAL_ENV)$"
+    )
     env = {k: v for k, v in os.environ.items() if not drop.match(k)}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     if sys.platform.startswith("linux"):
@@ -106,8 +108,9 @@ def clean_env() -> dict[str, str]:
 
 def run_bounded(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """subprocess.run with a timeout that also stops grandchildren (torchrun, ranks, workers)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -138,18 +141,30 @@ def fake_slurm(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def job_env(tmp_path: Path, fake_bin: Path, data_root: Path, script: str, ntasks_per_node: int, cpus: int) -> dict[str, str]:
+def job_env(
+    tmp_path: Path, fake_bin: Path, data_root: Path, script: str, ntasks_per_node: int, cpus: int
+) -> dict[str, str]:
     """What sbatch would give the batch script for a one-node job, plus the scripts' settings."""
     env = clean_env()
     env.update(
         PATH=f"{fake_bin}{os.pathsep}{env.get('PATH', '')}",
         FAKE_SLURM_LOG=str(tmp_path / "srun.log"),
-        SLURM_JOB_ID=JOB_ID, SLURM_JOB_NAME=script, SLURM_NNODES="1", SLURM_JOB_NODELIST="127.0.0.1",
-        SLURM_NTASKS=str(ntasks_per_node), SLURM_NTASKS_PER_NODE=str(ntasks_per_node),
-        SLURM_CPUS_PER_TASK=str(cpus), SLURM_SUBMIT_DIR=str(ROOT), SLURM_TMPDIR=str(tmp_path / "node-local"),
-        COURSE_DATA_DIR=str(data_root), DATA_SIZE="tiny", GPUS_PER_NODE="2",
-        TRAIN_ARGS=TRAIN_ARGS, RUNS_DIR=str(tmp_path / "runs"),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports()[0]),
+        SLURM_JOB_ID=JOB_ID,
+        SLURM_JOB_NAME=script,
+        SLURM_NNODES="1",
+        SLURM_JOB_NODELIST="127.0.0.1",
+        SLURM_NTASKS=str(ntasks_per_node),
+        SLURM_NTASKS_PER_NODE=str(ntasks_per_node),
+        SLURM_CPUS_PER_TASK=str(cpus),
+        SLURM_SUBMIT_DIR=str(ROOT),
+        SLURM_TMPDIR=str(tmp_path / "node-local"),
+        COURSE_DATA_DIR=str(data_root),
+        DATA_SIZE="tiny",
+        GPUS_PER_NODE="2",
+        TRAIN_ARGS=TRAIN_ARGS,
+        RUNS_DIR=str(tmp_path / "runs"),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_ports()[0]),
     )
     (tmp_path / "node-local").mkdir()
     (tmp_path / "srun.log").touch()
@@ -177,8 +192,15 @@ def test_script_is_well_formed(script: Path) -> None:
     sbatch = [line for line in lines if line.startswith("#SBATCH")]
     assert "#SBATCH --account=CHANGE_ME" in sbatch and "#SBATCH --partition=CHANGE_ME" in sbatch
     assert "CHANGE THESE TWO LINES" in text
-    for option in ("--nodes=", "--ntasks-per-node=", "--time=", "--cpus-per-task=", "--gres=gpu:", "--output=",
-                   "--hint=nomultithread"):
+    for option in (
+        "--nodes=",
+        "--ntasks-per-node=",
+        "--time=",
+        "--cpus-per-task=",
+        "--gres=gpu:",
+        "--output=",
+        "--hint=nomultithread",
+    ):
         assert any(line.split()[1].startswith(option) for line in sbatch), option
     # sbatch stops reading #SBATCH lines at the first command: all must come before it
     first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
@@ -186,23 +208,36 @@ def test_script_is_well_formed(script: Path) -> None:
     # The steps every job shares come from hpc/common.sh, found in the folder the job was submitted from (sbatch
     # runs a copy of the script from its spool folder), with an error naming the path when it is not there.
     code = _code(text)
-    sourcing = ['COMMON="${SLURM_SUBMIT_DIR:-$PWD}/hpc/common.sh"',
-                f'[[ -f "$COMMON" ]] || {{ echo "ERROR: no $COMMON: submit from the course folder (sbatch hpc/{script.name})" '
-                '>&2; exit 1; }',
-                'source "$COMMON"']
+    sourcing = [
+        'COMMON="${SLURM_SUBMIT_DIR:-$PWD}/hpc/common.sh"',
+        f'[[ -f "$COMMON" ]] || {{ echo "ERROR: no $COMMON: submit from the course folder (sbatch hpc/{script.name})" '
+        ">&2; exit 1; }",
+        'source "$COMMON"',
+    ]
     at = code.index(sourcing[0])
-    assert code[at:at + 3] == sourcing, code[at:at + 3]
+    assert code[at : at + 3] == sourcing, code[at : at + 3]
     calls = [(i, line.split()[0]) for i, line in enumerate(code) if line.split()[0] in _common_functions()]
     train = next(i for i, line in enumerate(code) if line.startswith("srun "))
     assert [name for _, name in calls[:3]] == ["course_python", "stage_data", "check_shm"], calls
     assert at < calls[0][0] and calls[2][0] < train, calls  # after sourcing, before training
     assert "show_versions" in [name for _, name in calls]
     # the rank reports are checked: by check_reports, or (train_resumable.sbatch: steps too) by the script itself
-    assert code[-2:] == ['check_reports "$RUN_DIR"', 'echo "== done $(date \'+%F %T\'); reports in $RUN_DIR"'] or (
-        "read_reports" in text and "--ckpt" in text), code[-2:]
+    assert code[-2:] == ['check_reports "$RUN_DIR"', "echo \"== done $(date '+%F %T'); reports in $RUN_DIR\""] or (
+        "read_reports" in text and "--ckpt" in text
+    ), code[-2:]
     job = text + COMMON.read_text()  # what the job runs
-    for needed in ("set -euo pipefail", "course_lib.train", "COURSE_DATA_DIR", "COURSE_VENV", "SLURM_CPUS_PER_TASK",
-                   "/dev/shm", "SLURM_TMPDIR", "--report", "read_reports", "course_lib verify"):
+    for needed in (
+        "set -euo pipefail",
+        "course_lib.train",
+        "COURSE_DATA_DIR",
+        "COURSE_VENV",
+        "SLURM_CPUS_PER_TASK",
+        "/dev/shm",
+        "SLURM_TMPDIR",
+        "--report",
+        "read_reports",
+        "course_lib verify",
+    ):
         assert needed in job, needed
     for needed in ("set -euo pipefail", "SLURM_CPUS_PER_TASK", "--report", "$COURSE_DATA_DIR", "$RUNS_DIR"):
         assert needed in text, needed  # in the script itself
@@ -216,7 +251,9 @@ def test_common_file_says_what_it_does(tmp_path: Path) -> None:
     header = text.split("\n\n", 1)[0]
     assert header.startswith("# hpc/common.sh: ") and all(line.startswith("#") for line in header.splitlines())
     functions = _common_functions()
-    assert {"course_python", "stage_data", "check_shm", "clean_run_dir", "show_versions", "check_reports"} <= set(functions)
+    assert {"course_python", "stage_data", "check_shm", "clean_run_dir", "show_versions", "check_reports"} <= set(
+        functions
+    )
     for name in functions:
         assert re.search(rf"^#\s+{name}\b", header, re.M), f"the header does not describe {name}"
     defaults = re.findall(r'^(?:export )?([A-Z_]+)="\$\{\1:?-', text, re.M)
@@ -228,21 +265,43 @@ def test_common_file_says_what_it_does(tmp_path: Path) -> None:
 def test_sourcing_the_common_file_sets_defaults_and_runs_nothing(tmp_path: Path) -> None:
     """Sourcing it (under the scripts' set -euo pipefail) only fills in the settings not given at submission:
     with no program on PATH, anything it ran would fail."""
-    show = ('set -euo pipefail; source "$1"; for v in COURSE_DATA_DIR DATA_SIZE STAGE_DATA RUNS_DIR COURSE_VENV '
-            'OMP_NUM_THREADS; do echo "$v=${!v}"; done; for v in COURSE_DATA_DIR OMP_NUM_THREADS; do d=$(declare -p $v); echo "${d:0:10}"; done')
+    show = (
+        'set -euo pipefail; source "$1"; for v in COURSE_DATA_DIR DATA_SIZE STAGE_DATA RUNS_DIR COURSE_VENV '
+        'OMP_NUM_THREADS; do echo "$v=${!v}"; done; for v in COURSE_DATA_DIR OMP_NUM_THREADS; do d=$(declare -p $v); echo "${d:0:10}"; done'
+    )
     nothing = tmp_path / "empty-bin"
     nothing.mkdir()
     base = {"HOME": str(tmp_path / "home"), "PATH": str(nothing)}
-    given = dict(COURSE_DATA_DIR="/data", DATA_SIZE="workshop", STAGE_DATA="1", RUNS_DIR="/runs", COURSE_VENV="",
-                 OMP_NUM_THREADS="4")
+    given = dict(
+        COURSE_DATA_DIR="/data",
+        DATA_SIZE="workshop",
+        STAGE_DATA="1",
+        RUNS_DIR="/runs",
+        COURSE_VENV="",
+        OMP_NUM_THREADS="4",
+    )
     for env, expected in [
-        (base, dict(COURSE_DATA_DIR=f"{tmp_path}/home/.cache/pytorch-data-course", DATA_SIZE="small", STAGE_DATA="0",
-                    RUNS_DIR=f"{tmp_path}/runs", COURSE_VENV=f"{tmp_path}/home/venvs/pytorch-data-course",
-                    OMP_NUM_THREADS="1")),
+        (
+            base,
+            dict(
+                COURSE_DATA_DIR=f"{tmp_path}/home/.cache/pytorch-data-course",
+                DATA_SIZE="small",
+                STAGE_DATA="0",
+                RUNS_DIR=f"{tmp_path}/runs",
+                COURSE_VENV=f"{tmp_path}/home/venvs/pytorch-data-course",
+                OMP_NUM_THREADS="1",
+            ),
+        ),
         ({**base, **given}, given),  # given at submission: kept (COURSE_VENV= empty included)
     ]:
-        done = subprocess.run(["/bin/bash", "-c", show, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
-                              text=True, timeout=30)
+        done = subprocess.run(
+            ["/bin/bash", "-c", show, "bash", str(COMMON)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0 and done.stderr == "", done.stderr
         exported = ["declare -x"] * 2  # the two settings python reads itself
         assert done.stdout.splitlines() == [f"{k}={v}" for k, v in expected.items()] + exported, done.stdout
@@ -273,8 +332,9 @@ def test_script_without_the_common_file_says_where_it_looked(tmp_path, fake_slur
     env.update(SLURM_SUBMIT_DIR=str(tmp_path), COURSE_VENV="")
     result = run_bounded(["bash", str(script)], env, timeout=30, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert result.stderr == (f"ERROR: no {tmp_path}/hpc/common.sh: submit from the course folder "
-                             f"(sbatch hpc/{script.name})\n"), result.stderr
+    assert result.stderr == (
+        f"ERROR: no {tmp_path}/hpc/common.sh: submit from the course folder (sbatch hpc/{script.name})\n"
+    ), result.stderr
     assert result.stdout == "" and (tmp_path / "srun.log").read_text() == ""
 
 
@@ -342,7 +402,7 @@ FAKE_JOB_COMMANDS = {  # sh: what the trap calls, recorded in FAKE_SLURM_LOG
     # slurmstepd signals every process of the step; here the step is one process
     "scancel": 'echo "scancel $*" >> "$FAKE_SLURM_LOG"; kill -TERM "$(cat "$FAKE_SLURM_DIR/step.pid")"',
     "scontrol": 'echo "scontrol $*" >> "$FAKE_SLURM_LOG"; '
-                '[ "$1" != show ] || echo "JobId=$4 JobName=x JobState=${FAKE_JOB_STATE:-RUNNING} Reason=None"',
+    '[ "$1" != show ] || echo "JobId=$4 JobName=x JobState=${FAKE_JOB_STATE:-RUNNING} Reason=None"',
 }
 
 
@@ -362,9 +422,15 @@ def resumable_job(tmp_path: Path, fake_slurm: Path, tiny_root: Path):
     procs = []
 
     def start(step: str, **more: str) -> subprocess.Popen:
-        proc = subprocess.Popen(["bash", str(ROOT / "hpc" / "train_resumable.sbatch")], cwd=ROOT,
-                                env=dict(env, FAKE_STEP=step, **more), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(ROOT / "hpc" / "train_resumable.sbatch")],
+            cwd=ROOT,
+            env=dict(env, FAKE_STEP=step, **more),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         procs.append(proc)
         return proc
 
@@ -393,8 +459,11 @@ def _when_checkpointed(proc: subprocess.Popen, run_dir: Path, timeout: float = 3
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("signum, state", [(signal.SIGUSR1, "RUNNING"), (signal.SIGTERM, "RUNNING"),
-                                           (signal.SIGTERM, "CANCELLED")], ids=["USR1", "TERM", "TERM-scancel"])
+@pytest.mark.parametrize(
+    "signum, state",
+    [(signal.SIGUSR1, "RUNNING"), (signal.SIGTERM, "RUNNING"), (signal.SIGTERM, "CANCELLED")],
+    ids=["USR1", "TERM", "TERM-scancel"],
+)
 def test_resumable_trap_stops_the_step_and_requeues(resumable_job, signum, state) -> None:
     """The notice (USR1, to the batch shell only, as --signal=B:USR1 and scancel --batch send it) or a TERM: the trap
     sends SIGTERM to the step found by name, waits for it, and requeues the job while Slurm still runs it; a job
@@ -406,17 +475,25 @@ def test_resumable_trap_stops_the_step_and_requeues(resumable_job, signum, state
     out = _finish(proc)
     assert proc.returncode == 0, out
     calls = log.read_text().splitlines()
-    assert calls[0].startswith("srun --ntasks=1 --cpus-per-task=2 --job-name=train torchrun --standalone "
-                               "--nproc-per-node=2"), calls
+    assert calls[0].startswith(
+        "srun --ntasks=1 --cpus-per-task=2 --job-name=train torchrun --standalone --nproc-per-node=2"
+    ), calls
     assert f"--ckpt {run_dir}/ckpt --report {run_dir} " in calls[0], calls
     requeue = ["scontrol requeue Incomplete 4242"] if state == "RUNNING" else []
-    assert calls[1:] == ["squeue --steps --noheader --jobs 4242 --format=%i %j", "scancel --signal=TERM 4242.0",
-                         "step got SIGTERM", "scontrol show job -o 4242", *requeue], calls
+    assert calls[1:] == [
+        "squeue --steps --noheader --jobs 4242 --format=%i %j",
+        "scancel --signal=TERM 4242.0",
+        "step got SIGTERM",
+        "scontrol show job -o 4242",
+        *requeue,
+    ], calls
     assert f"SIG{signum.name[3:]} reached the batch script" in out, out
     if requeue:
         assert "== scontrol requeue 4242" in out, out
     else:
-        assert "Slurm is ending this job (JobState=CANCELLED): not requeued; to go on: scontrol requeue 4242" in out, out
+        assert "Slurm is ending this job (JobState=CANCELLED): not requeued; to go on: scontrol requeue 4242" in out, (
+            out
+        )
     assert "SLURM_RESTART_COUNT=unset: a first run" in out and "check:" not in out, out
 
 
@@ -429,8 +506,10 @@ def test_resumable_trap_does_not_requeue_a_finished_training(resumable_job) -> N
     out = _finish(proc)
     assert proc.returncode == 0, out
     assert "SLURM_RESTART_COUNT=2: restarted 2 time(s)" in out and "the training had finished" in out, out
-    assert ("check: 2 rank reports, final step 4; the steps come from runs [0]; every step once per rank: yes; samples "
-            "twice in a rank's epoch: 0; samples per epoch: [4, 4]; weights identical on every rank: yes") in out, out
+    assert (
+        "check: 2 rank reports, final step 4; the steps come from runs [0]; every step once per rank: yes; samples "
+        "twice in a rank's epoch: 0; samples per epoch: [4, 4]; weights identical on every rank: yes"
+    ) in out, out
     assert not any(call.startswith("scontrol") for call in log.read_text().splitlines())
 
 
@@ -475,13 +554,29 @@ def test_end_of_job_removes_what_the_job_made_and_nothing_else(tmp_path: Path) -
     foreign = {name: tmp_path / f"not-the-jobs-{name}" for name in ("LOCAL_DIR", "TORCHRUN_LOGS", "CLEAN_AT_EXIT")}
     for folder in foreign.values():
         folder.mkdir()
-    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "COURSE_DATA_DIR": str(data), "DATA_SIZE": "tiny",
-           "STAGE_DATA": "1", "SLURM_JOB_ID": JOB_ID, "SLURM_NNODES": "1", "SLURM_TMPDIR": str(node),
-           **{name: str(folder) for name, folder in foreign.items()}}
-    script = ('set -euo pipefail; source "$1"; stage_data; torchrun_logs; '
-              'mkdir -p "$TORCHRUN_LOGS/run_0/attempt_0"; echo "$TORCHRUN_LOGS"; false')  # a failed step: set -e ends it
-    done = subprocess.run(["/bin/bash", "-c", script, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": os.environ["PATH"],
+        "COURSE_DATA_DIR": str(data),
+        "DATA_SIZE": "tiny",
+        "STAGE_DATA": "1",
+        "SLURM_JOB_ID": JOB_ID,
+        "SLURM_NNODES": "1",
+        "SLURM_TMPDIR": str(node),
+        **{name: str(folder) for name, folder in foreign.items()},
+    }
+    script = (
+        'set -euo pipefail; source "$1"; stage_data; torchrun_logs; '
+        'mkdir -p "$TORCHRUN_LOGS/run_0/attempt_0"; echo "$TORCHRUN_LOGS"; false'
+    )  # a failed step: set -e ends it
+    done = subprocess.run(
+        ["/bin/bash", "-c", script, "bash", str(COMMON)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and done.stderr == "", done.stderr
     assert done.stdout.splitlines()[-1] == f"{node}/course-torchrun-{JOB_ID}", done.stdout
     assert list(node.iterdir()) == []  # the copy of the data and torchrun's folder, both gone
@@ -496,14 +591,29 @@ def test_staging_falls_back_from_slurm_tmpdir_to_tmpdir_to_tmp(tmp_path: Path, w
     (data / "shapes-tiny-seed0" / "train").mkdir(parents=True)
     (data / "shapes-tiny-seed0" / "manifest.json").write_text("{}")
     job = f"fallback{os.getpid()}{where}"
-    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "COURSE_DATA_DIR": str(data), "DATA_SIZE": "tiny",
-           "STAGE_DATA": "1", "SLURM_JOB_ID": job, "SLURM_NNODES": "1"}
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": os.environ["PATH"],
+        "COURSE_DATA_DIR": str(data),
+        "DATA_SIZE": "tiny",
+        "STAGE_DATA": "1",
+        "SLURM_JOB_ID": job,
+        "SLURM_NNODES": "1",
+    }
     if where != "neither":
         env[where] = str(tmp_path / where.lower())
         (tmp_path / where.lower()).mkdir()
-    script = 'set -euo pipefail; source "$1"; stage_data; echo "COURSE_DATA_DIR=$COURSE_DATA_DIR"; ls "$COURSE_DATA_DIR"'
-    done = subprocess.run(["/bin/bash", "-c", script, "bash", str(COMMON)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    script = (
+        'set -euo pipefail; source "$1"; stage_data; echo "COURSE_DATA_DIR=$COURSE_DATA_DIR"; ls "$COURSE_DATA_DIR"'
+    )
+    done = subprocess.run(
+        ["/bin/bash", "-c", script, "bash", str(COMMON)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     base = {"SLURM_TMPDIR": tmp_path / "slurm_tmpdir", "TMPDIR": tmp_path / "tmpdir", "neither": Path("/tmp")}[where]
     assert f"COURSE_DATA_DIR={base}/course-data-{job}\n" in done.stdout

@@ -80,7 +80,9 @@ def test_timeline_is_consistent(images, num_workers: int) -> None:
     loader = timed_loader(images, step_s=0.002, batch_size=16, num_workers=num_workers)
     epoch = loader.last
     _check_consistent(epoch, len(images), 16, num_workers)
-    assert epoch.nbytes == sum(x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in DataLoader(images, batch_size=16))
+    assert epoch.nbytes == sum(
+        x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in DataLoader(images, batch_size=16)
+    )
     assert epoch.samples_per_s > 0 and epoch.mb_per_s > 0
     assert all(b.step >= 0.002 for b in epoch.batches)
     if num_workers:
@@ -127,7 +129,12 @@ class _Broken(InMemoryDataset):
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_failing_sample_shows_the_original_error_and_its_index(num_workers: int) -> None:
-    loader = InstrumentedLoader(_Broken(torch.arange(10)), batch_size=4, num_workers=num_workers, multiprocessing_context="fork" if num_workers else None)
+    loader = InstrumentedLoader(
+        _Broken(torch.arange(10)),
+        batch_size=4,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
     with pytest.raises(ValueError) as info:
         list(loader)
     text = str(info.value) + "".join(getattr(info.value, "__notes__", []))
@@ -225,7 +232,9 @@ def test_no_stale_start_after_a_skipped_error_or_the_end_of_a_stream(num_workers
             for v in super().__iter__():
                 yield v
 
-    loader = InstrumentedLoader(SlowFirst(12), batch_size=3, num_workers=num_workers, persistent_workers=num_workers > 0)
+    loader = InstrumentedLoader(
+        SlowFirst(12), batch_size=3, num_workers=num_workers, persistent_workers=num_workers > 0
+    )
     list(loader)
     time.sleep(0.3)  # a gap between epochs must not count as loading time of the next epoch's first batch
     list(loader)

@@ -37,7 +37,11 @@ from course_lib.iterable import (
     worker_shares,
 )
 
-pytestmark = [pytest.mark.quick, pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+pytestmark = [
+    pytest.mark.quick,
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+]
 
 
 def numbers(loader) -> list[int]:
@@ -91,8 +95,14 @@ def test_unknown_sharding_and_bad_sizes() -> None:
 # ------------------------------------------------------------------ the pitfall and the fix, in this process
 
 
-@given(n=st.integers(0, 60), k=st.integers(1, 4), sharding=st.sampled_from(["strided", "contiguous"]),
-       shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 3))
+@given(
+    n=st.integers(0, 60),
+    k=st.integers(1, 4),
+    sharding=st.sampled_from(["strided", "contiguous"]),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+)
 def test_sharded_stream_yields_each_item_once_over_workers(n, k, sharding, shuffle, seed, epoch) -> None:
     def make():
         ds = ShardedStream(n, sharding, shuffle=shuffle, seed=seed)
@@ -136,7 +146,7 @@ def test_buffer_shuffle_is_a_permutation_with_bounded_backward_moves(n: int, siz
 
 
 def test_buffer_shuffled_dataset_is_seeded_per_worker_and_epoch() -> None:
-    make = lambda: BufferShuffled(ShardedStream(40), size=8, seed=0)  # noqa: E731
+    make = lambda: BufferShuffled(ShardedStream(40), size=8, seed=0)
     parts = in_workers(make, 2)
     assert sorted(parts[0] + parts[1]) == list(range(40))
     ds = make()
@@ -164,6 +174,7 @@ def test_endless_stream_is_deterministic_per_worker() -> None:
 
 def test_endless_stream_differs_between_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded by (seed, epoch, worker) alone, every DDP rank would draw the very same batches."""
+
     def first(rank: str) -> torch.Tensor:
         monkeypatch.setenv("RANK", rank)
         return next(iter(EndlessStream(seed=0)))[0]
@@ -194,7 +205,13 @@ def _reference(n: int, b: int | None, k: int, drop_last: bool, sharded: bool = T
     return [p[r] for r in range(max(map(len, per), default=0)) for p in per if r < len(p)]
 
 
-@given(n=st.integers(0, 80), b=st.one_of(st.none(), st.integers(1, 12)), k=st.integers(0, 5), drop_last=st.booleans(), sharded=st.booleans())
+@given(
+    n=st.integers(0, 80),
+    b=st.one_of(st.none(), st.integers(1, 12)),
+    k=st.integers(0, 5),
+    drop_last=st.booleans(),
+    sharded=st.booleans(),
+)
 def test_epoch_batch_sizes_follow_the_per_worker_rule(n, b, k, drop_last, sharded) -> None:
     sizes = epoch_batch_sizes(n, b, k, drop_last, sharded=sharded)
     assert sizes == _reference(n, b, k, drop_last, sharded)
@@ -214,12 +231,22 @@ def test_epoch_batch_sizes_worked_examples() -> None:
 
 @pytest.mark.timeout(300)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(0, 23), b=st.integers(1, 6), k=st.integers(0, 3), drop_last=st.booleans(),
-       sharding=st.sampled_from(["strided", "contiguous"]))
+@given(
+    n=st.integers(0, 23),
+    b=st.integers(1, 6),
+    k=st.integers(0, 3),
+    drop_last=st.booleans(),
+    sharding=st.sampled_from(["strided", "contiguous"]),
+)
 def test_real_dataloader_matches_the_prediction_and_yields_each_item_once(n, b, k, drop_last, sharding) -> None:
     """Property test with real worker processes: few examples, as each one starts up to 3 workers."""
-    batches = loader_batches(ShardedStream(n, sharding, with_worker=True), batch_size=b, num_workers=k,
-                             drop_last=drop_last, timeout=60 if k else 0)
+    batches = loader_batches(
+        ShardedStream(n, sharding, with_worker=True),
+        batch_size=b,
+        num_workers=k,
+        drop_last=drop_last,
+        timeout=60 if k else 0,
+    )
     assert [x.size for x in batches] == epoch_batch_sizes(n, b, k, drop_last)
     got = [i for x in batches for i in x.samples]
     assert len(got) == len(set(got))
@@ -238,7 +265,11 @@ def test_real_dataloader_naive_vs_sharded_vs_worker_init_fn(k: int) -> None:
     sharded = numbers(DataLoader(ShardedStream(12), batch_size=None, num_workers=k, timeout=wait))
     assert sorted(sharded) == list(range(12))
     if k:
-        fixed = numbers(DataLoader(RangeStream(12), batch_size=None, num_workers=k, worker_init_fn=split_range_per_worker, timeout=60))
+        fixed = numbers(
+            DataLoader(
+                RangeStream(12), batch_size=None, num_workers=k, worker_init_fn=split_range_per_worker, timeout=60
+            )
+        )
         assert sorted(fixed) == list(range(12))
 
 

@@ -48,8 +48,9 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 @pytest.mark.full
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
-def test_launch_collects_each_ranks_output_in_rank_order(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                         style: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launch_collects_each_ranks_output_in_rank_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], style: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     temp = tmp_path / "temp"  # the job's temporary folder: torchrun kept a torchelastic_* folder of logs there
     temp.mkdir()
     monkeypatch.setenv("TMPDIR", str(temp))
@@ -76,8 +77,14 @@ def test_a_failed_rank_raises_with_its_own_error(tmp_path: Path, style: str) -> 
 def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None:
     pids = tmp_path / "helper-pids"
     with pytest.raises(LaunchError, match="timed out") as info:
-        launch(write(tmp_path, "hangs.py", SCRIPT_HANGS), nproc=2, timeout=10, show=False, style=style,
-               env={"HELPER_PIDS": str(pids)})
+        launch(
+            write(tmp_path, "hangs.py", SCRIPT_HANGS),
+            nproc=2,
+            timeout=10,
+            show=False,
+            style=style,
+            env={"HELPER_PIDS": str(pids)},
+        )
     result = info.value.result
     assert result.timed_out and not result.ok and result.seconds < 25
     assert result.ranks[0] == ["started"] and result.ranks[1] == ["started"]  # unbuffered: output survives the kill
@@ -106,9 +113,14 @@ def test_the_rank_that_crashed_is_named_not_the_one_that_lost_it() -> None:
     from course_lib.jobs import LaunchResult
 
     result = LaunchResult(2, 1, False, 3.0)
-    result.ranks = {0: ["epoch 0", "RuntimeError: Connection closed by peer [127.0.0.1]:59556. This is typically caused "
-                        "by a remote worker crashing."],
-                    1: ["RuntimeError: rank 1 crashed on purpose at batch 2 (--crash-rank)"]}
+    result.ranks = {
+        0: [
+            "epoch 0",
+            "RuntimeError: Connection closed by peer [127.0.0.1]:59556. This is typically caused "
+            "by a remote worker crashing.",
+        ],
+        1: ["RuntimeError: rank 1 crashed on purpose at batch 2 (--crash-rank)"],
+    }
     result.launcher = ["Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)"]
     assert result.failed_rank() == 1 and result.first_error().startswith("RuntimeError: rank 1 crashed")
     result.launcher = ["Root Cause (first observed failure):", "  rank      : 1 (local_rank: 1)"]

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 LEARNERS = {"pdcada": "ada-Lovelace-1815", "pdcbob": "bob-Babbage-1791"}  # accounts the test makes and removes
 FIRST = "01_map_style_datasets.ipynb"
 SECOND = "02_transforms.ipynb"
-ANSWER = '''class Squares(Dataset):
+ANSWER = """class Squares(Dataset):
     def __init__(self, n):
         self.n = n
 
@@ -52,7 +52,7 @@ ANSWER = '''class Squares(Dataset):
         if not 0 <= i < self.n:
             raise IndexError(i)
         return i, i ** 2
-'''
+"""
 RUN_ALL_TIMEOUT = 240.0
 
 
@@ -121,7 +121,9 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     if os.geteuid() != 0:
         skip_unless_ci("the hub stage makes system accounts and a shared environment in /opt: it needs root")
     if chp_command() is None:
-        skip_unless_ci("configurable-http-proxy is not installed (.ci/run installs it: npm install configurable-http-proxy)")
+        skip_unless_ci(
+            "configurable-http-proxy is not installed (.ci/run installs it: npm install configurable-http-proxy)"
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -179,7 +181,9 @@ def test_each_learner_pulls_the_course_runs_notebook_01_and_solves_an_exercise(s
         notebook.screenshot("3-solved", check)
         assert "✅ Exercise 01.1" in verdict, verdict[-500:]
         notebook.page.keyboard.press("Control+s")  # saved: the answer is in the learner's file now
-        assert poll_until(lambda: "raise IndexError(i)" in pulled.read_text(), 30), "the saved notebook holds the answer"
+        assert poll_until(lambda: "raise IndexError(i)" in pulled.read_text(), 30), (
+            "the saved notebook holds the answer"
+        )
         stage.solved[user] = notebook
         stage.seconds[f"{user}: log in, pull, Run All, solve"] = round(time.monotonic() - start, 1)
 
@@ -204,9 +208,11 @@ def test_one_learner_cannot_read_or_write_anothers_notebooks(stage: Stage) -> No
         status, body = http(f"{stage.hub.url}/user/{bob}/api/contents/{path}", bob_token)
         assert status in (400, 403, 404), (path, status, str(body)[:200])
     # through a kernel of bob's server: the operating system refuses
-    probe = (f"import pathlib\np = pathlib.Path({str(target)!r})\n"
-             "for what, do in (('read', p.read_text), ('write', lambda: p.write_text('{}')), ('list', lambda: list(p.parent.iterdir()))):\n"
-             "    try:\n        do()\n        print(what, 'ALLOWED')\n    except PermissionError:\n        print(what, 'denied')\n")
+    probe = (
+        f"import pathlib\np = pathlib.Path({str(target)!r})\n"
+        "for what, do in (('read', p.read_text), ('write', lambda: p.write_text('{}')), ('list', lambda: list(p.parent.iterdir()))):\n"
+        "    try:\n        do()\n        print(what, 'ALLOWED')\n    except PermissionError:\n        print(what, 'denied')\n"
+    )
     out = run_code(stage.hub, bob, bob_token, probe)
     assert out["stdout"].split() == ["read", "denied", "write", "denied", "list", "denied"], out
     assert "raise IndexError(i)" in target.read_text(), "ada's answer is untouched"
@@ -232,40 +238,62 @@ def test_an_update_of_the_course_keeps_the_learners_answer(stage: Stage) -> None
     upstream = json.loads((REPO / "notebooks" / FIRST).read_text())
     # the maintainers change the same exercise cell (a conflicting edit) and publish a new file
     cell = next(c for c in upstream["cells"] if "class Squares(Dataset):" in "".join(c["source"]))
-    cell["source"] = ["".join(cell["source"]).replace("raise NotImplementedError  # store n on self",
-                                                      "raise NotImplementedError  # (updated hint) store n on self")]
+    cell["source"] = [
+        "".join(cell["source"]).replace(
+            "raise NotImplementedError  # store n on self",
+            "raise NotImplementedError  # (updated hint) store n on self",
+        )
+    ]
     # and notebook 02 now needs a newer course_lib than the hub's environment has
     second = REPO / "notebooks" / SECOND
-    newer = second.read_text().replace(f'course_lib.require(\\"{course_lib.__version__}\\")', 'course_lib.require(\\"99.0\\")', 1)
+    newer = second.read_text().replace(
+        f'course_lib.require(\\"{course_lib.__version__}\\")', 'course_lib.require(\\"99.0\\")', 1
+    )
     assert newer != second.read_text()
-    stage.hub.publish({f"notebooks/{FIRST}": json.dumps(upstream, indent=1, ensure_ascii=False) + "\n",
-                       f"notebooks/{SECOND}": newer,
-                       "notebooks/WHATS_NEW.md": "# What's new\n\nA new commit of the course.\n"},
-                      "A course update: a new file, a conflicting edit of exercise 01.1's cell, notebook 02 for course_lib 99.0")
+    stage.hub.publish(
+        {
+            f"notebooks/{FIRST}": json.dumps(upstream, indent=1, ensure_ascii=False) + "\n",
+            f"notebooks/{SECOND}": newer,
+            "notebooks/WHATS_NEW.md": "# What's new\n\nA new commit of the course.\n",
+        },
+        "A course update: a new file, a conflicting edit of exercise 01.1's cell, notebook 02 for course_lib 99.0",
+    )
     stage.pull(ada, "4-updated")
     home = stage.hub.home(ada) / "course"
     assert (home / "notebooks" / "WHATS_NEW.md").is_file(), "the update's new file arrived"
     text = mine.read_text()
     assert "raise IndexError(i)" in text, "the learner's answer survived the merge"
-    assert "(updated hint)" not in text, "in a conflicting edit the learner's version wins (nbgitpuller merges with -Xours)"
+    assert "(updated hint)" not in text, (
+        "in a conflicting edit the learner's version wins (nbgitpuller merges with -Xours)"
+    )
     # the updated notebook 02, on the environment as the admin installed it: its first cell says what to do
     cells = json.loads((home / "notebooks" / SECOND).read_text())["cells"]
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
     out = run_code(stage.hub, ada, stage.hub.user_token(ada), first)
-    assert out["error"].startswith(f"CourseLibTooOldError: this notebook needs course_lib 99.0 or newer, and the "
-                                   f"environment has {course_lib.__version__}"), out
+    assert out["error"].startswith(
+        f"CourseLibTooOldError: this notebook needs course_lib 99.0 or newer, and the "
+        f"environment has {course_lib.__version__}"
+    ), out
 
 
 @pytest.mark.timeout(300)
 def test_the_doctor_in_a_learners_server_reports_the_hubs_limits(stage: Stage) -> None:
     ada = "pdcada"
     token = stage.hub.user_token(ada)
-    out = run_code(stage.hub, ada, token, "import subprocess, sys\n"
-                   "print(subprocess.run([sys.executable, '-m', 'course_lib', 'doctor', '--json'], capture_output=True,"
-                   " text=True, timeout=120).stdout)", timeout=180)
+    out = run_code(
+        stage.hub,
+        ada,
+        token,
+        "import subprocess, sys\n"
+        "print(subprocess.run([sys.executable, '-m', 'course_lib', 'doctor', '--json'], capture_output=True,"
+        " text=True, timeout=120).stdout)",
+        timeout=180,
+    )
     report = json.loads(out["stdout"])
     facts, by_name = report["facts"], {r["name"]: r for r in report["results"]}
     assert facts["hub_cpu_limit"] == 2.0 and facts["hub_mem_limit_mb"] == 4096.0, facts
     assert by_name["memory"]["finding"] == "4,096 MB (the hub's MEM_LIMIT)"
     assert "the hub's CPU_LIMIT" in by_name["CPU limit"]["finding"]
-    assert facts["data_folder"] == str(stage.hub.prefix / "data") and by_name["course data"]["status"] == "ok", by_name["course data"]
+    assert facts["data_folder"] == str(stage.hub.prefix / "data") and by_name["course data"]["status"] == "ok", by_name[
+        "course data"
+    ]

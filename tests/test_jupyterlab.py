@@ -38,8 +38,21 @@ import pytest
 
 from course_lib.jobs import free_ports
 
-from jupyterlab_ui import (CHROMIUM_FLAGS, VIEWPORT, LabError, LabServer, Notebook, StuckCell, end_group, expect,
-                           find_chromium, opened_notebook, readme_jupyter_command, request, wait_for_server)
+from jupyterlab_ui import (
+    CHROMIUM_FLAGS,
+    VIEWPORT,
+    LabError,
+    LabServer,
+    Notebook,
+    StuckCell,
+    end_group,
+    expect,
+    find_chromium,
+    opened_notebook,
+    readme_jupyter_command,
+    request,
+    wait_for_server,
+)
 from ordinary_user import CannotRunAsUser, User, current_user, throwaway_user
 
 pytestmark = [pytest.mark.full, pytest.mark.stage]  # a stage of the suite: `pytest -m "not stage"` leaves it out
@@ -87,7 +100,9 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
     command = readme_jupyter_command(REPO)  # e.g. ["jupyter", "lab", "--allow-root", "notebooks/01_....ipynb"]
     first = opened_notebook(command)
     bin_dir = Path(sys.executable).parent  # the venv's bin/, first on PATH as after `. .venv/bin/activate`
-    assert (bin_dir / command[0]).exists(), f"{command[0]} is not installed in this environment: pip install -r requirements.txt"
+    assert (bin_dir / command[0]).exists(), (
+        f"{command[0]} is not installed in this environment: pip install -r requirements.txt"
+    )
     port, token = free_ports()[0], secrets.token_hex(16)
     env = {"PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), "VIRTUAL_ENV": sys.prefix}
     if learner.uid == os.geteuid():
@@ -95,20 +110,39 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
         env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")  # connection files in the test's folder, not the user's
     else:  # another user runs from their own copy (a clone is its owner's), with their own Jupyter folders
         root = learner.home / "course"
-        shutil.copytree(REPO / "notebooks", root / "notebooks",
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"))
+        shutil.copytree(
+            REPO / "notebooks",
+            root / "notebooks",
+            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"),
+        )
         learner.give(root)
-    started = [*learner.prefix, *command, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
+    started = [
+        *learner.prefix,
+        *command,
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+    ]
     log_path = tmp_path / "jupyterlab.log"
     base = f"http://127.0.0.1:{port}"
     who = f"{shlex.join(command)} as {learner.name} ({learner.how})"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(started, cwd=root, env=learner.env(**env), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            started,
+            cwd=root,
+            env=learner.env(**env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         try:
-            status = wait_for_server(base, token, proc, START_TIMEOUT, lambda: log_path.read_text(errors="replace")[-3000:])
+            status = wait_for_server(
+                base, token, proc, START_TIMEOUT, lambda: log_path.read_text(errors="replace")[-3000:]
+            )
         except LabError as exc:
             pytest.fail(f"{who}: {exc}")
         assert "started" in status
@@ -197,7 +231,7 @@ class LearnerPath:
     check: str | None = None
 
 
-SQUARES = '''class Squares(Dataset):
+SQUARES = """class Squares(Dataset):
     def __init__(self, n):
         self.n = n
 
@@ -206,8 +240,8 @@ SQUARES = '''class Squares(Dataset):
 
     def __getitem__(self, i):
 {guard}        return i, i ** 2
-'''
-WORKER_MODULE = '''%%writefile scratch/my_workers.py
+"""
+WORKER_MODULE = """%%writefile scratch/my_workers.py
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
@@ -231,39 +265,81 @@ class GaussianNoise:
 def seed_worker(worker_id):
     info = get_worker_info()
     info.dataset.rng = np.random.default_rng({seed})
-'''
-SEEN = '''    counts = collections.Counter()
+"""
+SEEN = """    counts = collections.Counter()
     for rank_steps in steps.values():
         for step in rank_steps:
 {only_epoch}            counts.update(step["indices"])
-    return sorted(i for i, c in counts.items() if c > 1), sorted(set(range(n)) - set(counts))'''
+    return sorted(i for i, c in counts.items() if c > 1), sorted(set(range(n)) - set(counts))"""
 LEARNER_PATHS = [
     # 01.1: the wrong class forgets IndexError past the end (a plausible slip: the check says so).
-    pytest.param(LearnerPath("01", ("## 2 · ", "## 3 · "), "01.1", cell="class Squares(Dataset):",
-                             check="check.squares_dataset(Squares)", wrong=SQUARES.format(guard=""),
-                             right=SQUARES.format(guard="        if i < 0:\n            i += self.n\n"
-                                                               "        if not 0 <= i < self.n:\n            raise IndexError(i)\n")),
-                 id="01.1"),
-    pytest.param(LearnerPath("04", ("### Exercise 04.4", "## 5 · "), "04.3", cell="def workers_needed(",
-                             stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
-                             wrong="    return int(load_s / step_s)", right="    return math.ceil(load_s / step_s)"),
-                 id="04.3"),
+    pytest.param(
+        LearnerPath(
+            "01",
+            ("## 2 · ", "## 3 · "),
+            "01.1",
+            cell="class Squares(Dataset):",
+            check="check.squares_dataset(Squares)",
+            wrong=SQUARES.format(guard=""),
+            right=SQUARES.format(
+                guard="        if i < 0:\n            i += self.n\n"
+                "        if not 0 <= i < self.n:\n            raise IndexError(i)\n"
+            ),
+        ),
+        id="01.1",
+    ),
+    pytest.param(
+        LearnerPath(
+            "04",
+            ("### Exercise 04.4", "## 5 · "),
+            "04.3",
+            cell="def workers_needed(",
+            stub="    raise NotImplementedError  # the fewest workers that keep up with the loop",
+            wrong="    return int(load_s / step_s)",
+            right="    return math.ceil(load_s / step_s)",
+        ),
+        id="04.3",
+    ),
     # 13.2: no workers at all is the plausible wrong answer (the loop waits most of the time).
-    pytest.param(LearnerPath("13", ("## 4 · ", "### Pitfall: fewer shards"), "13.2", cell="tuned = ...", stub="tuned = ...",
-                             wrong="tuned = 0",
-                             right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)"),
-                 id="13.2"),
+    pytest.param(
+        LearnerPath(
+            "13",
+            ("## 4 · ", "### Pitfall: fewer shards"),
+            "13.2",
+            cell="tuned = ...",
+            stub="tuned = ...",
+            wrong="tuned = 0",
+            right="tuned = min(w for w, r in results.items() if r.steady_stall_fraction < capstone.STALL_TARGET)",
+        ),
+        id="13.2",
+    ),
     # 05.2: the module's seed_worker seeds every worker alike (a constant seed); once the check passes, the section
     # after it imports the module and runs it in spawn workers (with the stub, that cell only says to solve 05.2).
-    pytest.param(LearnerPath("05", ("### Exercise 05.2", "## 4 · "), "05.2", cell="%%writefile scratch/my_workers.py",
-                             check='check.worker_module(scratch / "my_workers.py")',
-                             wrong=WORKER_MODULE.format(seed="0"), right=WORKER_MODULE.format(seed="info.seed")),
-                 id="05.2"),
+    pytest.param(
+        LearnerPath(
+            "05",
+            ("### Exercise 05.2", "## 4 · "),
+            "05.2",
+            cell="%%writefile scratch/my_workers.py",
+            check='check.worker_module(scratch / "my_workers.py")',
+            wrong=WORKER_MODULE.format(seed="0"),
+            right=WORKER_MODULE.format(seed="info.seed"),
+        ),
+        id="05.2",
+    ),
     # 14.1: counting over every epoch is the plausible slip (the restarted epoch is the one asked about).
-    pytest.param(LearnerPath("14", ("### Exercise 14.1", "## 2 · "), "14.1", cell="def seen_twice_and_never(",
-                             stub="    raise NotImplementedError", wrong=SEEN.format(only_epoch=""),
-                             right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n')),
-                 id="14.1"),
+    pytest.param(
+        LearnerPath(
+            "14",
+            ("### Exercise 14.1", "## 2 · "),
+            "14.1",
+            cell="def seen_twice_and_never(",
+            stub="    raise NotImplementedError",
+            wrong=SEEN.format(only_epoch=""),
+            right=SEEN.format(only_epoch='            if step["epoch"] != epoch:\n                continue\n'),
+        ),
+        id="14.1",
+    ),
 ]
 
 
@@ -322,7 +398,9 @@ class Stage:
                 self.seconds[number]["run_all"] = round(time.monotonic() - start, 1)
                 notebook.screenshot("after-run-all")
                 notebook.check_ran(_ran_cells(notebook, number))
-                self.seen.setdefault(number, {})["stderr"] = [(notebook.describe(i), text[-300:]) for i, text in notebook.stderr()]
+                self.seen.setdefault(number, {})["stderr"] = [
+                    (notebook.describe(i), text[-300:]) for i, text in notebook.stderr()
+                ]
                 self.pages[number] = notebook
             except Exception as exc:
                 self.failed[number] = str(exc)
@@ -335,16 +413,21 @@ class Stage:
         for i, cell in enumerate(notebook.cells):
             if any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.get("outputs", [])):
                 shown = notebook.outputs(i)
-                seen.setdefault("widgets_before_run", []).append({
-                    "cell": notebook.describe(i), "rendered_as_widget": any(o["widget"] for o in shown),
-                    "text": " ".join(o["text"] for o in shown)[:200]})
+                seen.setdefault("widgets_before_run", []).append(
+                    {
+                        "cell": notebook.describe(i),
+                        "rendered_as_widget": any(o["widget"] for o in shown),
+                        "text": " ".join(o["text"] for o in shown)[:200],
+                    }
+                )
                 notebook.screenshot("widget-before-run", i)
 
     def write_report(self) -> None:
         for number, notebook in self.pages.items():  # errors logged by the page's JavaScript, for a person to read
             self.seen.setdefault(number, {})["console_errors"] = notebook.console_errors[:20]
-        (self.shots / "observations.json").write_text(json.dumps({"seconds": self.seconds, "seen": self.seen}, indent=1,
-                                                                  ensure_ascii=False))
+        (self.shots / "observations.json").write_text(
+            json.dumps({"seconds": self.seconds, "seen": self.seen}, indent=1, ensure_ascii=False)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -353,20 +436,26 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         if os.environ.get("CI"):
-            pytest.fail("playwright is not installed, and CI must check the notebooks in JupyterLab: pip install -r requirements.txt")
+            pytest.fail(
+                "playwright is not installed, and CI must check the notebooks in JupyterLab: pip install -r requirements.txt"
+            )
         pytest.skip("no playwright: `pip install -r requirements.txt` to check the notebooks in JupyterLab")
     chromium = find_chromium()
     if chromium is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is not installed, and CI must check the notebooks in JupyterLab: apt-get install chromium")
+            pytest.fail(
+                "chromium is not installed, and CI must check the notebooks in JupyterLab: apt-get install chromium"
+            )
         pytest.skip("no chromium on PATH: `apt-get install chromium` (Debian) to check the notebooks in JupyterLab")
     shots = Path(os.environ.get("JUPYTERLAB_SCREENSHOTS") or tmp_path_factory.mktemp("jupyterlab-screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     home = tmp_path_factory.mktemp("jupyterlab-course")
     data = home / "course-data"  # empty: the first notebook prepares the data, with its progress bar
-    env = {"COURSE_DATA_DIR": str(data),
-           # the kernels import this checkout's course_lib and course_tools, whatever is installed
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        "COURSE_DATA_DIR": str(data),
+        # the kernels import this checkout's course_lib and course_tools, whatever is installed
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     lab = LabServer(REPO, home, env=env)
     try:
         with sync_playwright() as playwright:
@@ -401,8 +490,11 @@ def test_figures_are_images(number: str, stage: Stage) -> None:
     """Every cell run whose committed outputs have a picture shows one: an image that decoded."""
     notebook = stage.ran(number)
     ran = set(_ran_cells(notebook, number))
-    cells = [i for i, c in enumerate(notebook.cells)
-             if i in ran and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    cells = [
+        i
+        for i, c in enumerate(notebook.cells)
+        if i in ran and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
+    ]
     assert cells, f"{notebook.name} has no figure in its committed outputs"
     broken = {}
     for i in cells:
@@ -424,7 +516,8 @@ def test_progress_bar_is_a_widget(stage: Stage) -> None:
     i = notebook.index("data.prepare_data(", "code")
     shown = notebook.outputs(i)
     assert not any(o["mime"] == "application/vnd.jupyter.stderr" for o in shown), (
-        f"{notebook.describe(i)} shows its progress as text: {[o['text'][:200] for o in shown]}")
+        f"{notebook.describe(i)} shows its progress as text: {[o['text'][:200] for o in shown]}"
+    )
     bars = [o for o in shown if o["widget"]]
     if not bars or "100%" not in bars[-1]["text"]:
         raise notebook.fail(f"{notebook.describe(i)}: no finished progress bar widget, outputs {shown}", i)
@@ -473,7 +566,9 @@ def test_explorer_widget_responds(stage: Stage) -> None:
         expect(output.locator("img").last).to_have_js_property("complete", True, timeout=10_000)
         expect(output.locator("img").last).not_to_have_js_property("naturalWidth", 0, timeout=10_000)
     except AssertionError:
-        raise notebook.fail(f"the explorer's button drew no timeline with 1 worker: {notebook.output_text(i)[-500:]!r}", i) from None
+        raise notebook.fail(
+            f"the explorer's button drew no timeline with 1 worker: {notebook.output_text(i)[-500:]!r}", i
+        ) from None
     assert notebook.output_text(i) != before
     notebook.screenshot("explorer-measured", i)
     assert not notebook.errors([i]), notebook.errors([i])
@@ -495,8 +590,12 @@ def test_explorer_labels_fit(stage: Stage) -> None:
 def test_widgets_before_run_are_not_raw_reprs(stage: Stage) -> None:
     """On opening a notebook, a committed widget output shows no Python repr such as ``VBox(children=(...``."""
     stage.ran("04")
-    raw = [w for number in OPENED for w in stage.seen.get(number, {}).get("widgets_before_run", [])
-           if not w["rendered_as_widget"] and "(children=" in w["text"]]
+    raw = [
+        w
+        for number in OPENED
+        for w in stage.seen.get(number, {}).get("widgets_before_run", [])
+        if not w["rendered_as_widget"] and "(children=" in w["text"]
+    ]
     if raw:
         raise LooksWrong(f"widget outputs shown as raw text before their cells run: {raw}")
 
@@ -511,7 +610,9 @@ def _answer(notebook: Notebook, path: LearnerPath, index: int, answer: str) -> s
     source = notebook.source(index)
     if path.stub is None:
         return answer
-    assert path.stub in source, f"{notebook.describe(index)} no longer contains the stub {path.stub!r}: update LEARNER_PATHS"
+    assert path.stub in source, (
+        f"{notebook.describe(index)} no longer contains the stub {path.stub!r}: update LEARNER_PATHS"
+    )
     return source.replace(path.stub, answer, 1)
 
 
@@ -533,8 +634,11 @@ def test_learner_path_after_run_all(path: LearnerPath, stage: Stage) -> None:
             verdict = _verdict(notebook.output_text(check), path.code)
             shot = notebook.screenshot(f"exercise-{path.code}-{kind}", check)
             if not verdict.startswith(f"{mark} Exercise {path.code}"):
-                raise notebook.fail(f"after the {kind} answer, {notebook.describe(check)} printed "
-                                    f"{verdict or notebook.output_text(check)[-300:]!r}, not {mark} (see {shot.name})", check)
+                raise notebook.fail(
+                    f"after the {kind} answer, {notebook.describe(check)} printed "
+                    f"{verdict or notebook.output_text(check)[-300:]!r}, not {mark} (see {shot.name})",
+                    check,
+                )
         seconds["exercise"] = round(time.monotonic() - start, 1)
 
     # The learner goes on: the section, again, in the same kernel.
@@ -553,8 +657,10 @@ def test_learner_path_after_run_all(path: LearnerPath, stage: Stage) -> None:
     try:
         notebook.check_ran(code, since=before)
     except LabError as exc:
-        raise SectionBroke(f"re-running {notebook.describe(first)} .. {notebook.describe(stop - 1)} after Run All"
-                           f"{f' and exercise {path.code}' if path.code else ''}: {exc}") from None
+        raise SectionBroke(
+            f"re-running {notebook.describe(first)} .. {notebook.describe(stop - 1)} after Run All"
+            f"{f' and exercise {path.code}' if path.code else ''}: {exc}"
+        ) from None
     notebook.screenshot(f"rerun-{path.code or 'section'}-done", code[-1])
 
 
@@ -562,10 +668,22 @@ def test_learner_path_after_run_all(path: LearnerPath, stage: Stage) -> None:
 def test_the_stage_sees_errors_and_stuck_cells(stage: Stage) -> None:
     """The detectors themselves: a scratch notebook with 1/0 fails Run All; a cell that sleeps is reported stuck."""
     scratch = stage.lab.notebooks / "scratch_fails.ipynb"
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"s{i}", "metadata": {}, "outputs": [], "source": src}
-             for i, src in enumerate(["print('before')", "1 / 0", "print('never')"])]
-    scratch.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {
-        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}))
+    cells = [
+        {"cell_type": "code", "execution_count": None, "id": f"s{i}", "metadata": {}, "outputs": [], "source": src}
+        for i, src in enumerate(["print('before')", "1 / 0", "print('never')"])
+    ]
+    scratch.write_text(
+        json.dumps(
+            {
+                "cells": cells,
+                "metadata": {
+                    "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
     notebook = stage.open(scratch.name, "scratch")
     try:
         notebook.run_all(60)

@@ -54,7 +54,8 @@ class FakeShell:
 @pytest.mark.quick
 @pytest.mark.parametrize("missing", ["_fd", "_pid", "_resource_tracker"])
 def test_without_the_trackers_private_attributes_it_says_so_once_and_hooks_nothing(
-        monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
     import IPython
     from multiprocessing import resource_tracker
 
@@ -98,8 +99,13 @@ def test_a_kernel_with_workers_and_shared_memory_exits_by_itself_when_asked(tmp_
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     try:
         printed: list[str] = []
-        reply = kc.execute_interactive(KERNEL_CELL.format(ran=str(ran)), timeout=90, output_hook=lambda msg: printed.append(
-            msg["content"].get("text", "")) if msg["msg_type"] == "stream" else None)
+        reply = kc.execute_interactive(
+            KERNEL_CELL.format(ran=str(ran)),
+            timeout=90,
+            output_hook=lambda msg: (
+                printed.append(msg["content"].get("text", "")) if msg["msg_type"] == "stream" else None
+            ),
+        )
         assert reply["content"]["status"] == "ok", reply["content"]
         words = "".join(printed).split()
         assert words[0] == "4", printed

@@ -87,8 +87,9 @@ def test_the_tools_never_import_the_tests() -> None:
 
 
 def test_only_the_command_entry_reaches_up_to_the_tools() -> None:
-    reaching_up = [p.relative_to(ROOT).as_posix() for p in LIBRARY
-                   if any(n.startswith("course_tools") for n in imports(p))]
+    reaching_up = [
+        p.relative_to(ROOT).as_posix() for p in LIBRARY if any(n.startswith("course_tools") for n in imports(p))
+    ]
     assert reaching_up == ["course_lib/__main__.py"]
     entry = {module_name(p) for p in LIBRARY + TOOLS if "course_lib.__main__" in imports(p)}
     assert entry == set(), f"{entry} import course_lib.__main__, which runs the command line"
@@ -105,7 +106,7 @@ def test_no_import_cycle_in_the_library() -> None:
         state[m] = 1
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]) if n in path else n)
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(n) :] + [n]) if n in path else n)
             if n not in state:
                 visit(n, path + [n])
         state[m] = 2
@@ -118,10 +119,14 @@ def test_no_import_cycle_in_the_library() -> None:
 def test_the_layer_reader_sees_relative_and_lazy_imports(tmp_path: Path) -> None:
     """The reader above can fail: relative imports resolve against the package; imports inside functions count."""
     sample = tmp_path / "sample.py"
-    sample.write_text("from .. import shards\nfrom ._core import Hint\ndef f():\n    from course_tools.bench import main\n")
+    sample.write_text(
+        "from .. import shards\nfrom ._core import Hint\ndef f():\n    from course_tools.bench import main\n"
+    )
     module = "course_lib.checks.sample"
     assert {"course_lib.shards", "course_lib.checks._core", "course_tools.bench"} <= imports(sample, module)
-    assert "course_lib.checks.sample imports course_tools.bench" in layer_violations([sample], ("course_tools",), module)
+    assert "course_lib.checks.sample imports course_tools.bench" in layer_violations(
+        [sample], ("course_tools",), module
+    )
 
 
 # --------------------------------------------------------------------------- no private reaches
@@ -150,11 +155,15 @@ def test_no_module_imports_another_modules_private_names() -> None:
 
 def test_the_private_reach_reader_can_fail(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("from .shards import _find\nfrom ._programs import one_line\nfrom . import _programs\n"
-                      "from .checks._core import Hint\ndef f():\n    from course_lib._programs import run\n")
+    sample.write_text(
+        "from .shards import _find\nfrom ._programs import one_line\nfrom . import _programs\n"
+        "from .checks._core import Hint\ndef f():\n    from course_lib._programs import run\n"
+    )
     assert private_reaches(sample, "course_lib.sample") == [
-        "course_lib.sample imports course_lib.checks._core", "course_lib.sample imports course_lib.checks._core.Hint",
-        "course_lib.sample imports course_lib.shards._find"]
+        "course_lib.sample imports course_lib.checks._core",
+        "course_lib.sample imports course_lib.checks._core.Hint",
+        "course_lib.sample imports course_lib.shards._find",
+    ]
     sample.write_text("from course_lib import _programs, shards\nfrom course_lib.support import check_int\n")
     assert private_reaches(sample, "course_tools.sample") == ["course_tools.sample imports course_lib._programs"]
 
@@ -196,8 +205,13 @@ def names_notebooks_use() -> frozenset[tuple[str, str]]:
 
 #: helpers that the lesson modules, the checks and the tools share; no lesson of their own, and no ``__all__``
 SHARED_MODULES = [ROOT / "course_lib" / "support.py"]
-LESSON_MODULES = sorted(p for p in LIBRARY if "checks" not in p.parts and p not in SHARED_MODULES and not any(
-    part.startswith("_") for part in p.relative_to(ROOT / "course_lib").parts))
+LESSON_MODULES = sorted(
+    p
+    for p in LIBRARY
+    if "checks" not in p.parts
+    and p not in SHARED_MODULES
+    and not any(part.startswith("_") for part in p.relative_to(ROOT / "course_lib").parts)
+)
 
 
 @functools.cache
@@ -234,15 +248,25 @@ def returned_by(tree: ast.Module, names: list[str]) -> set[str]:
     for node in [n for t in taught for n in ast.walk(t)]:  # the functions, and the methods of the classes
         if isinstance(node, ast.FunctionDef) and node.returns is not None:
             found |= {n.id for n in ast.walk(node.returns) if isinstance(n, ast.Name)}
-            found |= {word for n in ast.walk(node.returns) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                      for word in re.findall(r"\w+", n.value)}  # a quoted annotation, "NoCuda.Stream"
+            found |= {
+                word
+                for n in ast.walk(node.returns)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                for word in re.findall(r"\w+", n.value)
+            }  # a quoted annotation, "NoCuda.Stream"
     return found
 
 
 def exported(path: Path) -> list[str] | None:
     tree = ast.parse(path.read_text())
-    return next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), None)
+    return next(
+        (
+            ast.literal_eval(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+        ),
+        None,
+    )
 
 
 @pytest.mark.parametrize("path", LESSON_MODULES, ids=[module_name(p) for p in LESSON_MODULES])
@@ -267,12 +291,18 @@ def test_public_names_are_listed_and_say_where_they_are_taught(path: Path) -> No
     module = module_name(path).removeprefix("course_lib.")
     allowed = set(names) | returned_by(tree, names) | {n for m, n in names_modules_import() if m == module}
     for name, node in defined.items():
-        is_error = name.endswith(("Error", "Timeout")) or isinstance(node, ast.ClassDef) and any(
-            isinstance(b, (ast.Name, ast.Attribute)) and getattr(b, "id", getattr(b, "attr", "")).endswith("Error")
-            for b in node.bases)
+        is_error = (
+            name.endswith(("Error", "Timeout"))
+            or isinstance(node, ast.ClassDef)
+            and any(
+                isinstance(b, (ast.Name, ast.Attribute)) and getattr(b, "id", getattr(b, "attr", "")).endswith("Error")
+                for b in node.bases
+            )
+        )
         assert name in allowed or name.startswith("_") or is_error or name == "main", (
             f"{name} is public but not in __all__, returned by a name in it, or shared with another module: a "
-            "lesson's name goes in __all__, anything else starts with _")
+            "lesson's name goes in __all__, anything else starts with _"
+        )
 
 
 @pytest.mark.parametrize("path", SHARED_MODULES, ids=[module_name(p) for p in SHARED_MODULES])
@@ -280,7 +310,9 @@ def test_every_shared_helper_is_shared(path: Path) -> None:
     tree = ast.parse(path.read_text())
     assert ast.get_docstring(tree), "a module docstring"
     module = module_name(path).removeprefix("course_lib.")
-    public = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+    public = [
+        n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")
+    ]
     unshared = [n for n in public if (module, n) not in names_modules_import()]
     assert not unshared, f"{unshared}: no other module uses them; make them private (a leading _) or remove them"
 
@@ -308,7 +340,11 @@ def test_notebooks_import_the_library_and_its_checks_never_the_tools(path: Path)
 
 def test_the_notebook_import_reader_can_fail(tmp_path: Path) -> None:
     sample = tmp_path / "99_sample.ipynb"
-    cells = ["import course_lib", "%%writefile job.py\nfrom course_tools.bench import main", "x = 1\nimport course_tools"]
+    cells = [
+        "import course_lib",
+        "%%writefile job.py\nfrom course_tools.bench import main",
+        "x = 1\nimport course_tools",
+    ]
     sample.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
     assert {"course_lib", "course_tools.bench", "course_tools"} <= notebook_imports(sample)
 

@@ -24,21 +24,28 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def conftest(pytestconfig: pytest.Config) -> Any:
     """The top-level conftest.py, as pytest loaded it (sys.modules keeps only the last module named conftest)."""
-    return next(p for p in pytestconfig.pluginmanager.get_plugins()
-                if getattr(p, "__file__", None) == str(ROOT / "conftest.py"))
+    return next(
+        p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(ROOT / "conftest.py")
+    )
 
 
 def test_the_solutions_that_print_claims_run_under_load_and_nothing_else(conftest: Any) -> None:
-    loaded = {p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb")
-              if conftest.under_load(str(p.relative_to(ROOT)))}
+    loaded = {
+        p.name
+        for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb")
+        if conftest.under_load(str(p.relative_to(ROOT)))
+    }
     printing = {p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb") if " → holds: " in p.read_text()}
     assert loaded == printing and loaded, loaded
     assert not any(conftest.under_load(str(p.relative_to(ROOT))) for p in (ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_a_busy_process_runs_from_the_first_cell_to_the_last(conftest: Any) -> None:
-    loaded = next(str(p.relative_to(ROOT)) for p in sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
-                  if conftest.under_load(str(p.relative_to(ROOT))))
+    loaded = next(
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+        if conftest.under_load(str(p.relative_to(ROOT)))
+    )
     cells = [SimpleNamespace(nodeid=f"{loaded}::Cell {i}", user_properties=[]) for i in range(3)]
     other = SimpleNamespace(nodeid="tests/test_data.py::test_x", user_properties=[])
     conftest.pytest_runtest_setup(cells[0])
@@ -57,8 +64,11 @@ def test_a_busy_process_runs_from_the_first_cell_to_the_last(conftest: Any) -> N
         conftest.pytest_runtest_teardown(cells[2], other)
         assert loaded not in conftest._hogs and hog.poll() is not None  # stopped, by pid, after the last cell
         name, value = cells[2].user_properties[0]
-        assert name == "load_stage" and re.fullmatch(rf"{loaded} \d+, other work \d\.\d\d cores on average \(the busy "
-                                                      r"process \d\.\d\d\), at least 0\.9 core in \d+% of its seconds", value), value
+        assert name == "load_stage" and re.fullmatch(
+            rf"{loaded} \d+, other work \d\.\d\d cores on average \(the busy "
+            r"process \d\.\d\d\), at least 0\.9 core in \d+% of its seconds",
+            value,
+        ), value
     finally:
         hog.kill()
     conftest.pytest_runtest_setup(other)
@@ -66,14 +76,23 @@ def test_a_busy_process_runs_from_the_first_cell_to_the_last(conftest: Any) -> N
 
 
 def test_claims_left_inconclusive_are_noted_for_the_summary(conftest: Any) -> None:
-    outputs = [{"output_type": "stream", "name": "stdout",
-                "text": "x → holds: 2.0× (median of 5 rounds, spread ±0.1×)\n"
-                        "y → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice ...\n"}]
+    outputs = [
+        {
+            "output_type": "stream",
+            "name": "stdout",
+            "text": "x → holds: 2.0× (median of 5 rounds, spread ±0.1×)\n"
+            "y → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice ...\n",
+        }
+    ]
     item = SimpleNamespace(nodeid="notebooks/04_x.ipynb::Cell 3", user_properties=[], test_outputs=outputs)
     conftest.pytest_runtest_teardown(item, None)
     assert item.user_properties == [
-        ("inconclusive", "notebooks/04_x.ipynb::Cell 3 (idle): y → inconclusive on this machine: 1.1× (median of 5 "
-                         "rounds) is within twice ...")]
+        (
+            "inconclusive",
+            "notebooks/04_x.ipynb::Cell 3 (idle): y → inconclusive on this machine: 1.1× (median of 5 "
+            "rounds) is within twice ...",
+        )
+    ]
 
 
 BUSY_CORE = ROOT / "tests" / "busy_core.py"
@@ -126,8 +145,17 @@ def test_the_watched_tree_does_not_count_as_other_work(tmp_path: Path) -> None:
 def test_other_work_leaves_the_busy_process_idle(tmp_path: Path) -> None:
     """A process outside the watched tree (as the other test process is) keeps a core busy: the busy process yields."""
     spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
-    outside = subprocess.run([sys.executable, "-c", f"import subprocess, sys; print(subprocess.Popen([sys.executable, "
-                              f"'-c', {spin!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"], capture_output=True, text=True, check=True)
+    outside = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; print(subprocess.Popen([sys.executable, "
+            f"'-c', {spin!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     # its parent has ended: the spinner is not in this test's tree
     spinner = psutil.Process(int(outside.stdout))
     busy = _busy(os.getpid(), tmp_path / "seen.json")

@@ -85,9 +85,12 @@ def faults(gathered: list[dict], setting: str) -> list[str]:
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.parametrize("style", ["torchrun", "srun"])
 def test_every_sample_once_under_every_launch_style_start_method_and_worker_count(
-        style: str, ranks: int, urls: str, tmp_path: Path) -> None:
+    style: str, ranks: int, urls: str, tmp_path: Path
+) -> None:
     settings = CELLS[ranks]
-    gathered = run(style, ranks, tmp_path / "matrix.json", "--cells=" + ",".join(settings), urls=urls)  # "-/0" is no option
+    gathered = run(
+        style, ranks, tmp_path / "matrix.json", "--cells=" + ",".join(settings), urls=urls
+    )  # "-/0" is no option
     assert sorted(gathered[0]["cells"]) == sorted(settings)
     problems = {s: faults(gathered, s) for s in settings}
     assert not any(problems.values()), {s: p for s, p in problems.items() if p}
@@ -122,8 +125,9 @@ def image_shards(tmp_path_factory: pytest.TempPathFactory, tiny_root: Path):
     """The tiny set's 80 training images as 16 shards of 5: 4 readers (2 ranks x 2 workers) get 4 shards each."""
     from course_lib.shards import write_image_shards
 
-    return write_image_shards(tmp_path_factory.mktemp("matrix-images") / "shards", size="tiny", root=tiny_root,
-                              maxcount=5)
+    return write_image_shards(
+        tmp_path_factory.mktemp("matrix-images") / "shards", size="tiny", root=tiny_root, maxcount=5
+    )
 
 
 def epoch_faults(gathered: list[dict], method: str, shard_of: dict[str, str]) -> list[str]:
@@ -154,8 +158,10 @@ def epoch_faults(gathered: list[dict], method: str, shard_of: dict[str, str]) ->
         draws = [c["draws"][e] for c in cells]
         for rank, mine in enumerate(draws):
             if abs(len(set(mine)) - expected_distinct(DRAWS)) > 0.1 * expected_distinct(DRAWS):
-                found.append(f"resampled: rank {rank}, epoch {e}: {len(set(mine))} distinct shards in {DRAWS} draws, "
-                             f"expected {expected_distinct(DRAWS):.1f}")
+                found.append(
+                    f"resampled: rank {rank}, epoch {e}: {len(set(mine))} distinct shards in {DRAWS} draws, "
+                    f"expected {expected_distinct(DRAWS):.1f}"
+                )
         together = sum(draws, [])
         if abs(len(set(together)) - expected_distinct(len(together))) > 0.1 * expected_distinct(len(together)):
             found.append(f"resampled: epoch {e}: {len(set(together))} distinct over all ranks' {len(together)} draws")
@@ -176,8 +182,18 @@ def test_every_epoch_is_a_new_one_for_every_recipe(style: str, urls: str, image_
     # loaders' worth in half spawn's time): both launch styles, and both kinds of start method; the single-epoch
     # matrix above runs every pair, spawn included
     methods = ["fork"] if style == "torchrun" else ["forkserver"]
-    launch(str(EPOCHS_DRIVER), urls, image_shards.urls, str(out), "--methods", ",".join(methods), nproc=2, timeout=400,
-           show=False, style=style)
+    launch(
+        str(EPOCHS_DRIVER),
+        urls,
+        image_shards.urls,
+        str(out),
+        "--methods",
+        ",".join(methods),
+        nproc=2,
+        timeout=400,
+        show=False,
+        style=style,
+    )
     gathered = json.loads(out.read_text())
     assert [g["rank"] for g in gathered] == [0, 1]
     shard_of = {key: name for name, keys in zip(image_shards.names, image_shards.keys) for key in keys}
@@ -197,8 +213,9 @@ def test_the_epoch_checks_catch_a_recipe_that_repeats_its_epoch() -> None:
         cell = dict(rank_cell)
         for recipe in ("sampler", "stream", "shards", "resampled"):
             cell[recipe] = [good[r][::-1] if e == 1 else good[r] for e in range(EPOCHS)]  # epochs 0 and 2: the same
-        cell["capstone"] = [{"keys": [f"k{r}{e}{i}" for i in range(4)], "by_worker": {"0": [f"k{r}{e}0"]}}
-                            for e in range(EPOCHS)]
+        cell["capstone"] = [
+            {"keys": [f"k{r}{e}{i}" for i in range(4)], "by_worker": {"0": [f"k{r}{e}0"]}} for e in range(EPOCHS)
+        ]
         rng = __import__("random").Random(r)
         cell["draws"] = [[f"s{rng.randrange(NAMES)}" for _ in range(DRAWS)] for _ in range(EPOCHS)]
         gathered.append({"rank": r, "cells": {"fork": cell}})

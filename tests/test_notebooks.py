@@ -48,8 +48,12 @@ def outputs_text(cell: nbformat.NotebookNode) -> str:
 def test_the_readme_counts_and_lists_every_notebook() -> None:
     """The intro's count ("Twelve notebooks") and the course table follow notebooks/, whatever it holds."""
     readme = (ROOT / "README.md").read_text()
-    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen".split()
-    assert f"{words[len(LEARNERS)].capitalize()} notebooks" in readme, f"the README should say {len(LEARNERS)} notebooks"
+    words = (
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen".split()
+    )
+    assert f"{words[len(LEARNERS)].capitalize()} notebooks" in readme, (
+        f"the README should say {len(LEARNERS)} notebooks"
+    )
     rows = re.findall(r"^\| (\d\d) \| [1-5] \| \[[^\]]+\]\(notebooks/([^)]+\.ipynb)\)", readme, re.M)
     assert [f"{nn}_" for nn, _ in rows] == [p.name[:3] for p in LEARNERS]
     assert [name for _, name in rows] == [p.name for p in LEARNERS]
@@ -129,23 +133,48 @@ def test_sanitize_patterns_only_mask_what_is_measured() -> None:
     patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text())
     regexes = [re.compile(regex) for regex, _ in patterns]
     deterministic = (
-        "✅ Exercise 01.1 solved", "shapes-small-seed0: 800 train + 200 val images", "[44, 633, 667]", "True",
-        "under 10 %", "25 batches, 800 samples", "epochs the workers saw: [[0], [0], [0]]",
-        "accuracy on 200 held-out points: 99%", "buckets of 64 sequences: 31% padding, 5% of batch-mates together",
-        "padding: random batches 47%, bucketed 11%", "simulated latency 1 ms per open", "(9 ms decode per sample,",
-        "bucketing: 1.7 times fewer padded tokens", "WebDataset on disk 3.79 MB", "under the 15 % target: True",
+        "✅ Exercise 01.1 solved",
+        "shapes-small-seed0: 800 train + 200 val images",
+        "[44, 633, 667]",
+        "True",
+        "under 10 %",
+        "25 batches, 800 samples",
+        "epochs the workers saw: [[0], [0], [0]]",
+        "accuracy on 200 held-out points: 99%",
+        "buckets of 64 sequences: 31% padding, 5% of batch-mates together",
+        "padding: random batches 47%, bucketed 11%",
+        "simulated latency 1 ms per open",
+        "(9 ms decode per sample,",
+        "bucketing: 1.7 times fewer padded tokens",
+        "WebDataset on disk 3.79 MB",
+        "under the 15 % target: True",
     )
     for text in deterministic:
         assert not any(r.search(text) for r in regexes), text
     measured = (
-        "12.5×", "420 µs per sample", "0x7f3a2b1c0d", "in 1.10 s: 726", "first batch after 26.6 ms",
-        "after 73 ms, 84 ms, 84 ms", "185 ms per GB", "1297 samples/s", "35.9 MB/s", "waiting for data: 54% of",
-        "busy: main 53%", "w1 50%", "the loop waits 31% of", "waiting 59% of the time", "worker (pid(s) 1234, 5678) exited",
-        "pid=42", "PSS 863 MB", "2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)",
+        "12.5×",
+        "420 µs per sample",
+        "0x7f3a2b1c0d",
+        "in 1.10 s: 726",
+        "first batch after 26.6 ms",
+        "after 73 ms, 84 ms, 84 ms",
+        "185 ms per GB",
+        "1297 samples/s",
+        "35.9 MB/s",
+        "waiting for data: 54% of",
+        "busy: main 53%",
+        "w1 50%",
+        "the loop waits 31% of",
+        "waiting 59% of the time",
+        "worker (pid(s) 1234, 5678) exited",
+        "pid=42",
+        "PSS 863 MB",
+        "2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)",
         "2 workers beat 0 → inconclusive on this machine: 1.1× (median of 5 rounds) is within twice the rounds' spread",
     )
     for text in measured:
         assert any(r.search(text) for r in regexes), text
+
     # a claim's verdict: holds and inconclusive compare equal, and "does not hold" stays different
     def sanitized(text: str) -> str:
         for regex, replace in patterns:
@@ -153,8 +182,14 @@ def test_sanitize_patterns_only_mask_what_is_measured() -> None:
         return text
 
     held = sanitized("2 workers beat 0 → holds: 1.9× (median of 5 rounds, spread ±0.1×)\nnext line")
-    assert held == sanitized("2 workers beat 0 → inconclusive on this machine: 1.0× (median of 5 rounds) is "
-                             "within twice the rounds' spread (±0.3×) of 1.0×\nnext line") == "2 workers beat 0 → holds\nnext line"
+    assert (
+        held
+        == sanitized(
+            "2 workers beat 0 → inconclusive on this machine: 1.0× (median of 5 rounds) is "
+            "within twice the rounds' spread (±0.3×) of 1.0×\nnext line"
+        )
+        == "2 workers beat 0 → holds\nnext line"
+    )
     assert held != sanitized("2 workers beat 0 → does not hold: 0.6× (median of 5 rounds, spread ±0.1×)\nnext line")
 
 
@@ -172,8 +207,12 @@ CLAIM_SENTENCE = re.compile(r"\*\*Claim:\*\* (?P<statement>[^\n]+?)\.?$", re.M)
 
 def claims_in(nb: nbformat.NotebookNode) -> list[tuple[int, str, str]]:
     """``(cell index, statement, verdict)`` of every measured claim (course_lib.claims) a notebook's outputs print."""
-    return [(i, m["statement"].strip(), m["verdict"]) for i, c in enumerate(nb.cells) if c.cell_type == "code"
-            for m in CLAIM_LINE.finditer(outputs_text(c))]
+    return [
+        (i, m["statement"].strip(), m["verdict"])
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for m in CLAIM_LINE.finditer(outputs_text(c))
+    ]
 
 
 @pytest.mark.parametrize("path", ALL, ids=ids(ALL))
@@ -183,7 +222,9 @@ def test_stored_claims_hold(path: Path) -> None:
     the prose that states it."""
     nb = read(path)
     for i, statement, verdict in claims_in(nb):
-        assert verdict == "holds", f"cell {i}: {statement!r} → {verdict}: re-execute on an idle machine, or fix the claim"
+        assert verdict == "holds", (
+            f"cell {i}: {statement!r} → {verdict}: re-execute on an idle machine, or fix the claim"
+        )
     for i, cell in enumerate(nb.cells):
         assert "inconclusive on this machine" not in outputs_text(cell), f"cell {i} stores an inconclusive result"
 
@@ -197,18 +238,24 @@ def test_each_marked_claim_is_printed_by_the_next_code_cell(path: Path) -> None:
         if cell.cell_type != "markdown":
             continue
         for m in CLAIM_SENTENCE.finditer(cell.source):
-            following = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
+            following = next((c for c in nb.cells[i + 1 :] if c.cell_type == "code"), None)
             assert following is not None, f"cell {i}: the claim {m['statement']!r} has no code cell after it"
             printed = {s: v for _, s, v in claims_in(nbformat.v4.new_notebook(cells=[following]))}
             assert printed.get(m["statement"]) == "holds", (
-                f"cell {i} claims {m['statement']!r}; the next code cell prints {printed or 'no claim'}")
+                f"cell {i} claims {m['statement']!r}; the next code cell prints {printed or 'no claim'}"
+            )
 
 
 def test_the_claims_in_the_notebooks() -> None:
     """The notebooks print measured claims through course_lib.claims, and announce them in their prose."""
     printed = [s for p in SOLUTIONS for _, s, _ in claims_in(read(p))]
-    marked = [m["statement"] for p in SOLUTIONS for c in read(p).cells if c.cell_type == "markdown"
-              for m in CLAIM_SENTENCE.finditer(c.source)]
+    marked = [
+        m["statement"]
+        for p in SOLUTIONS
+        for c in read(p).cells
+        if c.cell_type == "markdown"
+        for m in CLAIM_SENTENCE.finditer(c.source)
+    ]
     assert printed, "no notebook prints a measured claim"
     assert set(marked) <= set(printed)
 
@@ -228,5 +275,7 @@ def test_the_readme_states_the_time_rule_and_follows_it() -> None:
         t = authoring.timing(read(path))
         total += t.minutes
         core = f" ({t.core_minutes})" if t.stretch else ""
-        assert f"](notebooks/{path.name}) | {t.minutes} min{core} |" in readme, "run `python -m course_lib authoring times`"
+        assert f"](notebooks/{path.name}) | {t.minutes} min{core} |" in readme, (
+            "run `python -m course_lib authoring times`"
+        )
     assert f"About {round(total / 30) / 2:g} hours in all" in readme

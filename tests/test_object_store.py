@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import tarfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -75,9 +74,15 @@ def test_workers_of_every_start_method_read_the_bucket(learner: s3server.S3Serve
     store.register_s3_scheme()
     urls = [url for url, _ in store.list_objects("s3://course/train/")]
     pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False, workersplitter=wds.split_by_worker).to_tuple(
-        "__key__")
-    loader = DataLoader(pipeline, batch_size=None, num_workers=2, worker_init_fn=store.register_in_worker,
-                        multiprocessing_context=mp.get_context(method))
+        "__key__"
+    )
+    loader = DataLoader(
+        pipeline,
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=store.register_in_worker,
+        multiprocessing_context=mp.get_context(method),
+    )
     assert sorted(key for (key,) in loader) == sorted(f"s{s:02d}k{k}" for s in range(6) for k in range(3))
     if method == "spawn":  # the negative control: without it, a spawn worker's webdataset cannot open s3://
         bare = DataLoader(pipeline, batch_size=None, num_workers=1, multiprocessing_context=mp.get_context(method))
@@ -95,7 +100,9 @@ def test_read_object_retries_a_503_and_a_cut_connection(learner: s3server.S3Serv
         proxy.cut_next(1, after_bytes=1000)
         assert store.read_object(url) == whole and proxy.requests == 5
         proxy.fail_next(10)
-        with pytest.raises(store.ObjectReadError, match=r"shard-01.tar: not read whole after 3 attempts; the last error"):
+        with pytest.raises(
+            store.ObjectReadError, match=r"shard-01.tar: not read whole after 3 attempts; the last error"
+        ):
             store.read_object(url, attempts=3, backoff_s=0.01)
 
 
@@ -135,16 +142,33 @@ def test_the_cache_keeps_its_budget_and_counts(learner: s3server.S3Server, tmp_p
 
 
 @pytest.mark.timeout(240)
-def test_two_ranks_read_the_bucket_every_sample_once_per_epoch_each_epoch_new(learner: s3server.S3Server,
-                                                                              tmp_path: Path) -> None:
+def test_two_ranks_read_the_bucket_every_sample_once_per_epoch_each_epoch_new(
+    learner: s3server.S3Server, tmp_path: Path
+) -> None:
     """A real 2-rank torchrun job, 2 workers per rank, reads the bucket for 3 epochs with notebook 09's reader: every
     sample exactly once per epoch over both ranks, and each epoch in a new order on every rank."""
     from course_lib.distributed import read_reports
     from course_lib.jobs import launch
 
     urls = "s3://course/train/shard-{00..05}.tar"
-    launch("course_lib.shard_reader", "--urls", urls, "--workers", "2", "--batch-size", "3", "--epochs", "3",
-           "--buffer", "5", "--report", str(tmp_path / "r"), nproc=2, timeout=180, show=False)
+    launch(
+        "course_lib.shard_reader",
+        "--urls",
+        urls,
+        "--workers",
+        "2",
+        "--batch-size",
+        "3",
+        "--epochs",
+        "3",
+        "--buffer",
+        "5",
+        "--report",
+        str(tmp_path / "r"),
+        nproc=2,
+        timeout=180,
+        show=False,
+    )
     reports = read_reports(tmp_path / "r")
     everything = sorted(f"s{s:02d}k{k}" for s in range(6) for k in range(3))
     orders = []
@@ -181,9 +205,13 @@ def test_cat_writes_the_object_for_a_pipe_url(learner: s3server.S3Server) -> Non
     import sys
 
     url = "s3://course/train/shard-02.tar"
-    done = subprocess.run([sys.executable, "-m", "course_lib.object_store", "cat", url], capture_output=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.object_store", "cat", url], capture_output=True, timeout=60, check=True
+    )
     assert done.stdout == store.read_object(url)
-    missing = subprocess.run([sys.executable, "-m", "course_lib.object_store", "cat", "s3://course/train/no.tar"],
-                             capture_output=True, timeout=60)
+    missing = subprocess.run(
+        [sys.executable, "-m", "course_lib.object_store", "cat", "s3://course/train/no.tar"],
+        capture_output=True,
+        timeout=60,
+    )
     assert missing.returncode != 0 and b"NoSuchKey" in missing.stderr

@@ -155,4 +155,4 @@ def test_no_tool_lives_in_course_lib() -> None:
     assert not tools & {p.stem for p in (ROOT / "course_lib").glob("*.py")}
     for path in (ROOT / "course_lib").rglob("*.py"):
         text = path.read_text()
-        assert "argparse.ArgumentParser(prog=\"python -m course_lib " not in text, path  # a tool's command line
+        assert 'argparse.ArgumentParser(prog="python -m course_lib ' not in text, path  # a tool's command line

@@ -20,8 +20,18 @@ from course_lib import _programs, capstone, distributed, resume, shard_reader, s
 
 pytestmark = [pytest.mark.quick, pytest.mark.timeout(180)]
 
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -40,6 +50,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
                     if isinstance(t, torch.Tensor):
                         seen["tensors"].append((name, t.device))
             return real(*args, **kwargs)
+
         return collective
 
     for name in COLLECTIVES:
@@ -67,23 +78,84 @@ def assert_on_rank_device(seen: dict[str, list]) -> None:
 
 
 def test_train(recorded, tiny_root: Path, tmp_path: Path) -> None:
-    assert train.main(["--data", str(tiny_root), "--size", "tiny", "--limit", "16", "--epochs", "1", "--workers", "0",
-                       "--batch-size", "8", "--device", DEVICE, "--report", str(tmp_path)]) == 0
+    assert (
+        train.main(
+            [
+                "--data",
+                str(tiny_root),
+                "--size",
+                "tiny",
+                "--limit",
+                "16",
+                "--epochs",
+                "1",
+                "--workers",
+                "0",
+                "--batch-size",
+                "8",
+                "--device",
+                DEVICE,
+                "--report",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert_on_rank_device(recorded)
 
 
 def test_resume(recorded, tiny_root: Path, tmp_path: Path) -> None:
-    assert resume.main(["--data", str(tiny_root), "--size", "tiny", "--limit", "16", "--epochs", "1", "--workers", "0",
-                        "--ckpt", str(tmp_path / "ckpt"), "--report", str(tmp_path / "steps"), "--ckpt-every", "2",
-                        "--device", DEVICE]) == 0
+    assert (
+        resume.main(
+            [
+                "--data",
+                str(tiny_root),
+                "--size",
+                "tiny",
+                "--limit",
+                "16",
+                "--epochs",
+                "1",
+                "--workers",
+                "0",
+                "--ckpt",
+                str(tmp_path / "ckpt"),
+                "--report",
+                str(tmp_path / "steps"),
+                "--ckpt-every",
+                "2",
+                "--device",
+                DEVICE,
+            ]
+        )
+        == 0
+    )
     assert_on_rank_device(recorded)
     assert any(name == "all_reduce" for name, _ in recorded["tensors"])  # the stop flag's, every step
 
 
 def test_capstone(recorded, tiny_root: Path, tmp_path: Path) -> None:
     written = shards.write_image_shards(tmp_path / "shards", size="tiny", root=tiny_root, maxcount=20)
-    assert capstone.main(["train", "--shards", str(written.folder), "--workers", "0", "--epochs", "1",
-                          "--epoch-batches", "2", "--batch-size", "4", "--device", DEVICE]) == 0
+    assert (
+        capstone.main(
+            [
+                "train",
+                "--shards",
+                str(written.folder),
+                "--workers",
+                "0",
+                "--epochs",
+                "1",
+                "--epoch-batches",
+                "2",
+                "--batch-size",
+                "4",
+                "--device",
+                DEVICE,
+            ]
+        )
+        == 0
+    )
     assert_on_rank_device(recorded)
 
 

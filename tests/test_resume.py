@@ -45,8 +45,9 @@ def test_a_step_with_neither_part_is_named_damaged(tmp_path):
 def test_every_file_reaches_the_disk_before_latest_names_it(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))), real_replace(a, b)))
     resume.save_checkpoint(tmp_path, 0, 2, {"mine": 2}, shared={"step": 2})
     names = [(kind, Path(path).name) for kind, path in events]
@@ -80,21 +81,29 @@ def test_step_logs_keep_the_last_run_of_each_step(tmp_path):
     lines += [{"run": 1, "epoch": 0, "step": s, "indices": [10 + s]} for s in (3, 4)]
     (tmp_path / "rank0.steps.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     steps = resume.read_steps(tmp_path)[0]
-    assert [(s["step"], s["run"], s["indices"]) for s in steps] == [(1, 0, [1]), (2, 0, [2]), (3, 1, [13]), (4, 1, [14])]
+    assert [(s["step"], s["run"], s["indices"]) for s in steps] == [
+        (1, 0, [1]),
+        (2, 0, [2]),
+        (3, 1, [13]),
+        (4, 1, [14]),
+    ]
     with pytest.raises(FileNotFoundError, match="--report"):
         resume.read_steps(tmp_path / "nothing")
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("saved, world_size, per_epoch, expected", [
-    # the issue's cases, with the defaults (64 samples, batches of 4): 3 ranks have 6 steps per epoch, 4 have 4, 2 have 8
-    ({"step": 8, "world_size": 3, "steps_per_epoch": 6}, 2, 8, "saved by 3 ranks at step 8, 2 steps into epoch 1"),
-    ({"step": 4, "world_size": 4, "steps_per_epoch": 4}, 2, 8, (1, 8)),  # an epoch boundary: epoch 1 starts
-    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 3, 6, "resume it with 2 ranks"),  # more ranks, mid-epoch
-    ({"step": 8, "world_size": 2, "steps_per_epoch": 8}, 3, 6, (1, 6)),  # more ranks, at the boundary
-    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 8, (1, 11)),  # as many ranks: anywhere
-    ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 4, "the same data, batch size and --limit"),
-])
+@pytest.mark.parametrize(
+    "saved, world_size, per_epoch, expected",
+    [
+        # the issue's cases, with the defaults (64 samples, batches of 4): 3 ranks have 6 steps per epoch, 4 have 4, 2 have 8
+        ({"step": 8, "world_size": 3, "steps_per_epoch": 6}, 2, 8, "saved by 3 ranks at step 8, 2 steps into epoch 1"),
+        ({"step": 4, "world_size": 4, "steps_per_epoch": 4}, 2, 8, (1, 8)),  # an epoch boundary: epoch 1 starts
+        ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 3, 6, "resume it with 2 ranks"),  # more ranks, mid-epoch
+        ({"step": 8, "world_size": 2, "steps_per_epoch": 8}, 3, 6, (1, 6)),  # more ranks, at the boundary
+        ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 8, (1, 11)),  # as many ranks: anywhere
+        ({"step": 11, "world_size": 2, "steps_per_epoch": 8}, 2, 4, "the same data, batch size and --limit"),
+    ],
+)
 def test_a_resized_job_resumes_at_an_epoch_boundary_or_is_told_what_to_do(saved, world_size, per_epoch, expected):
     if isinstance(expected, tuple):
         assert resume.resume_point(saved, world_size, per_epoch) == expected
@@ -149,10 +158,24 @@ def test_bad_options_are_refused_with_a_message(capsys):
 def job(tmp_path, tiny_root):
     """``job(name, *options, nproc=2)``: a torchrun job of course_lib.resume on the tiny set (prepared by this session,
     not left in the data cache by a notebook that ran before), its checkpoints and step logs in tmp_path / name."""
+
     def run(name, *options, nproc=2):
-        return launch("course_lib.resume", "--ckpt", str(tmp_path / name / "ckpt"), "--report",
-                      str(tmp_path / name / "steps"), "--data", str(tiny_root), "--size", "tiny", *options, nproc=nproc,
-                      timeout=90, check=False, show=False)
+        return launch(
+            "course_lib.resume",
+            "--ckpt",
+            str(tmp_path / name / "ckpt"),
+            "--report",
+            str(tmp_path / name / "steps"),
+            "--data",
+            str(tiny_root),
+            "--size",
+            "tiny",
+            *options,
+            nproc=nproc,
+            timeout=90,
+            check=False,
+            show=False,
+        )
 
     return run
 
@@ -187,7 +210,9 @@ def test_a_job_stopped_three_times_resumes_exactly(job, tmp_path):
     steps = resume.read_steps(tmp_path / "stopped" / "steps")
     assert [s["run"] for s in steps[0]] == [1] * 4 + [2] * 7 + [3] * 5  # the runs that made the final model
     assert _orders(tmp_path / "stopped" / "steps") == _orders(tmp_path / "reference" / "steps")
-    digests = {r["weights_sha256"] for name in ("stopped", "reference") for r in read_reports(tmp_path / name / "steps")}
+    digests = {
+        r["weights_sha256"] for name in ("stopped", "reference") for r in read_reports(tmp_path / name / "steps")
+    }
     assert len(digests) == 1
 
 
@@ -200,8 +225,10 @@ def test_a_resized_job_goes_on_at_the_next_epoch(job, tmp_path):
     assert (tmp_path / "resized" / "ckpt" / "latest").read_text().strip() == "6"
     second = job("resized", "--epochs", "2")
     assert second.ok, second.ranks
-    assert all(any("resumed at step 8 (epoch 1) from a checkpoint of 3 ranks" in line for line in second.ranks[r])
-               for r in (0, 1)), second.ranks
+    assert all(
+        any("resumed at step 8 (epoch 1) from a checkpoint of 3 ranks" in line for line in second.ranks[r])
+        for r in (0, 1)
+    ), second.ranks
     steps = resume.read_steps(tmp_path / "resized" / "steps")
     epoch1 = [i for rank in (0, 1) for s in steps[rank] if s["epoch"] == 1 for i in s["indices"]]
     assert sorted(epoch1) == list(range(64))  # the new job's epoch 1: every sample once over its 2 ranks

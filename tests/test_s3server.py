@@ -40,8 +40,11 @@ def test_every_listener_is_on_loopback(server: S3Server) -> None:
     interface); the test reads them from the operating system, all addresses and ports."""
     deadline = time.monotonic() + 20  # S3 answers before the last of its servers (admin, gRPC) listens
     while True:
-        listening = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
-                     if c.pid == server.pid and c.status == psutil.CONN_LISTEN]
+        listening = [
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.net_connections(kind="inet")
+            if c.pid == server.pid and c.status == psutil.CONN_LISTEN
+        ]
         if len(listening) >= len(s3server._PORT_FLAGS) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -70,21 +73,30 @@ def test_the_learner_reads_and_cannot_write(server: S3Server, tmp_path: Path) ->
     import botocore.exceptions
 
     (tmp_path / "shard-000.tar").write_bytes(b"x" * 100_000)
-    assert s3server.upload(server, [tmp_path / "shard-000.tar"], "course", "train/") == ["s3://course/train/shard-000.tar"]
+    assert s3server.upload(server, [tmp_path / "shard-000.tar"], "course", "train/") == [
+        "s3://course/train/shard-000.tar"
+    ]
     learner = server.client("learner")
-    assert [o["Key"] for o in learner.list_objects_v2(Bucket="course", Prefix="train/")["Contents"]] == ["train/shard-000.tar"]
-    assert learner.get_object(Bucket="course", Key="train/shard-000.tar", Range="bytes=10-19")["Body"].read() == b"x" * 10
-    for attempt in (lambda: learner.put_object(Bucket="course", Key="train/mine.tar", Body=b"y"),
-                    lambda: learner.delete_object(Bucket="course", Key="train/shard-000.tar"),
-                    lambda: learner.create_bucket(Bucket="learners-own")):
+    assert [o["Key"] for o in learner.list_objects_v2(Bucket="course", Prefix="train/")["Contents"]] == [
+        "train/shard-000.tar"
+    ]
+    assert (
+        learner.get_object(Bucket="course", Key="train/shard-000.tar", Range="bytes=10-19")["Body"].read() == b"x" * 10
+    )
+    for attempt in (
+        lambda: learner.put_object(Bucket="course", Key="train/mine.tar", Body=b"y"),
+        lambda: learner.delete_object(Bucket="course", Key="train/shard-000.tar"),
+        lambda: learner.create_bucket(Bucket="learners-own"),
+    ):
         with pytest.raises(botocore.exceptions.ClientError) as denied:
             attempt()
         assert denied.value.response["Error"]["Code"] == "AccessDenied"
     assert len(learner.get_object(Bucket="course", Key="train/shard-000.tar")["Body"].read()) == 100_000  # untouched
 
 
-def test_clients_find_it_from_the_environment_without_keys_in_it(server: S3Server, monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
+def test_clients_find_it_from_the_environment_without_keys_in_it(
+    server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """boto3 reaches it through the AWS variables alone: an endpoint and a profile, never a key."""
     import boto3
 
@@ -110,8 +122,9 @@ def test_clients_find_it_from_the_environment_without_keys_in_it(server: S3Serve
 
 
 @pytest.mark.parametrize("graceful", [True, False])
-def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bool,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stop_ends_the_process_and_leaves_no_socket(
+    tmp_path: Path, graceful: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     temp = tmp_path / "temp"  # the temporary folder weed sees: by default its log files went there, one set a start
     temp.mkdir()
     monkeypatch.setenv("TMPDIR", str(temp))
@@ -122,7 +135,9 @@ def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bo
     assert not [p for port in ports.values() for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
     server.stop()  # a second stop does nothing
     assert (tmp_path / "s3" / "data").is_dir()  # its data stay where they were
-    assert "master.go" in (tmp_path / "s3" / "weed.log").read_text()  # and its log is in the folder, not the temporary one
+    assert (
+        "master.go" in (tmp_path / "s3" / "weed.log").read_text()
+    )  # and its log is in the folder, not the temporary one
     assert not list(temp.iterdir())
 
 
@@ -130,10 +145,11 @@ def test_stop_ends_the_process_and_leaves_no_socket(tmp_path: Path, graceful: bo
 def test_a_killed_kernel_takes_its_server_along(tmp_path: Path, where: str) -> None:
     """A kernel killed with SIGKILL runs no exit handler: Linux's parent-death signal stops its server, also one
     (re)started from a thread that has ended since (a timer ending an outage: notebook 10's restart)."""
-    start = ("s.start()" if where == "main thread" else
-             "t = threading.Thread(target=s.start); t.start(); t.join()")
-    code = ("import sys, threading, time; from course_lib.s3server import S3Server; "
-            f"s = S3Server({str(tmp_path)!r}); {start}; print(s.pid, flush=True); time.sleep(120)")
+    start = "s.start()" if where == "main thread" else "t = threading.Thread(target=s.start); t.start(); t.join()"
+    code = (
+        "import sys, threading, time; from course_lib.s3server import S3Server; "
+        f"s = S3Server({str(tmp_path)!r}); {start}; print(s.pid, flush=True); time.sleep(120)"
+    )
     kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(kernel.stdout.readline())
@@ -165,8 +181,14 @@ def test_local_server_is_reused_and_restarted_when_stopped() -> None:
         assert os.environ["AWS_PROFILE"] == "course-writer"
         second.stop()
     finally:
-        for name in ("AWS_ENDPOINT_URL", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_REGION",
-                     "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"):
+        for name in (
+            "AWS_ENDPOINT_URL",
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "AWS_PROFILE",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_EC2_METADATA_DISABLED",
+        ):
             os.environ.pop(name, None)
 
 
@@ -185,6 +207,7 @@ def test_a_port_taken_after_it_was_chosen_gets_new_ports(monkeypatch: pytest.Mon
 
     choose, chosen = s3server._choose_ports, []
     with socket.socket() as taker:
+
         def taken_at_once() -> dict[str, int]:  # the first choice has its filer port taken before weed starts
             chosen.append(choose())
             if len(chosen) == 1:
@@ -216,10 +239,14 @@ def _learner_via(server: S3Server, endpoint: str, attempts: int = 1):
     import botocore.config
 
     keys = server.keys["learner"]
-    session = boto3.session.Session(aws_access_key_id=keys.access_key, aws_secret_access_key=keys.secret_key,
-                                    region_name=s3server.REGION)
-    return session.client("s3", endpoint_url=endpoint,
-                          config=botocore.config.Config(retries={"total_max_attempts": attempts, "mode": "standard"}))
+    session = boto3.session.Session(
+        aws_access_key_id=keys.access_key, aws_secret_access_key=keys.secret_key, region_name=s3server.REGION
+    )
+    return session.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=botocore.config.Config(retries={"total_max_attempts": attempts, "mode": "standard"}),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +279,12 @@ def test_the_proxy_throttles_and_cuts_as_told(server: S3Server, stored: bytes) -
             once.get_object(Bucket="proxied", Key="object.bin")
         assert throttled.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
         proxy.fail_next(1)  # boto3 retries a 503 by itself (standard mode: 3 attempts)
-        assert _learner_via(server, proxy.endpoint, attempts=3).get_object(
-            Bucket="proxied", Key="object.bin")["Body"].read() == stored
+        assert (
+            _learner_via(server, proxy.endpoint, attempts=3)
+            .get_object(Bucket="proxied", Key="object.bin")["Body"]
+            .read()
+            == stored
+        )
         proxy.cut_next(1, after_bytes=100_000)
         body = once.get_object(Bucket="proxied", Key="object.bin")["Body"]
         with pytest.raises(botocore.exceptions.ResponseStreamingError, match="100000 bytes read"):

@@ -6,15 +6,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from collections import Counter  # noqa: E402
+from collections import Counter
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch.utils.data import (  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.figure import Figure
+from torch.utils.data import (
     BatchSampler,
     DataLoader,
     RandomSampler,
@@ -22,9 +22,9 @@ from torch.utils.data import (  # noqa: E402
     WeightedRandomSampler,
 )
 
-from course_lib.datasets import RandomSequences  # noqa: E402
-from course_lib.loaders import pad_collate  # noqa: E402
-from course_lib.samplers import (  # noqa: E402
+from course_lib.datasets import RandomSequences
+from course_lib.loaders import pad_collate
+from course_lib.samplers import (
     BucketBatchSampler,
     balancing_weights,
     class_counts,
@@ -287,8 +287,12 @@ def test_bucket_batch_sampler_rejects_a_seed_as_generator() -> None:
     drop_last=st.booleans(),
     seed=st.integers(0, 2**31),
 )
-def test_every_index_once_per_epoch(lengths: list[int], batch_size: int, batches_per_bucket: int, drop_last: bool, seed: int) -> None:
-    s = BucketBatchSampler(lengths, batch_size, bucket_size=batch_size * batches_per_bucket, drop_last=drop_last, generator=gen(seed))
+def test_every_index_once_per_epoch(
+    lengths: list[int], batch_size: int, batches_per_bucket: int, drop_last: bool, seed: int
+) -> None:
+    s = BucketBatchSampler(
+        lengths, batch_size, bucket_size=batch_size * batches_per_bucket, drop_last=drop_last, generator=gen(seed)
+    )
     n = len(lengths)
     for _ in range(2):  # two epochs
         batches = list(s)

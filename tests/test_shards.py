@@ -51,7 +51,9 @@ def test_image_shards_layout(image_shards: shards.ShardSet, tiny_set: Path) -> N
     assert len(s.paths) == 8 and s.counts == [10] * 8 and s.samples == 80
     assert s.urls.endswith("shapes-train-{000000..000007}.tar") and s.pattern == "shapes-train-{000000..000007}.tar"
     assert s.bytes == sum(p.stat().st_size for p in s.paths)
-    assert str(s.folder) not in s.describe() and s.describe().startswith("8 shards shapes-train-{000000..000007}.tar: 80 samples")
+    assert str(s.folder) not in s.describe() and s.describe().startswith(
+        "8 shards shapes-train-{000000..000007}.tar: 80 samples"
+    )
     assert sorted(s.all_keys()) == sorted(f"{c}-{i:05d}" for c in data.CLASSES for i in range(8))
     assert s.all_keys() != sorted(s.all_keys()), "written in a shuffled order"
     assert [(p.name, n) for p, n in zip(s.paths, s.counts)] == list(shards.verify_shards(s).items())
@@ -134,7 +136,12 @@ def test_a_folder_not_written_here_is_never_overwritten(tiny_root: Path, tmp_pat
 @pytest.mark.quick
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"split": "test"}, "split"), ({"prefix": "a.b"}, "prefix"), ({"maxcount": 0}, "maxcount"), ({"maxsize": 0}, "maxsize")],
+    [
+        ({"split": "test"}, "split"),
+        ({"prefix": "a.b"}, "prefix"),
+        ({"maxcount": 0}, "maxcount"),
+        ({"maxsize": 0}, "maxsize"),
+    ],
 )
 def test_bad_writer_arguments(tiny_root: Path, tmp_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -196,8 +203,13 @@ def test_find_shards(image_shards: shards.ShardSet, tmp_path: Path) -> None:
     assert shards.find_shards(image_shards.folder / "*-00000[12].tar") == image_shards.paths[1:3]
     assert shards.find_shards(image_shards.paths[0]) == image_shards.paths[:1]
     (tmp_path / "empty").mkdir()
-    cases = [tmp_path / "nowhere", tmp_path / "empty", str(tmp_path / "nowhere" / "a-{000000..000003}.tar"),
-             str(image_shards.folder / "shapes-train-{000006..000009}.tar"), tmp_path / "*.tar"]
+    cases = [
+        tmp_path / "nowhere",
+        tmp_path / "empty",
+        str(tmp_path / "nowhere" / "a-{000000..000003}.tar"),
+        str(image_shards.folder / "shapes-train-{000006..000009}.tar"),
+        tmp_path / "*.tar",
+    ]
     for location in cases:
         with pytest.raises(shards.ShardError, match="write_image_shards") as err:
             shards.find_shards(location)
@@ -224,8 +236,9 @@ def test_read_shardset(image_shards: shards.ShardSet, tmp_path: Path) -> None:
 
 
 @pytest.mark.quick
-def test_tar_contents_are_never_extracted_to_disk(image_shards: shards.ShardSet, tiny_set: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tar_contents_are_never_extracted_to_disk(
+    image_shards: shards.ShardSet, tiny_set: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("extracted to disk")
 
@@ -296,8 +309,9 @@ def test_shards_needed_and_the_error_that_says_so() -> None:
 @pytest.mark.quick
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 12), world=st.integers(1, 4), workers=st.integers(0, 4))
-def test_every_sample_exactly_once_across_ranks_and_workers(tensor_shards: shards.ShardSet, n: int, world: int,
-                                                            workers: int) -> None:
+def test_every_sample_exactly_once_across_ranks_and_workers(
+    tensor_shards: shards.ShardSet, n: int, world: int, workers: int
+) -> None:
     """webdataset's real pipeline, each (rank, worker) simulated in this process through its environment."""
     urls = shards.brace_urls(tensor_shards.paths[:n])
     seen: list[str] = []
@@ -337,8 +351,11 @@ def test_resampled_with_epoch_gives_every_rank_the_same_count(tensor_shards: sha
     for rank in range(2):
         with shards.simulated_reader(rank, 2):
             ds = wds.WebDataset(urls, nodesplitter=wds.split_by_node, shardshuffle=False)
-            plain.append(shards.count_batches(wds.WebLoader(ds.to_tuple("__key__", "cls").batched(2), num_workers=2,
-                                                            batch_size=None)))
+            plain.append(
+                shards.count_batches(
+                    wds.WebLoader(ds.to_tuple("__key__", "cls").batched(2), num_workers=2, batch_size=None)
+                )
+            )
             ds = wds.WebDataset(urls, resampled=True, shardshuffle=False, nodesplitter=wds.split_by_node)
             loader = wds.WebLoader(ds.to_tuple("__key__", "cls").batched(2), num_workers=2, batch_size=None)
             resampled.append(shards.count_batches(loader.unbatched().batched(2).with_epoch(7)))
@@ -350,13 +367,17 @@ def test_resampled_with_epoch_gives_every_rank_the_same_count(tensor_shards: sha
 @pytest.mark.timeout(120)
 def test_what_with_epoch_counts(tensor_shards: shards.ShardSet) -> None:
     """webdataset 1.0.2: the final output of the pipeline it is set on, per worker on a dataset."""
+
     def base():
         return wds.WebDataset(tensor_shards.urls, shardshuffle=False).to_tuple("__key__", "cls")
 
     assert shards.count_batches(base().batched(4).with_epoch(5)) == (5, 20)
     assert shards.count_batches(base().with_epoch(5).batched(4)) == (5, 20), "its place in the chain does not matter"
     # each worker reads 18 samples: 6 full batches of 3, so 5 of them per worker, 10 in all
-    assert shards.count_batches(wds.WebLoader(base().batched(3).with_epoch(5), num_workers=2, batch_size=None)) == (10, 30)
+    assert shards.count_batches(wds.WebLoader(base().batched(3).with_epoch(5), num_workers=2, batch_size=None)) == (
+        10,
+        30,
+    )
     loader = wds.WebLoader(base().batched(4), num_workers=2, batch_size=None).unbatched().batched(4).with_epoch(5)
     assert shards.count_batches(loader) == (5, 20)
 
@@ -393,8 +414,9 @@ def test_compare_small_files_and_shards(image_shards: shards.ShardSet, tiny_set:
     assert result.rates["shards + latency"] < 10 / 0.003  # one wait per shard of 10 samples
     seconds = result.rounds.values
     assert all(len(v) == 3 for v in seconds.values())  # 3 interleaved rounds of each way
-    assert result.ratios(simulated=True) == [f / s for f, s in zip(seconds["small files + latency"],
-                                                                   seconds["shards + latency"])]
+    assert result.ratios(simulated=True) == [
+        f / s for f, s in zip(seconds["small files + latency"], seconds["shards + latency"])
+    ]
     assert result.rates["shards"] == 80 / statistics.median(seconds["shards"])
     with pytest.raises(ValueError, match="same samples"):
         shards.compare_small_files_and_shards(files[:10], image_shards.paths)
@@ -418,12 +440,25 @@ def test_shard_reader_under_torchrun(image_shards: shards.ShardSet, tmp_path: Pa
         keys = [k for r in reports for ks in r["epochs"][epoch]["keys_by_worker"].values() for k in ks]
         assert sorted(keys) == sorted(image_shards.all_keys()), f"epoch {epoch}: every sample exactly once"
         assert [r["epochs"][epoch]["batches"] for r in reports] == [10, 10]
-    shares = [[sorted(n for ns in r["epochs"][e]["shards_by_worker"].values() for n in ns) for e in range(2)] for r in reports]
+    shares = [
+        [sorted(n for ns in r["epochs"][e]["shards_by_worker"].values() for n in ns) for e in range(2)] for r in reports
+    ]
     assert shares[0][0] != shares[0][1], "rank 0 reads other shards in its second epoch"
-    launch("course_lib.shard_reader", *args, "--resampled", "--epoch-batches", "6", "--report", str(tmp_path / "b"),
-           nproc=2, timeout=90, show=False)
+    launch(
+        "course_lib.shard_reader",
+        *args,
+        "--resampled",
+        "--epoch-batches",
+        "6",
+        "--report",
+        str(tmp_path / "b"),
+        nproc=2,
+        timeout=90,
+        show=False,
+    )
     assert [[(e["batches"], e["samples"]) for e in r["epochs"]] for r in read_reports(tmp_path / "b")] == [
-        [(6, 24), (6, 24)]] * 2
+        [(6, 24), (6, 24)]
+    ] * 2
 
 
 @pytest.mark.quick
@@ -447,8 +482,10 @@ def _reader_epoch(urls: str, rank: int, epoch: int, *options: str) -> list[tuple
 
     args = shard_reader._parse_args(["--urls", urls, "--workers", "2", "--batch-size", "4", "--buffer", "10", *options])
     with shards.simulated_reader(rank, 2):
-        return [(list(keys), [os.path.basename(u) for u in names])
-                for keys, _labels, names, _workers in shard_reader.rank_webloader(args, epoch)]
+        return [
+            (list(keys), [os.path.basename(u) for u in names])
+            for keys, _labels, names, _workers in shard_reader.rank_webloader(args, epoch)
+        ]
 
 
 @pytest.mark.quick
@@ -481,7 +518,9 @@ def test_shard_reader_resampled_epochs_differ(image_shards: shards.ShardSet) -> 
 
 @pytest.mark.quick
 @pytest.mark.timeout(60)
-def test_shard_reader_collectives_use_the_ranks_device(image_shards: shards.ShardSet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shard_reader_collectives_use_the_ranks_device(
+    image_shards: shards.ShardSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every all_reduce gets a tensor on the device run_on_one_rank hands over (under NCCL a CPU tensor fails)."""
     import torch
 
@@ -489,9 +528,16 @@ def test_shard_reader_collectives_use_the_ranks_device(image_shards: shards.Shar
 
     devices = []
     monkeypatch.setattr(shard_reader.dist, "all_reduce", lambda tensor: devices.append(tensor.device))
-    monkeypatch.setattr(shard_reader, "run_on_one_rank", lambda run, device, timeout: run(
-        shard_reader.distributed.DistEnv(0, 0, 1, "127.0.0.1", 29500, "single"), torch.device("meta")))
-    assert shard_reader.main(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "40", "--epochs", "2"]) == 0
+    monkeypatch.setattr(
+        shard_reader,
+        "run_on_one_rank",
+        lambda run, device, timeout: run(
+            shard_reader.distributed.DistEnv(0, 0, 1, "127.0.0.1", 29500, "single"), torch.device("meta")
+        ),
+    )
+    assert (
+        shard_reader.main(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "40", "--epochs", "2"]) == 0
+    )
     assert devices == [torch.device("meta")] * 5, "2 batches in each of 2 epochs, then the totals"
 
 
@@ -505,8 +551,21 @@ def test_shard_reader_resampled_is_reproducible_and_seeded(image_shards: shards.
     from course_lib.shard_reader import _parse_args as _reader_args
 
     def keys(seed: int) -> list[str]:
-        args = _reader_args(["--urls", image_shards.urls, "--workers", "0", "--batch-size", "4",
-                             "--resampled", "--epoch-batches", "5", "--seed", str(seed)])
+        args = _reader_args(
+            [
+                "--urls",
+                image_shards.urls,
+                "--workers",
+                "0",
+                "--batch-size",
+                "4",
+                "--resampled",
+                "--epoch-batches",
+                "5",
+                "--seed",
+                str(seed),
+            ]
+        )
         batches = itertools.islice(iter(shard_reader.rank_webloader(args)), 5)
         return [k for batch in batches for k in batch[0]]
 

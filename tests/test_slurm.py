@@ -149,9 +149,11 @@ def slurm() -> Iterator[Cluster]:
 
 def clean_env() -> dict[str, str]:
     """This process's environment without anything that would make a job think it is in another job."""
-    drop = re.compile(r"^(SLURM_|SRUN_|SBATCH_|SALLOC_|TORCHELASTIC_|COURSE_|PYTEST_)|^(RANK|LOCAL_RANK|WORLD_SIZE|"
-                      r"GROUP_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|"
-                      r"TRAIN_ARGS|RUNS_DIR|SHARDS|VIRTUAL_ENV|LOCAL_DIR|SET)$")
+    drop = re.compile(
+        r"^(SLURM_|SRUN_|SBATCH_|SALLOC_|TORCHELASTIC_|COURSE_|PYTEST_)|^(RANK|LOCAL_RANK|WORLD_SIZE|"
+        r"GROUP_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|GPUS_PER_NODE|DATA_SIZE|STAGE_DATA|"
+        r"TRAIN_ARGS|RUNS_DIR|SHARDS|VIRTUAL_ENV|LOCAL_DIR|SET)$"
+    )
     env = {k: v for k, v in os.environ.items() if not drop.match(k)}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     if (Path(sys.prefix) / "bin" / "activate").is_file():
@@ -164,12 +166,23 @@ def clean_env() -> dict[str, str]:
 
 def _stale_reports(world_size: int) -> Callable[[Path], None]:
     """What an earlier job of the same name and id left: one report per rank of a bigger job."""
+
     def plant(run_dir: Path) -> None:
         run_dir.mkdir(parents=True)
         for rank in range(world_size):
-            (run_dir / f"rank{rank}.json").write_text(json.dumps(
-                {"rank": rank, "world_size": world_size, "dataset_len": LIMIT, "source": "slurm",
-                 "epochs": [{"indices": list(range(rank, LIMIT, world_size))}], "weights_sha256": "old"}))
+            (run_dir / f"rank{rank}.json").write_text(
+                json.dumps(
+                    {
+                        "rank": rank,
+                        "world_size": world_size,
+                        "dataset_len": LIMIT,
+                        "source": "slurm",
+                        "epochs": [{"indices": list(range(rank, LIMIT, world_size))}],
+                        "weights_sha256": "old",
+                    }
+                )
+            )
+
     return plant
 
 
@@ -185,35 +198,102 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
 
     start = time.monotonic()
     base = tmp_path_factory.mktemp("slurm-stage")
-    out, runs, node_local, hook, shards, job_tmp = (base / name for name in ("out", "runs", "node-local", "exit-hook",
-                                                                              "shards", "tmp"))
+    out, runs, node_local, hook, shards, job_tmp = (
+        base / name for name in ("out", "runs", "node-local", "exit-hook", "shards", "tmp")
+    )
     for folder in (out, runs, node_local, hook, job_tmp):
         folder.mkdir()
     (hook / "sitecustomize.py").write_text(EXIT_HOOK)
     cpus = slurm.cpus
     env = clean_env()
-    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs),
-               TRAIN_ARGS=TRAIN_ARGS, SLURM_TMPDIR=str(node_local), TMPDIR=str(job_tmp),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])))
-    common = ["-A", "course", "-p", slurm.partition, "--gres=none", f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out"]
+    env.update(
+        SLURM_CONF=str(slurm.conf),
+        COURSE_DATA_DIR=str(tiny_root),
+        DATA_SIZE="tiny",
+        RUNS_DIR=str(runs),
+        TRAIN_ARGS=TRAIN_ARGS,
+        SLURM_TMPDIR=str(node_local),
+        TMPDIR=str(job_tmp),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])),
+    )
+    common = [
+        "-A",
+        "course",
+        "-p",
+        slurm.partition,
+        "--gres=none",
+        f"--time={JOB_TIME_LIMIT}",
+        "-o",
+        f"{out}/%x-%j.out",
+    ]
     # notebook 13's shards, written as on a login node (in the background: the other jobs start meanwhile)
-    writing = subprocess.Popen([sys.executable, "-m", "course_lib.capstone", "shards", "--out", str(shards),
-                                "--size", "tiny", "--data", str(tiny_root), "--maxcount", str(SHARD_SIZE)],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    writing = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "course_lib.capstone",
+            "shards",
+            "--out",
+            str(shards),
+            "--size",
+            "tiny",
+            "--data",
+            str(tiny_root),
+            "--maxcount",
+            str(SHARD_SIZE),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     tasks = ["--ntasks-per-node=2", "-c", str(max(1, cpus // 2))]
     jobs = [  # in the order the scheduler (first in, first out) starts them: the two-node jobs first
-        StageJob("multinode", HPC / "train_multinode.sbatch", "course-train-multinode", ["-N", "2", "-c", str(cpus)],
-                 dict(env, GPUS_PER_NODE="1", STAGE_DATA="1")),
-        StageJob("tasks2", HPC / "train_tasks.sbatch", "course-train-tasks",
-                 ["-N", "2", "--ntasks-per-node=1", "-c", str(cpus)], dict(env, STAGE_DATA="1")),
-        StageJob("1node", HPC / "train_1node.sbatch", "course-train-1node", ["-N", "1", "-c", str(cpus)],
-                 dict(env, GPUS_PER_NODE="2", STAGE_DATA="1")),
-        StageJob("tasks1", HPC / "train_tasks.sbatch", "course-train-tasks", ["-N", "1", *tasks],
-                 dict(env, STAGE_DATA="0"), hold=_stale_reports(4)),
-        StageJob("refuse", HPC / "train_tasks.sbatch", "course-train-tasks", ["-N", "1", *tasks],
-                 dict(env, STAGE_DATA="0"), hold=_foreign_file),
-        StageJob("capstone", base / "capstone" / "train.sbatch", "course-capstone", ["-N", "1", "-c", str(cpus)],
-                 dict(env, TRAIN_ARGS=CAPSTONE_ARGS)),
+        StageJob(
+            "multinode",
+            HPC / "train_multinode.sbatch",
+            "course-train-multinode",
+            ["-N", "2", "-c", str(cpus)],
+            dict(env, GPUS_PER_NODE="1", STAGE_DATA="1"),
+        ),
+        StageJob(
+            "tasks2",
+            HPC / "train_tasks.sbatch",
+            "course-train-tasks",
+            ["-N", "2", "--ntasks-per-node=1", "-c", str(cpus)],
+            dict(env, STAGE_DATA="1"),
+        ),
+        StageJob(
+            "1node",
+            HPC / "train_1node.sbatch",
+            "course-train-1node",
+            ["-N", "1", "-c", str(cpus)],
+            dict(env, GPUS_PER_NODE="2", STAGE_DATA="1"),
+        ),
+        StageJob(
+            "tasks1",
+            HPC / "train_tasks.sbatch",
+            "course-train-tasks",
+            ["-N", "1", *tasks],
+            dict(env, STAGE_DATA="0"),
+            hold=_stale_reports(4),
+        ),
+        StageJob(
+            "refuse",
+            HPC / "train_tasks.sbatch",
+            "course-train-tasks",
+            ["-N", "1", *tasks],
+            dict(env, STAGE_DATA="0"),
+            hold=_foreign_file,
+        ),
+        StageJob(
+            "capstone",
+            base / "capstone" / "train.sbatch",
+            "course-capstone",
+            ["-N", "1", "-c", str(cpus)],
+            dict(env, TRAIN_ARGS=CAPSTONE_ARGS),
+        ),
     ]
     try:
         for job in jobs:
@@ -222,11 +302,20 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
                     written = writing.communicate(timeout=120)[0]
                 except subprocess.TimeoutExpired:
                     writing.kill()
-                    raise AssertionError(f"python -m course_lib.capstone shards: no shards after 120 s\n"
-                                         f"{writing.communicate()[0]}") from None
+                    raise AssertionError(
+                        f"python -m course_lib.capstone shards: no shards after 120 s\n{writing.communicate()[0]}"
+                    ) from None
                 assert writing.returncode == 0, written
-                write_slurm_script(job.script, shards=str(shards), num_workers=1, gpus_per_node=2, nodes=1,
-                                   batch_size=8, epochs=1, time_limit="00:05:00")
+                write_slurm_script(
+                    job.script,
+                    shards=str(shards),
+                    num_workers=1,
+                    gpus_per_node=2,
+                    nodes=1,
+                    batch_size=8,
+                    epochs=1,
+                    time_limit="00:05:00",
+                )
             options = common + job.options + (["--hold"] if job.hold else [])
             job.job_id = slurm.sbatch(job.script, options, job.env, cwd=ROOT)
             job.run_dir = runs / f"{job.job_name}-{job.job_id}"
@@ -352,8 +441,11 @@ def test_train_tasks_on_two_nodes(stage: Stage) -> None:
 def test_same_weights_whatever_starts_the_ranks(stage: Stage) -> None:
     """torchrun or srun tasks, one node or two: 2 ranks, same data and seed, the same model bit for bit."""
     keys = ("1node", "tasks1", "multinode", "tasks2")
-    digests = {key: read_reports(stage[key].run_dir)[0]["weights_sha256"] for key in keys
-               if stage[key].result and stage[key].result.state == "COMPLETED"}
+    digests = {
+        key: read_reports(stage[key].run_dir)[0]["weights_sha256"]
+        for key in keys
+        if stage[key].result and stage[key].result.state == "COMPLETED"
+    }
     assert len(digests) == len(keys), f"a job failed: only {sorted(digests)} completed"
     assert len(set(digests.values())) == 1, digests
 
@@ -444,8 +536,14 @@ def test_no_abort_at_exit_in_20_runs(tiny_root: Path, tmp_path: Path, record_pro
     env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT)])  # the exit hook; this checkout's course_lib
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(runs), "2", str(out), str(tiny_root)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(tmp_path / "driver.py"), str(runs), "2", str(out), str(tiny_root)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the runs did not end in 600 s (each rank is killed after 90 s: the driver itself hung)")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -492,8 +590,10 @@ def test_stage_time(stage: Stage, record_property) -> None:
 
 RESUME_LIMIT, RESUME_BATCH, RESUME_EPOCHS = 32, 4, 2  # 2 ranks: 16 samples each per epoch, 4 steps of 4
 RESUME_STEPS = RESUME_LIMIT // 2 // RESUME_BATCH * RESUME_EPOCHS
-RESUME_ARGS = (f"--limit {RESUME_LIMIT} --epochs {RESUME_EPOCHS} --batch-size {RESUME_BATCH} --workers 1 --ckpt-every 2 "
-               "--step-seconds 0.5 --timeout 60 --device cpu")
+RESUME_ARGS = (
+    f"--limit {RESUME_LIMIT} --epochs {RESUME_EPOCHS} --batch-size {RESUME_BATCH} --workers 1 --ckpt-every 2 "
+    "--step-seconds 0.5 --timeout 60 --device cpu"
+)
 RESUME_WAIT_S = 90.0  # for each phase below; each job takes about 50 s (15 s of it the requeue hold)
 STALE_STEP = 99  # the checkpoint an earlier job of the same name and id left
 
@@ -506,7 +606,9 @@ def _plant_stale_run(run_dir: Path, report: str) -> None:
     (run_dir / report).write_text(json.dumps({"run": 0, "epoch": 9, "step": STALE_STEP, "indices": [0]}) + "\n")
 
 
-def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, str]], bool], timeout: float) -> dict[str, str]:
+def _until(
+    slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, str]], bool], timeout: float
+) -> dict[str, str]:
     """Poll until ``ready(job info)``; past ``timeout`` (or when the job ended) cancel it and fail with its log."""
     deadline = time.monotonic() + timeout
     while True:
@@ -515,8 +617,10 @@ def _until(slurm: Cluster, job_id: int, what: str, ready: Callable[[dict[str, st
             return info
         if info.get("JobState") in slurm_cluster.DONE_STATES or time.monotonic() > deadline:
             slurm.run("scancel", str(job_id), check=False)
-            pytest.fail(f"job {job_id}: {what}: not after {timeout:.0f} s (state {info.get('JobState')}, reason "
-                        f"{info.get('Reason')}; cancelled)\n{slurm_cluster._tail(info.get('StdOut'), 6000)}")
+            pytest.fail(
+                f"job {job_id}: {what}: not after {timeout:.0f} s (state {info.get('JobState')}, reason "
+                f"{info.get('Reason')}; cancelled)\n{slurm_cluster._tail(info.get('StdOut'), 6000)}"
+            )
         time.sleep(0.2)
 
 
@@ -532,8 +636,15 @@ class Requeued:
     left_in_temp: list[str]  # torchrun's log folders the job's two runs left in its SLURM_TMPDIR and TMPDIR
 
 
-def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], out: Path, run_dir_of: Callable[[int], Path],
-                           what: str, stale_report: str) -> Requeued:
+def _submit_notice_requeue(
+    slurm: Cluster,
+    script: Path,
+    env: dict[str, str],
+    out: Path,
+    run_dir_of: Callable[[int], Path],
+    what: str,
+    stale_report: str,
+) -> Requeued:
     """Submit ``script`` held, plant an earlier job's checkpoint and ``stale_report`` in its folder, and release it.
     Once it saved a checkpoint of its own (``what``), send the notice Slurm sends before the time limit
     (``--signal=B:USR1@120``), now (``scancel --signal=USR1 --batch``); wait until the job is requeued, start it
@@ -543,8 +654,21 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
     for key, name in (("SLURM_TMPDIR", "node-local"), ("TMPDIR", "tmp")):
         env = dict(env, **{key: str(out.parent / name)})
         (out.parent / name).mkdir()
-    options = ["-A", "course", "-p", slurm.partition, "--gres=none", "-N", "1", "-c", str(slurm.cpus),
-               f"--time={JOB_TIME_LIMIT}", "-o", f"{out}/%x-%j.out", "--hold"]
+    options = [
+        "-A",
+        "course",
+        "-p",
+        slurm.partition,
+        "--gres=none",
+        "-N",
+        "1",
+        "-c",
+        str(slurm.cpus),
+        f"--time={JOB_TIME_LIMIT}",
+        "-o",
+        f"{out}/%x-%j.out",
+        "--hold",
+    ]
     job_id = slurm.sbatch(script, options, env, cwd=ROOT)
     run_dir = run_dir_of(job_id)
     _plant_stale_run(run_dir, stale_report)
@@ -561,9 +685,13 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
     slurm.run("scancel", "--signal=USR1", "--batch", str(job_id))  # what --signal=B:USR1@120 sends
     # Slurm 22.05 holds a requeued job back: eligible again cred_expire (120 s by default) after the requeue. The
     # job is PENDING at once; the scheduler's next pass gives the reason (the job cannot start before anyway).
-    requeued = _until(slurm, job_id, "requeued and held back (Reason=BeginTime)",
-                      lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
-                      RESUME_WAIT_S)
+    requeued = _until(
+        slurm,
+        job_id,
+        "requeued and held back (Reason=BeginTime)",
+        lambda i: (i.get("Restarts"), i.get("JobState"), i.get("Reason")) == ("1", "PENDING", "BeginTime"),
+        RESUME_WAIT_S,
+    )
     delay = (datetime.fromisoformat(requeued["EligibleTime"]) - datetime.now()).total_seconds()
     assert delay > slurm_cluster.CRED_EXPIRE_S / 2, requeued
     # Slurm starts a requeued job only once the first run's credential has expired (cred_expire, here
@@ -576,8 +704,10 @@ def _submit_notice_requeue(slurm: Cluster, script: Path, env: dict[str, str], ou
         if "no longer pending" not in str(exc):  # unless the scheduler's own pass started it first: as good
             raise
     result = slurm.wait([job_id], timeout=RESUME_WAIT_S)[job_id]
-    left = sorted(p.name for p in [*Path(env["SLURM_TMPDIR"]).glob("course-torchrun-*"),
-                                   *Path(env["TMPDIR"]).glob("torchelastic_*")])
+    left = sorted(
+        p.name
+        for p in [*Path(env["SLURM_TMPDIR"]).glob("course-torchrun-*"), *Path(env["TMPDIR"]).glob("torchelastic_*")]
+    )
     return Requeued(job_id, run_dir, result, delay, time.monotonic() - start, left)
 
 
@@ -587,11 +717,23 @@ CAPSTONE_RESUME_ARGS = "--epochs 3 --batch-size 8 --epoch-batches 3 --step-ms 10
 def _resumable_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
     runs = base / "runs"
     env = clean_env()
-    env.update(SLURM_CONF=str(slurm.conf), COURSE_DATA_DIR=str(tiny_root), DATA_SIZE="tiny", RUNS_DIR=str(runs), GPUS_PER_NODE="2",
-               TRAIN_ARGS=RESUME_ARGS)
-    return _submit_notice_requeue(slurm, HPC / "train_resumable.sbatch", env, base / "out",
-                                  lambda job: runs / f"course-train-resumable-{job}", "a first checkpoint",
-                                  "rank0.steps.jsonl")
+    env.update(
+        SLURM_CONF=str(slurm.conf),
+        COURSE_DATA_DIR=str(tiny_root),
+        DATA_SIZE="tiny",
+        RUNS_DIR=str(runs),
+        GPUS_PER_NODE="2",
+        TRAIN_ARGS=RESUME_ARGS,
+    )
+    return _submit_notice_requeue(
+        slurm,
+        HPC / "train_resumable.sbatch",
+        env,
+        base / "out",
+        lambda job: runs / f"course-train-resumable-{job}",
+        "a first checkpoint",
+        "rank0.steps.jsonl",
+    )
 
 
 def _capstone_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
@@ -600,13 +742,26 @@ def _capstone_requeued(slurm: Cluster, tiny_root: Path, base: Path) -> Requeued:
 
     runs = base / "runs"
     shard_set = write_image_shards(base / "shards", size="tiny", root=tiny_root, maxcount=SHARD_SIZE)
-    script = write_slurm_script(base / "capstone" / "train.sbatch", shards=str(shard_set.folder), num_workers=1,
-                                gpus_per_node=2, nodes=1, time_limit="00:05:00")
+    script = write_slurm_script(
+        base / "capstone" / "train.sbatch",
+        shards=str(shard_set.folder),
+        num_workers=1,
+        gpus_per_node=2,
+        nodes=1,
+        time_limit="00:05:00",
+    )
     env = clean_env()
     env.update(SLURM_CONF=str(slurm.conf), RUNS_DIR=str(runs), TRAIN_ARGS=CAPSTONE_RESUME_ARGS)
     # an earlier job's checkpoint and report are in its folder: the first run must remove them, not resume them
-    return _submit_notice_requeue(slurm, script, env, base / "out", lambda job: runs / f"course-capstone-{job}",
-                                  "a checkpoint after epoch 0", "rank0.json")
+    return _submit_notice_requeue(
+        slurm,
+        script,
+        env,
+        base / "out",
+        lambda job: runs / f"course-capstone-{job}",
+        "a checkpoint after epoch 0",
+        "rank0.json",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -615,12 +770,15 @@ def requeued(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathF
     nodes: each waits out its own requeue hold (CRED_EXPIRE_S) while the other runs. Each test takes its job's
     outcome from its future, so a failure in one shows in that test only."""
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="requeue") as pool:
-        yield {"resumable": pool.submit(_resumable_requeued, slurm, tiny_root, tmp_path_factory.mktemp("resumable")),
-               "capstone": pool.submit(_capstone_requeued, slurm, tiny_root, tmp_path_factory.mktemp("capstone-resume"))}
+        yield {
+            "resumable": pool.submit(_resumable_requeued, slurm, tiny_root, tmp_path_factory.mktemp("resumable")),
+            "capstone": pool.submit(_capstone_requeued, slurm, tiny_root, tmp_path_factory.mktemp("capstone-resume")),
+        }
 
 
-def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued: dict[str, Future],
-                                                        record_property) -> None:
+def test_resumable_job_is_requeued_and_resumes_exactly(
+    slurm: Cluster, requeued: dict[str, Future], record_property
+) -> None:
     """hpc/train_resumable.sbatch, submitted with options only. Once it has a checkpoint, it gets the notice
     Slurm sends before the time limit (``--signal=B:USR1@120``), now: ``scancel --signal=USR1 --batch``. Its trap
     stops the training at a step boundary, all ranks save, and ``scontrol requeue`` puts the same job id back in
@@ -649,9 +807,11 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued:
     assert first < log.index(f"== scontrol requeue {job_id}") < second, log
     for rank in (0, 1):
         assert second < log.index(f"[rank{rank}]:rank {rank}: finished at step {RESUME_STEPS}"), log
-    assert (f"check: 2 rank reports, final step {RESUME_STEPS}; the steps come from runs [0, 1]; every step once per "
-            f"rank: yes; samples twice in a rank's epoch: 0; samples per epoch: {[RESUME_LIMIT] * RESUME_EPOCHS}; "
-            "weights identical on every rank: yes") in log, log
+    assert (
+        f"check: 2 rank reports, final step {RESUME_STEPS}; the steps come from runs [0, 1]; every step once per "
+        f"rank: yes; samples twice in a rank's epoch: 0; samples per epoch: {[RESUME_LIMIT] * RESUME_EPOCHS}; "
+        "weights identical on every rank: yes"
+    ) in log, log
 
     steps = read_steps(run_dir)
     for rank in (0, 1):
@@ -664,7 +824,7 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued:
             sampler = DistributedSampler(range(RESUME_LIMIT), num_replicas=2, rank=rank, shuffle=True, seed=0)
             sampler.set_epoch(epoch)
             order = list(sampler)
-            expected = [order[i:i + RESUME_BATCH] for i in range(0, len(order), RESUME_BATCH)]
+            expected = [order[i : i + RESUME_BATCH] for i in range(0, len(order), RESUME_BATCH)]
             assert [s["indices"] for s in steps[rank] if s["epoch"] == epoch] == expected, (rank, epoch)
     for epoch in range(RESUME_EPOCHS):  # the two ranks' shares: every sample once per epoch
         trained = sorted(i for rank in (0, 1) for s in steps[rank] if s["epoch"] == epoch for i in s["indices"])
@@ -673,8 +833,9 @@ def test_resumable_job_is_requeued_and_resumes_exactly(slurm: Cluster, requeued:
     assert [r["step"] for r in reports] == [RESUME_STEPS] * 2 and len({r["weights_sha256"] for r in reports}) == 1
 
 
-def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(slurm: Cluster, requeued: dict[str, Future],
-                                                                           record_property) -> None:
+def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(
+    slurm: Cluster, requeued: dict[str, Future], record_property
+) -> None:
     """Notebook 13's generated script has notebook 14's --signal=B:USR1@120, --requeue and trap. The capstone's
     shard stream has no mid-epoch state, so a notice stops the training and the requeued run starts from the
     checkpoint of the last finished epoch (tests/test_capstone.py proves that equals an uninterrupted run)."""

@@ -18,8 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) -> None:
-    path = slurm.write_slurm_script(tmp_path / "runs" / "capstone" / "train.sbatch", shards="/scratch/$USER/shards",
-                                       num_workers=3, prefetch_factor=4, nodes=nodes, gpus_per_node=4)
+    path = slurm.write_slurm_script(
+        tmp_path / "runs" / "capstone" / "train.sbatch",
+        shards="/scratch/$USER/shards",
+        num_workers=3,
+        prefetch_factor=4,
+        nodes=nodes,
+        gpus_per_node=4,
+    )
     text = path.read_text()
     assert os.access(path, os.X_OK)
     subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
@@ -34,7 +40,9 @@ def test_rendered_script_is_valid_bash_with_the_tuned_settings(nodes, tmp_path) 
     assert "-m course_lib.capstone train" in text and "course_lib.capstone check" in text
     # notebook 14: the time-limit notice, a requeue, one log for every run, a checkpoint at every epoch's end
     assert options["signal"] == "B:USR1@120" and options["open-mode"] == "append" and "requeue" in options
-    assert '--ckpt "$CKPT_DIR"' in text and "trap 'on_notice USR1' USR1" in text and "scontrol requeue Incomplete" in text
+    assert (
+        '--ckpt "$CKPT_DIR"' in text and "trap 'on_notice USR1' USR1" in text and "scontrol requeue Incomplete" in text
+    )
     # torchrun's copy of each rank's output: a folder of the job's on each node, removed on every node at the end
     assert '--tee=3 --log-dir="$TORCHRUN_LOGS"' in text
     on_each_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 ' if nodes > 1 else ""
@@ -48,15 +56,18 @@ def test_script_refuses_plain_bash(tmp_path) -> None:
     assert done.returncode != 0 and "submit this script with sbatch" in done.stderr
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(num_workers=7, cpus_per_node=24), r"32 CPUs, but a node has 24: use at most 5 workers"),
-    (dict(num_workers=-1), "num_workers must be a whole number >= 0"),
-    (dict(num_workers=2.5), "num_workers must be a whole number"),
-    (dict(num_workers=2, nodes=0), "nodes must be"),
-    (dict(num_workers=2, shards="/my data/shards"), "without spaces or quotes"),
-    (dict(num_workers=2, shards='x"; rm -rf ~'), "without spaces or quotes"),
-    (dict(num_workers=2, time_limit="20 minutes"), "HH:MM:SS"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(num_workers=7, cpus_per_node=24), r"32 CPUs, but a node has 24: use at most 5 workers"),
+        (dict(num_workers=-1), "num_workers must be a whole number >= 0"),
+        (dict(num_workers=2.5), "num_workers must be a whole number"),
+        (dict(num_workers=2, nodes=0), "nodes must be"),
+        (dict(num_workers=2, shards="/my data/shards"), "without spaces or quotes"),
+        (dict(num_workers=2, shards='x"; rm -rf ~'), "without spaces or quotes"),
+        (dict(num_workers=2, time_limit="20 minutes"), "HH:MM:SS"),
+    ],
+)
 def test_bad_script_settings(settings, message) -> None:
     settings = {"shards": "/scratch/shards", **settings}
     with pytest.raises(ValueError, match=message):

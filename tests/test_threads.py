@@ -70,7 +70,7 @@ def test_thread_batches_reuses_its_buffers_and_reads_ahead_only_in_flight(raw) -
     for _ in range(2):  # a second epoch reads the same batches into the same buffers
         kept = []
         for number, batch in enumerate(reader):
-            assert torch.equal(batch, truth[4 * number: 4 * number + 4])
+            assert torch.equal(batch, truth[4 * number : 4 * number + 4])
             kept.append(batch)
         assert [b.shape[0] for b in kept] == [4] * 6 + [2]
         assert len({b.untyped_storage().data_ptr() for b in kept}) == 3  # in_flight + 1 buffers
@@ -92,14 +92,23 @@ def test_thread_batches_refuses_shards_and_bad_arguments(tmp_path: Path, raw) ->
 
 @pytest.mark.timeout(120)
 def test_compare_threads_measures_every_reader_each_round(tmp_path: Path) -> None:
-    raw = write_raw_tensors(tmp_path / "raw.f32", 26, sample_bytes=4 * threads.PYTHON_VALUES)  # Python work: ~40 ms a pass
+    raw = write_raw_tensors(
+        tmp_path / "raw.f32", 26, sample_bytes=4 * threads.PYTHON_VALUES
+    )  # Python work: ~40 ms a pass
     rows = threads.compare_threads(raw, threads.python_work, batch_size=4, workers=2, rounds=2)
-    assert list(rows) == ["DataLoader, 2 worker processes", "RingLoader, 2 worker processes", "ThreadBatches, 2 threads",
-                          "torchdata.nodes, 2 threads", "SPDL pipeline, 2 threads"]
+    assert list(rows) == [
+        "DataLoader, 2 worker processes",
+        "RingLoader, 2 worker processes",
+        "ThreadBatches, 2 threads",
+        "torchdata.nodes, 2 threads",
+        "SPDL pipeline, 2 threads",
+    ]
     for name, row in rows.items():
         assert len(row.gbps) == len(row.main_cpu) == len(row.total_cpu) == len(row.pss_mb) == 2, name
         assert all(v > 0 for v in row.gbps + row.pss_mb), name
-        assert all(t >= m - 1e-9 for m, t in zip(row.main_cpu, row.total_cpu)), name  # the total includes the main process
+        assert all(t >= m - 1e-9 for m, t in zip(row.main_cpu, row.total_cpu)), (
+            name
+        )  # the total includes the main process
     threaded = rows["ThreadBatches, 2 threads"]
     tick = 0.01 / (raw.nbytes / 1e9)  # one 10 ms clock tick of another process, per GB of this pass
     assert all(t - m <= 2 * tick for m, t in zip(threaded.main_cpu, threaded.total_cpu))  # threads: no worker processes

@@ -20,8 +20,23 @@ pytestmark = pytest.mark.quick
 
 
 def args(root: Path, *extra: str) -> list[str]:
-    return ["--data", str(root), "--size", "tiny", "--limit", "41", "--batch-size", "10", "--epochs", "2",
-            "--workers", "1", "--device", "cpu", *extra]
+    return [
+        "--data",
+        str(root),
+        "--size",
+        "tiny",
+        "--limit",
+        "41",
+        "--batch-size",
+        "10",
+        "--epochs",
+        "2",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -39,8 +54,9 @@ def run_module(*argv: str, env: dict | None = None) -> subprocess.CompletedProce
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "course_lib.train", *argv], capture_output=True, text=True,
-                          timeout=60, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.train", *argv], capture_output=True, text=True, timeout=60, env=full_env
+    )
 
 
 def test_missing_data_is_one_clear_line(tmp_path: Path) -> None:

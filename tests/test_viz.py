@@ -6,13 +6,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+from PIL import Image
 
-from course_lib import viz  # noqa: E402
+from course_lib import viz
 
 pytestmark = pytest.mark.quick
 

@@ -24,7 +24,14 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fo
 
 def test_global_generators_differ_per_worker_and_repeat_with_the_seed() -> None:
     def run(seed: int) -> list[dict]:
-        return list(DataLoader(workers.RandomnessProbe(4), batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(seed)))
+        return list(
+            DataLoader(
+                workers.RandomnessProbe(4),
+                batch_size=None,
+                num_workers=2,
+                generator=torch.Generator().manual_seed(seed),
+            )
+        )
 
     a, b = run(0), run(0)
     assert a == b and a != run(1)
@@ -38,7 +45,9 @@ def test_a_generator_made_in_init_repeats_in_every_worker() -> None:
     assert [s for _, s in DataLoader(workers.NoisyDataset(8), batch_size=None)] != shifts
 
 
-@pytest.mark.parametrize("persistent, shared, expected", [(False, False, [0, 1, 2]), (True, False, [0, 0, 0]), (True, True, [0, 1, 2])])
+@pytest.mark.parametrize(
+    "persistent, shared, expected", [(False, False, [0, 1, 2]), (True, False, [0, 0, 0]), (True, True, [0, 1, 2])]
+)
 def test_epoch_state_in_persistent_workers(persistent: bool, shared: bool, expected: list[int]) -> None:
     ds = (workers.SharedEpochTagged if shared else workers.EpochTagged)(n=4)
     loader = DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=persistent)
@@ -72,7 +81,9 @@ def test_parallel_rounds_runs_every_item_serially_in_threads_and_in_other_proces
     assert set(r.values) == {"serial", "threads", "processes"}
     assert all(len(v) == 3 and all(math.isfinite(t) and t > 0 for t in v) for v in r.values.values())
     calls = [line.split() for line in (tmp_path / "calls.txt").read_text().splitlines()]
-    assert sorted(int(item) for item, _, _ in calls) == sorted(items * 9)  # 3 rounds: serially, in threads, in processes
+    assert sorted(int(item) for item, _, _ in calls) == sorted(
+        items * 9
+    )  # 3 rounds: serially, in threads, in processes
     here = [item for item, pid, _ in calls if int(pid) == os.getpid()]
     elsewhere = {pid for _, pid, _ in calls if int(pid) != os.getpid()}
     assert len(here) == 2 * 3 * len(items)  # the serial pass and the thread pool ran in this process

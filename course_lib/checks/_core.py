@@ -74,6 +74,7 @@ def whole_number(value: Any, call: str, why: str) -> int:
 
 def attempted(*answers: Any) -> None:
     """Raise :class:`NotAttempted` if any answer is still the ``...`` placeholder."""
+
     def is_stub(a: Any) -> bool:
         return a is Ellipsis or (isinstance(a, (tuple, list)) and any(is_stub(x) for x in a))
 
@@ -147,7 +148,9 @@ def exercise(code: str, solved_message: str) -> Callable[[Callable[..., Any]], C
                     name = in_worker[-1]
                 where = f" in `{name}`" if name != "<module>" else ""
                 return CheckResult(
-                    code, Status.NOT_ATTEMPTED, f"your code still raises NotImplementedError{where}: replace that line with your code."
+                    code,
+                    Status.NOT_ATTEMPTED,
+                    f"your code still raises NotImplementedError{where}: replace that line with your code.",
                 )
             except Hint as exc:
                 return CheckResult(code, Status.WRONG, str(exc))

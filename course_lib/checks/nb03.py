@@ -36,33 +36,53 @@ def _records(n: int) -> list[dict[str, Any]]:
 
 
 def _check_record_batch(batch: Any, samples: list[dict[str, Any]]) -> None:
-    require(isinstance(batch, dict), f"return a dict (keys tokens, mask, lengths, label, id), got {type(batch).__name__}.")
+    require(
+        isinstance(batch, dict), f"return a dict (keys tokens, mask, lengths, label, id), got {type(batch).__name__}."
+    )
     missing = {"tokens", "mask", "lengths", "label", "id"} - set(batch)
     require(not missing, f"the batch has no {sorted(missing)}: return all of tokens, mask, lengths, label, id.")
     tokens, mask, lengths = batch["tokens"], batch["mask"], batch["lengths"]
     b, longest = len(samples), max(len(s["tokens"]) for s in samples)
     shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-    require(shape != (longest, b) or longest == b,
-            f"tokens has shape {shape}, time first: pad_sequence(..., batch_first=True) puts the batch first.")
-    require(shape == (b, longest), f"tokens should have shape ({b}, {longest}) (batch, longest sequence in this "
-            f"batch), got {shape}.")
-    require(isinstance(lengths, torch.Tensor) and lengths.tolist() == [len(s["tokens"]) for s in samples],
-            "lengths should be a tensor of each sample's number of tokens, in batch order.")
-    require(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (b, longest),
-            "mask should be a bool tensor of the same shape as tokens (compare positions with the lengths).")
+    require(
+        shape != (longest, b) or longest == b,
+        f"tokens has shape {shape}, time first: pad_sequence(..., batch_first=True) puts the batch first.",
+    )
+    require(
+        shape == (b, longest),
+        f"tokens should have shape ({b}, {longest}) (batch, longest sequence in this batch), got {shape}.",
+    )
+    require(
+        isinstance(lengths, torch.Tensor) and lengths.tolist() == [len(s["tokens"]) for s in samples],
+        "lengths should be a tensor of each sample's number of tokens, in batch order.",
+    )
+    require(
+        isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (b, longest),
+        "mask should be a bool tensor of the same shape as tokens (compare positions with the lengths).",
+    )
     for i, s in enumerate(samples):
         n = len(s["tokens"])
-        require(torch.equal(tokens[i, :n], s["tokens"]) and bool((tokens[i, n:] == 0).all()),
-                f"row {i} of tokens should be sample {i}'s tokens, then padding 0.")
-        require(bool(mask[i, :n].all()) and not bool(mask[i, n:].any()),
-                f"row {i} of mask should be True for the first {n} positions (real tokens) and False after.")
-    require(isinstance(batch["label"], torch.Tensor) and batch["label"].tolist() == [s["label"] for s in samples],
-            "label should be one int64 tensor of the samples' labels, in order: torch.tensor([...]).")
-    require(list(batch["id"]) == [s["id"] for s in samples] and not isinstance(batch["id"], torch.Tensor),
-            "id should be the list of the samples' ids, in order (strings stay a list, as default_collate keeps them).")
+        require(
+            torch.equal(tokens[i, :n], s["tokens"]) and bool((tokens[i, n:] == 0).all()),
+            f"row {i} of tokens should be sample {i}'s tokens, then padding 0.",
+        )
+        require(
+            bool(mask[i, :n].all()) and not bool(mask[i, n:].any()),
+            f"row {i} of mask should be True for the first {n} positions (real tokens) and False after.",
+        )
+    require(
+        isinstance(batch["label"], torch.Tensor) and batch["label"].tolist() == [s["label"] for s in samples],
+        "label should be one int64 tensor of the samples' labels, in order: torch.tensor([...]).",
+    )
+    require(
+        list(batch["id"]) == [s["id"] for s in samples] and not isinstance(batch["id"], torch.Tensor),
+        "id should be the list of the samples' ids, in order (strings stay a list, as default_collate keeps them).",
+    )
 
 
-@exercise("03.3", "collate_records pads each batch to its own longest record, with lengths and a mask, and works in workers.")
+@exercise(
+    "03.3", "collate_records pads each batch to its own longest record, with lengths and a mask, and works in workers."
+)
 def collate_records(fn: Callable[[list], Any]) -> None:
     """``fn(list of {"tokens", "label", "id"})`` returns the batch as a dict; checked directly and in 2 workers."""
     attempted(fn)
@@ -74,7 +94,7 @@ def collate_records(fn: Callable[[list], Any]) -> None:
     batches = drain(loader)
     require(len(batches) == 3, f"12 records in batches of 4 gave {len(batches)} batches.")
     for k, batch in enumerate(batches):
-        _check_record_batch(batch, samples[4 * k:4 * k + 4])
+        _check_record_batch(batch, samples[4 * k : 4 * k + 4])
 
 
 def _indices(batch: Any) -> torch.Tensor:
@@ -95,7 +115,9 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
     a = make_loader(0)
     sizes = [len(_indices(batch)) for batch in a]  # epoch 1
     if sizes != [10] * 10:
-        raise Hint(f"expected 10 batches of 10 samples, got {len(sizes)} batches of sizes {sorted(set(sizes))}: set batch_size=10.")
+        raise Hint(
+            f"expected 10 batches of 10 samples, got {len(sizes)} batches of sizes {sorted(set(sizes))}: set batch_size=10."
+        )
     epoch2, epoch3 = _order(a), _order(a)
     require(sorted(epoch2) == list(range(100)), "each epoch should contain every index 0..99 exactly once.")
     require(epoch2 != list(range(100)), "the order is 0, 1, 2, ...: turn shuffle on.")
@@ -113,13 +135,18 @@ def reproducible_loader(make_loader: Callable[[int], Any]) -> None:
         _order(b) == _order(c),
         "two loaders made with the same seed give different orders: pass generator=torch.Generator().manual_seed(seed).",
     )
-    require(_order(make_loader(1)) != _order(make_loader(0)), "seeds 0 and 1 give the same order: use the seed argument.")
+    require(
+        _order(make_loader(1)) != _order(make_loader(0)), "seeds 0 and 1 give the same order: use the seed argument."
+    )
 
 
 # ----------------------------------------------------------------- 03.5 and 03.6: a loader and a loop of your own
 
 
-@exercise("03.5", "my_batches slices shuffled batches straight from tensors: every sample once, the order set by the generator.")
+@exercise(
+    "03.5",
+    "my_batches slices shuffled batches straight from tensors: every sample once, the order set by the generator.",
+)
 def my_batches(fn: Callable[..., Any]) -> None:
     """``fn(x, y, batch_size, generator, drop_last=False)`` yields ``(x[idx], y[idx])`` batches of a fresh permutation."""
     attempted(fn)
@@ -131,22 +158,32 @@ def my_batches(fn: Callable[..., Any]) -> None:
 
     batches = run(0)
     for xb, yb in batches:
-        require(isinstance(xb, torch.Tensor) and isinstance(yb, torch.Tensor), "each batch should be a pair of tensors (x, y).")
+        require(
+            isinstance(xb, torch.Tensor) and isinstance(yb, torch.Tensor),
+            "each batch should be a pair of tensors (x, y).",
+        )
         require(torch.equal(xb, yb * 10.0), "x and y no longer match within a batch: pick the same indices from both.")
     sizes = [len(yb) for _, yb in batches]
     require(sizes == [4, 4, 2], f"10 samples in batches of 4 should give sizes [4, 4, 2], got {sizes}.")
     seen = sorted(int(v) for _, yb in batches for v in yb)
     require(seen == list(range(10)), f"an epoch should hold every sample once, got {seen}.")
-    require(seen != [int(v) for _, yb in batches for v in yb], "the order is 0, 1, 2, ...: shuffle with "
-            "torch.randperm(len(x), generator=generator).")
+    require(
+        seen != [int(v) for _, yb in batches for v in yb],
+        "the order is 0, 1, 2, ...: shuffle with torch.randperm(len(x), generator=generator).",
+    )
     torch.manual_seed(123)
     again = run(0)
-    require(all(torch.equal(a[1], b[1]) for a, b in zip(batches, again)), "the same seed gave a different order: draw "
-            "the permutation from the generator you are given (generator=generator), not from the global one.")
+    require(
+        all(torch.equal(a[1], b[1]) for a, b in zip(batches, again)),
+        "the same seed gave a different order: draw "
+        "the permutation from the generator you are given (generator=generator), not from the global one.",
+    )
     g = torch.Generator().manual_seed(0)
     first, second = run(generator=g), run(generator=g)
-    require(any(not torch.equal(a[1], b[1]) for a, b in zip(first, second)),
-            "two epochs with one generator gave the same order: draw a new permutation each time the function runs.")
+    require(
+        any(not torch.equal(a[1], b[1]) for a, b in zip(first, second)),
+        "two epochs with one generator gave the same order: draw a new permutation each time the function runs.",
+    )
     dropped = [len(yb) for _, yb in run(0, drop_last=True)]
     require(dropped == [4, 4], f"with drop_last=True the sizes should be [4, 4], got {dropped}.")
 
@@ -177,49 +214,76 @@ def my_train_epoch(fn: Callable[..., Any]) -> None:
         total += loss.item() * len(yb)
         batch_means.append(loss.item())
     require(result is not None, "my_train_epoch returned None: return the mean loss per sample.")
-    require(not (isinstance(result, torch.Tensor) and result.requires_grad),
-            "return a number (loss.item()), not a tensor that keeps the whole graph alive.")
+    require(
+        not (isinstance(result, torch.Tensor) and result.requires_grad),
+        "return a number (loss.item()), not a tensor that keeps the whole graph alive.",
+    )
     same_weights = all(torch.allclose(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))
     untouched = all(torch.allclose(a, b) for a, b in zip(model.parameters(), fresh()[0].parameters()))
     require(not untouched, "the model did not change: call optimizer.step() after loss.backward().")
-    require(same_weights, "the weights differ from three plain SGD steps: call optimizer.zero_grad() before each "
-            "backward(), or the gradients of earlier batches add up.")
+    require(
+        same_weights,
+        "the weights differ from three plain SGD steps: call optimizer.zero_grad() before each "
+        "backward(), or the gradients of earlier batches add up.",
+    )
     value = float(result)
-    require(abs(value - sum(batch_means) / 3) > 1e-6 or abs(value - total / 10) < 1e-6, "you averaged the batch means; "
-            "the last batch has only 2 samples: weight each loss by len(y) and divide by the number of samples.")
-    require(abs(value - total / 10) < 1e-5, f"the mean loss per sample should be {total / 10:.4f}, got {value:.4f}: "
-            "sum loss.item() * len(y) over the batches, then divide by the number of samples.")
+    require(
+        abs(value - sum(batch_means) / 3) > 1e-6 or abs(value - total / 10) < 1e-6,
+        "you averaged the batch means; "
+        "the last batch has only 2 samples: weight each loss by len(y) and divide by the number of samples.",
+    )
+    require(
+        abs(value - total / 10) < 1e-5,
+        f"the mean loss per sample should be {total / 10:.4f}, got {value:.4f}: "
+        "sum loss.item() * len(y) over the batches, then divide by the number of samples.",
+    )
 
 
 def _mix_weights(images: torch.Tensor, labels: torch.Tensor, out: Any, classes: int) -> torch.Tensor:
     """The soft labels of ``out = fn(images, labels, ...)``, after checking their form; one row per output sample."""
     require(isinstance(out, (tuple, list)) and len(out) == 2, "return a pair: (mixed images, mixed labels).")
     mixed, soft = out
-    require(isinstance(mixed, torch.Tensor) and mixed.shape == images.shape,
-            f"the mixed images should keep the batch's shape {tuple(images.shape)}, got "
-            f"{tuple(mixed.shape) if isinstance(mixed, torch.Tensor) else type(mixed).__name__}.")
-    require(isinstance(soft, torch.Tensor) and soft.shape == (len(labels), classes),
-            f"the labels should become soft vectors, [batch, num_classes] = {(len(labels), classes)}: "
-            "one_hot(labels, num_classes).float(), then blend them as you blend the images.")
-    require(soft.is_floating_point() and bool((soft >= -1e-6).all()) and torch.allclose(soft.sum(1), torch.ones(len(soft))),
-            "every soft label should be a float vector of shares that add up to 1: lam * one_hot + (1 - lam) * one_hot[perm].")
+    require(
+        isinstance(mixed, torch.Tensor) and mixed.shape == images.shape,
+        f"the mixed images should keep the batch's shape {tuple(images.shape)}, got "
+        f"{tuple(mixed.shape) if isinstance(mixed, torch.Tensor) else type(mixed).__name__}.",
+    )
+    require(
+        isinstance(soft, torch.Tensor) and soft.shape == (len(labels), classes),
+        f"the labels should become soft vectors, [batch, num_classes] = {(len(labels), classes)}: "
+        "one_hot(labels, num_classes).float(), then blend them as you blend the images.",
+    )
+    require(
+        soft.is_floating_point() and bool((soft >= -1e-6).all()) and torch.allclose(soft.sum(1), torch.ones(len(soft))),
+        "every soft label should be a float vector of shares that add up to 1: lam * one_hot + (1 - lam) * one_hot[perm].",
+    )
     # every sample has a class of its own, so a soft label says how much of each sample is in the mix
     expected = soft[:, labels] @ images.flatten(1)
     if not torch.allclose(mixed.flatten(1), expected, atol=1e-4):
         pairs = (soft > 1e-6).sum(1, keepdim=True) == 2
-        require(bool(pairs.any()), "the images are mixed but the labels are not: a blend of two images needs a blend "
-                "of their labels, lam * one_hot + (1 - lam) * one_hot[perm], or the model learns the wrong target.")
+        require(
+            bool(pairs.any()),
+            "the images are mixed but the labels are not: a blend of two images needs a blend "
+            "of their labels, lam * one_hot + (1 - lam) * one_hot[perm], or the model learns the wrong target.",
+        )
         swapped = torch.where(pairs & (soft > 1e-6), 1 - soft, soft)
-        require(not torch.allclose(mixed.flatten(1), swapped[:, labels] @ images.flatten(1), atol=1e-4),
-                "lam and 1 - lam are swapped between the images and the labels: the image that gets weight lam "
-                "must give its label weight lam too.")
-    require(torch.allclose(mixed.flatten(1), expected, atol=1e-4),
-            "the images and the labels are not blended alike: image i should be lam * images[i] + (1 - lam) * "
-            "images[perm[i]], and its label lam * one_hot[i] + (1 - lam) * one_hot[perm[i]] (same lam, same perm).")
+        require(
+            not torch.allclose(mixed.flatten(1), swapped[:, labels] @ images.flatten(1), atol=1e-4),
+            "lam and 1 - lam are swapped between the images and the labels: the image that gets weight lam "
+            "must give its label weight lam too.",
+        )
+    require(
+        torch.allclose(mixed.flatten(1), expected, atol=1e-4),
+        "the images and the labels are not blended alike: image i should be lam * images[i] + (1 - lam) * "
+        "images[perm[i]], and its label lam * one_hot[i] + (1 - lam) * one_hot[perm[i]] (same lam, same perm).",
+    )
     return soft
 
 
-@exercise("03.4", "my_mixup blends images and one-hot labels with one lam and one permutation per batch, drawn from your generator.")
+@exercise(
+    "03.4",
+    "my_mixup blends images and one-hot labels with one lam and one permutation per batch, drawn from your generator.",
+)
 def my_mixup(fn: Callable[..., Any]) -> None:
     """``fn(images, labels, num_classes, generator) -> (mixed images, soft labels)``: MixUp by hand."""
     attempted(fn)
@@ -231,28 +295,43 @@ def my_mixup(fn: Callable[..., Any]) -> None:
     def run(seed: int) -> Any:
         before = images.clone()
         out = fn(images, labels, classes, torch.Generator().manual_seed(seed))
-        require(torch.equal(images, before), "your function changed the batch it was given: compute new tensors "
-                "(lam * images + ...) instead of writing into images.")
+        require(
+            torch.equal(images, before),
+            "your function changed the batch it was given: compute new tensors "
+            "(lam * images + ...) instead of writing into images.",
+        )
         return out
 
     softs = [_mix_weights(images, labels, run(seed), classes) for seed in range(12)]
     mixed_rows = [s for s in softs if bool(((s > 1e-6).sum(1) > 1).any())]
-    require(mixed_rows, "nothing was mixed: every image is itself and every label one-hot. Blend each sample with "
-            "the one a random permutation puts beside it: images[torch.randperm(len(images), generator=generator)].")
+    require(
+        mixed_rows,
+        "nothing was mixed: every image is itself and every label one-hot. Blend each sample with "
+        "the one a random permutation puts beside it: images[torch.randperm(len(images), generator=generator)].",
+    )
     for s in mixed_rows:
         rows = s[(s > 1e-6).sum(1) > 1]
         lam = rows.max(1).values
-        require(torch.allclose(lam, lam[0], atol=1e-5), "the rows of one batch are mixed in different proportions: "
-                "draw one lam per batch (torch.rand((), generator=generator)), as MixUp does.")
+        require(
+            torch.allclose(lam, lam[0], atol=1e-5),
+            "the rows of one batch are mixed in different proportions: "
+            "draw one lam per batch (torch.rand((), generator=generator)), as MixUp does.",
+        )
     lams = {round(float(s.max(1).values.min()), 4) for s in softs}
-    require(len(lams) > 3, "every batch is mixed in the same proportion: draw lam anew for each batch from the "
-            "generator, e.g. torch.rand((), generator=generator) (Beta(1, 1), the uniform distribution).")
+    require(
+        len(lams) > 3,
+        "every batch is mixed in the same proportion: draw lam anew for each batch from the "
+        "generator, e.g. torch.rand((), generator=generator) (Beta(1, 1), the uniform distribution).",
+    )
     torch.manual_seed(7)
     first = run(0)
     torch.manual_seed(8)
     again = run(0)
-    require(all(torch.equal(a, b) for a, b in zip(first, again)), "the same generator seed gave a different mix: draw "
-            "lam and the permutation from the generator you are given (generator=generator), not the global one.")
+    require(
+        all(torch.equal(a, b) for a, b in zip(first, again)),
+        "the same generator seed gave a different mix: draw "
+        "lam and the permutation from the generator you are given (generator=generator), not the global one.",
+    )
 
 
 __all__ = ["count_batches", "reproducible_loader", "collate_records", "my_batches", "my_train_epoch", "my_mixup"]

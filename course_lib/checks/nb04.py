@@ -64,32 +64,55 @@ def _run_stall(fn: Callable[..., Any], batches: _TimedBatches, step_s: float) ->
     start = time.perf_counter()
     result = fn(batches, step)
     wall = time.perf_counter() - start
-    require(result is not None, "measure_stall returned None: return the share of the time spent waiting, waited / total.")
+    require(
+        result is not None, "measure_stall returned None: return the share of the time spent waiting, waited / total."
+    )
     try:
         share = float(result)
     except (TypeError, ValueError):
-        raise Hint(f"measure_stall should return one number (a share between 0 and 1), got {type(result).__name__}.") from None
+        raise Hint(
+            f"measure_stall should return one number (a share between 0 and 1), got {type(result).__name__}."
+        ) from None
     return share, batches.waited / wall, stepped
 
 
-@exercise("04.1", "your stopwatch agrees with the truth: time spent in iter() and next() over the wall time of the epoch.")
+@exercise(
+    "04.1", "your stopwatch agrees with the truth: time spent in iter() and next() over the wall time of the epoch."
+)
 def measure_stall(fn: Callable[..., Any]) -> None:
     """``fn(loader, step)`` runs one epoch, calls ``step(batch)`` per batch, and returns the share of time spent waiting."""
     attempted(fn)
     require(callable(fn), "measure_stall should be a function of (loader, step).")
     share, truth, stepped = _run_stall(fn, _TimedBatches(8, load_s=0.015), step_s=0.005)
-    require(stepped == list(range(8)), f"step(batch) should run once per batch, in order: it ran for batches {stepped}.")
-    require(share <= 1.0, f"measure_stall returned {share:.3g}: return a share of the wall time (between 0 and 1), not seconds.")
-    require(not share > truth + 0.15, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: only the time "
-            "inside next() (and iter()) is waiting; the step is work. Stop the stopwatch before step(batch).")
-    require(abs(share - truth) < 0.1, f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: add up the "
-            "time of every next(), and divide by the wall time of the whole epoch.")
+    require(
+        stepped == list(range(8)), f"step(batch) should run once per batch, in order: it ran for batches {stepped}."
+    )
+    require(
+        share <= 1.0,
+        f"measure_stall returned {share:.3g}: return a share of the wall time (between 0 and 1), not seconds.",
+    )
+    require(
+        not share > truth + 0.15,
+        f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: only the time "
+        "inside next() (and iter()) is waiting; the step is work. Stop the stopwatch before step(batch).",
+    )
+    require(
+        abs(share - truth) < 0.1,
+        f"you measured {share:.0%} waiting where the loop waited {truth:.0%}: add up the "
+        "time of every next(), and divide by the wall time of the whole epoch.",
+    )
     share, truth, _ = _run_stall(fn, _TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
-    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.08 s, as starting workers does) you measured "
-            f"{share:.0%} waiting, the truth is {truth:.0%}: time iter(loader) too, the loop waits for it.")
+    require(
+        abs(share - truth) < 0.1,
+        f"with a slow start (iter() took 0.08 s, as starting workers does) you measured "
+        f"{share:.0%} waiting, the truth is {truth:.0%}: time iter(loader) too, the loop waits for it.",
+    )
     share, truth, _ = _run_stall(fn, _TimedBatches(6, load_s=0.0), step_s=0.01)
-    require(abs(share - truth) < 0.1, f"a loader that never makes the loop wait got {share:.0%} from you (truth "
-            f"{truth:.0%}): count only the time spent getting batches.")
+    require(
+        abs(share - truth) < 0.1,
+        f"a loader that never makes the loop wait got {share:.0%} from you (truth "
+        f"{truth:.0%}): count only the time spent getting batches.",
+    )
 
 
 # ----------------------------------------------------------------- 04.2: the same stall, from torch.profiler
@@ -100,7 +123,9 @@ def _profiler_running() -> bool:
     return bool(torch.autograd._profiler_enabled())
 
 
-@exercise("04.2", "your profiler trace gives the stall the loop really had: the 'waiting' ranges over the 'epoch' range.")
+@exercise(
+    "04.2", "your profiler trace gives the stall the loop really had: the 'waiting' ranges over the 'epoch' range."
+)
 def profile_stall(fn: Callable[..., Any]) -> None:
     """``fn(loader, step)``: one epoch under ``torch.profiler``, the stall read from its recorded ranges."""
     from ..pitfalls import capture_stderr_fd
@@ -116,36 +141,60 @@ def profile_stall(fn: Callable[..., Any]) -> None:
 
         with capture_stderr_fd():  # torch 2.14's profiler logs its start and stop to file descriptor 2
             result = fn(batches, step)
-        require(isinstance(result, numbers.Real), f"profile_stall should return one number (a share between 0 and 1), "
-                f"got {type(result).__name__}.")
+        require(
+            isinstance(result, numbers.Real),
+            f"profile_stall should return one number (a share between 0 and 1), got {type(result).__name__}.",
+        )
         return float(result), batches.true_stall()  # the profiler's own start-up is not part of the epoch
 
     # On a busy machine one short epoch's ranges can be off by scheduling delays: a right answer agrees with the truth
     # in one of three epochs, a wrong one in none of them.
     for attempt in range(3):
         share, truth = run(_TimedBatches(8, load_s=0.015), step_s=0.005)
-        require(profiled and all(profiled), "the steps did not run under torch.profiler: run the whole epoch inside "
-                "`with profile(activities=[ProfilerActivity.CPU]) as prof:`, and read the times from prof.")
-        require(share <= 1.0, f"profile_stall returned {share:.3g}, more than the whole epoch: divide the 'waiting' total "
-                "by the epoch's cpu_time_total (its whole duration), not by its self time or in other units.")
+        require(
+            profiled and all(profiled),
+            "the steps did not run under torch.profiler: run the whole epoch inside "
+            "`with profile(activities=[ProfilerActivity.CPU]) as prof:`, and read the times from prof.",
+        )
+        require(
+            share <= 1.0,
+            f"profile_stall returned {share:.3g}, more than the whole epoch: divide the 'waiting' total "
+            "by the epoch's cpu_time_total (its whole duration), not by its self time or in other units.",
+        )
         if abs(share - truth) < 0.1:
             break
-    require(abs(share - truth) < 0.1, f"your trace says {share:.0%} waiting where the loop waited {truth:.0%}: wrap every "
-            "next() in record_function(\"waiting\") and the whole epoch in record_function(\"epoch\"), then divide "
-            "the two ranges' cpu_time_total from prof.key_averages().")
+    require(
+        abs(share - truth) < 0.1,
+        f"your trace says {share:.0%} waiting where the loop waited {truth:.0%}: wrap every "
+        'next() in record_function("waiting") and the whole epoch in record_function("epoch"), then divide '
+        "the two ranges' cpu_time_total from prof.key_averages().",
+    )
     for attempt in range(3):
         share, truth = run(_TimedBatches(4, load_s=0.0, start_s=0.08), step_s=0.01)
         if abs(share - truth) < 0.1:
             break
-    require(abs(share - truth) < 0.1, f"with a slow start (iter() took 0.08 s, as starting workers does) your trace says "
-            f"{share:.0%} waiting, the truth is {truth:.0%}: put iter(loader) inside a 'waiting' range too.")
+    require(
+        abs(share - truth) < 0.1,
+        f"with a slow start (iter() took 0.08 s, as starting workers does) your trace says "
+        f"{share:.0%} waiting, the truth is {truth:.0%}: put iter(loader) inside a 'waiting' range too.",
+    )
 
 
-@exercise("04.3", "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.")
+@exercise(
+    "04.3",
+    "workers_needed(load_s, step_s) = ceil(load_s / step_s): enough workers that, together, they finish a batch per step.",
+)
 def workers_needed(fn: Callable[[float, float], Any]) -> None:
     """``fn(load_s, step_s)``: the fewest workers that keep up when one worker needs ``load_s`` per batch."""
     attempted(fn)
-    cases = [((0.010, 0.050), 1), ((0.033, 0.025), 2), ((0.090, 0.020), 5), ((0.040, 0.020), 2), ((0.150, 0.040), 4), ((0.060, 0.020), 3)]
+    cases = [
+        ((0.010, 0.050), 1),
+        ((0.033, 0.025), 2),
+        ((0.090, 0.020), 5),
+        ((0.040, 0.020), 2),
+        ((0.150, 0.040), 4),
+        ((0.060, 0.020), 3),
+    ]
     for (load, step), want in cases:
         got = fn(load, step)
         require(
@@ -162,8 +211,11 @@ def workers_needed(fn: Callable[[float, float], Any]) -> None:
             raise Hint(f"for load_s={load}, step_s={step} you return {got}, expected {want}: {hint}.")
 
 
-@exercise("04.4", "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
-                  "under 10 % after the first batch, at most one per core but the main process's unless only more get there.")
+@exercise(
+    "04.4",
+    "your answer agrees with your measurement on this machine: the fewest workers that keep the loop waiting "
+    "under 10 % after the first batch, at most one per core but the main process's unless only more get there.",
+)
 def just_enough_workers(answer: Any, results: Any) -> None:
     """``answer`` agrees with ``results``, a dict ``num_workers -> EpochRecord`` measured with a training step."""
     attempted(answer, results)
@@ -171,8 +223,13 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         isinstance(results, dict) and results and all(isinstance(r, EpochRecord) for r in results.values()),
         "results should be the dict that sweep(...) returns (num_workers -> the epoch it measured).",
     )
-    require(all(isinstance(k, numbers.Integral) for k in results), "the keys of results should be numbers of workers, e.g. sweep(train, 'num_workers', [0, 1, 2, 3], ...).")
-    require(all(r.complete for r in results.values()), "measure whole epochs (no max_batches) so the stall is comparable.")
+    require(
+        all(isinstance(k, numbers.Integral) for k in results),
+        "the keys of results should be numbers of workers, e.g. sweep(train, 'num_workers', [0, 1, 2, 3], ...).",
+    )
+    require(
+        all(r.complete for r in results.values()), "measure whole epochs (no max_batches) so the stall is comparable."
+    )
     steps = [r.settings.get("step_s", r.mean_step) for r in results.values()]  # asked of measure(), else as measured
     require(
         all(step >= 0.005 for step in steps),
@@ -182,7 +239,10 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         all(abs(step - STEP) < 0.01 for step in steps),
         f"measure with the exercise's step, step_s=STEP ({STEP * 1000:.0f} ms): the answer depends on the step.",
     )
-    require(len({r.samples for r in results.values()}) == 1, "measure every setting on the same data set (the samples differ).")
+    require(
+        len({r.samples for r in results.values()}) == 1,
+        "measure every setting on the same data set (the samples differ).",
+    )
     require(
         isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
         f"answer should be a number of workers (int), got {answer!r}.",
@@ -208,10 +268,17 @@ def just_enough_workers(answer: Any, results: Any) -> None:
         )
         return
     if answer > budget:
-        require(False, f"{answer} workers is more than your {cores} cores leave for workers ({budget}: one core is the main "
-                f"process's); more workers than that take turns on the same cores, and where they seem to win, the machine was "
-                f"busier while the smaller settings ran. By your sweep the smallest answer is {right}"
-                + ("." if stall[right] < TARGET else f": no setting within {budget} got under 10 %, so the most with a core of their own."))
+        require(
+            False,
+            f"{answer} workers is more than your {cores} cores leave for workers ({budget}: one core is the main "
+            f"process's); more workers than that take turns on the same cores, and where they seem to win, the machine was "
+            f"busier while the smaller settings ran. By your sweep the smallest answer is {right}"
+            + (
+                "."
+                if stall[right] < TARGET
+                else f": no setting within {budget} got under 10 %, so the most with a core of their own."
+            ),
+        )
     require(False, f"num_workers={right} already stays under 10 % (steady_stall_fraction): pick the smallest.")
 
 
@@ -234,7 +301,9 @@ class _WhoMadeIt(torch.utils.data.Dataset):
         return torch.tensor([index, -1 if info is None else info.id])
 
 
-def _sweep_groups(fn: Callable[..., Any], name: str, values: list[Any], n: int, **settings: Any) -> tuple[Any, list, float]:
+def _sweep_groups(
+    fn: Callable[..., Any], name: str, values: list[Any], n: int, **settings: Any
+) -> tuple[Any, list, float]:
     """Run ``fn`` over a ``_WhoMadeIt`` set; returns its result, the batches its step saw, and the wall time."""
     seen: list[torch.Tensor] = []
 
@@ -245,34 +314,64 @@ def _sweep_groups(fn: Callable[..., Any], name: str, values: list[Any], n: int, 
     t0 = time.perf_counter()
     results = fn(_WhoMadeIt(n, 0.004), name, values, step, **settings)
     elapsed = time.perf_counter() - t0
-    require(isinstance(results, dict), f"return a dict {{value: (stall, samples per second)}}, got {type(results).__name__}.")
-    require(list(results) == list(values), f"the dict's keys should be the values swept, in order ({values}), got {list(results)}.")
+    require(
+        isinstance(results, dict),
+        f"return a dict {{value: (stall, samples per second)}}, got {type(results).__name__}.",
+    )
+    require(
+        list(results) == list(values),
+        f"the dict's keys should be the values swept, in order ({values}), got {list(results)}.",
+    )
     for value, pair in results.items():
-        require(isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(v, numbers.Real) for v in pair),
-                f"results[{value!r}] should be a pair of numbers (stall, samples per second), got {pair!r}.")
-        require(0.0 <= pair[0] <= 1.0, f"results[{value!r}]: the stall is a share of the time, between 0 and 1, got {pair[0]!r}.")
+        require(
+            isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(v, numbers.Real) for v in pair),
+            f"results[{value!r}] should be a pair of numbers (stall, samples per second), got {pair!r}.",
+        )
+        require(
+            0.0 <= pair[0] <= 1.0,
+            f"results[{value!r}]: the stall is a share of the time, between 0 and 1, got {pair[0]!r}.",
+        )
     return results, seen, elapsed
 
 
-@exercise("04.5", "my_sweep builds one loader per value with the other settings kept, and measures its stall and samples per second.")
+@exercise(
+    "04.5",
+    "my_sweep builds one loader per value with the other settings kept, and measures its stall and samples per second.",
+)
 def my_sweep(fn: Callable[..., Any]) -> None:
     """``fn(dataset, name, values, step, **settings)`` -> ``{value: (stall, samples per second)}``, one fresh loader per value."""
     attempted(fn)
     _, seen, _ = _sweep_groups(fn, "batch_size", [4, 16], 32, num_workers=0)
     sizes = [len(b) for b in seen]
-    require(sizes == [4] * 8 + [16] * 2, f"swept over batch_size=[4, 16], the step saw batches of sizes {sorted(set(sizes))}: "
-            "build each loader with the value swept, DataLoader(dataset, **{**settings, name: value}).")
+    require(
+        sizes == [4] * 8 + [16] * 2,
+        f"swept over batch_size=[4, 16], the step saw batches of sizes {sorted(set(sizes))}: "
+        "build each loader with the value swept, DataLoader(dataset, **{**settings, name: value}).",
+    )
     n = 48
     results, seen, elapsed = _sweep_groups(fn, "num_workers", [0, 2], n, batch_size=8)
-    require([len(b) for b in seen] == [8] * 12, "the other settings did not reach the loaders (batch_size=8 was given): "
-            "pass them on with **settings.")
+    require(
+        [len(b) for b in seen] == [8] * 12,
+        "the other settings did not reach the loaders (batch_size=8 was given): pass them on with **settings.",
+    )
     makers = [set(b[:, 1].tolist()) for b in seen]
-    require(set().union(*makers[:6]) == {-1} and set().union(*makers[6:]) == {0, 1},
-            "with num_workers=2 the batches should come from two workers: build a fresh loader for each value.")
+    require(
+        set().union(*makers[:6]) == {-1} and set().union(*makers[6:]) == {0, 1},
+        "with num_workers=2 the batches should come from two workers: build a fresh loader for each value.",
+    )
     spent = sum(n / rate for _, rate in results.values() if rate > 0)
-    require(spent > 0.5 * elapsed, f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too fast for "
-            f"{n} samples in {elapsed:.2f} s: count samples (len(dataset)), and divide by the time of the whole epoch.")
-    require(spent < 1.5 * elapsed, f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too slow for "
-            f"{n} samples in {elapsed:.2f} s: samples per second is len(dataset) / the epoch's time, not batches per second.")
-    require(results[0][0] > 0.4, f"with no workers the loop waits for every batch, 32 ms to make, then steps for 10 ms: "
-            f"about 75 % of the time, not {results[0][0]:.0%}. Measure each loader with measure_stall(loader, step).")
+    require(
+        spent > 0.5 * elapsed,
+        f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too fast for "
+        f"{n} samples in {elapsed:.2f} s: count samples (len(dataset)), and divide by the time of the whole epoch.",
+    )
+    require(
+        spent < 1.5 * elapsed,
+        f"{', '.join(f'{r:.0f}' for _, r in results.values())} per second is too slow for "
+        f"{n} samples in {elapsed:.2f} s: samples per second is len(dataset) / the epoch's time, not batches per second.",
+    )
+    require(
+        results[0][0] > 0.4,
+        f"with no workers the loop waits for every batch, 32 ms to make, then steps for 10 ms: "
+        f"about 75 % of the time, not {results[0][0]:.0%}. Measure each loader with measure_stall(loader, step).",
+    )

@@ -32,8 +32,13 @@ def balanced_weights(weights: Any, targets: Any) -> None:
             f"would draw only indices 0..{k - 1}, which are all of class {first} here. Give every sample the weight "
             "of its class: class_weights[targets]."
         )
-    require(len(w) == len(labels), f"give one weight per sample of the imbalanced set: {len(labels)} numbers, got {len(w)}.")
-    require(bool(torch.isfinite(w).all()), "some weights are inf or nan: divide by the count of each sample's own class (never 0).")
+    require(
+        len(w) == len(labels), f"give one weight per sample of the imbalanced set: {len(labels)} numbers, got {len(w)}."
+    )
+    require(
+        bool(torch.isfinite(w).all()),
+        "some weights are inf or nan: divide by the count of each sample's own class (never 0).",
+    )
     require(bool((w >= 0).all()) and float(w.sum()) > 0, "weights must be >= 0 and not all 0.")
     # the exact share of draws each class gets from WeightedRandomSampler(w, ..., replacement=True)
     shares = torch.zeros(k, dtype=torch.float64).index_add_(0, labels, w) / w.sum()
@@ -78,7 +83,10 @@ def _is_block(indices: list[int]) -> bool:
     return len(indices) > 1 and max(indices) - min(indices) == len(indices) - 1
 
 
-@exercise("06.2", "two disjoint samplers, one for each dataset object: a reproducible random split, training reshuffled every epoch, validation in a fixed order.")
+@exercise(
+    "06.2",
+    "two disjoint samplers, one for each dataset object: a reproducible random split, training reshuffled every epoch, validation in a fixed order.",
+)
 def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
     """``fn(n, val_fraction, seed) -> (train_sampler, val_sampler)`` over indices ``0..n-1``."""
     attempted(fn)
@@ -87,7 +95,9 @@ def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
         train, val = _pair(fn(n, fraction, 0), call)
         t1, v1 = one_epoch(train), one_epoch(val)
         n_val = round(n * fraction)
-        require(len(v1) == n_val, f"{call}: validation should get round({n} * {fraction}) = {n_val} indices, got {len(v1)}.")
+        require(
+            len(v1) == n_val, f"{call}: validation should get round({n} * {fraction}) = {n_val} indices, got {len(v1)}."
+        )
         require(len(t1) == n - n_val, f"{call}: training should get the other {n - n_val} indices, got {len(t1)}.")
         for part, indices, epoch in (("validation", n_val, v1), ("training", n - n_val, t1)):
             require(
@@ -108,8 +118,14 @@ def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
             f"{call}: the validation indices are one block ({min(v1)}..{max(v1)}). Data stored class by class would "
             "then validate on a few classes only: pick them at random, e.g. torch.randperm(n, generator=g).",
         )
-        require(t1 != sorted(t1), f"{call}: training indices come in increasing order: use SubsetRandomSampler to shuffle them.")
-        require(t1 != one_epoch(train), f"{call}: the training order is the same in two epochs: pass the generator itself, do not re-seed it per epoch.")
+        require(
+            t1 != sorted(t1),
+            f"{call}: training indices come in increasing order: use SubsetRandomSampler to shuffle them.",
+        )
+        require(
+            t1 != one_epoch(train),
+            f"{call}: the training order is the same in two epochs: pass the generator itself, do not re-seed it per epoch.",
+        )
         require(
             v1 == one_epoch(val),
             f"{call}: the validation order changes between epochs. Validation learns nothing from order, and a fixed one "
@@ -120,7 +136,10 @@ def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
             "the training sampler shuffles with PyTorch's global generator (generator=None), so any other random draw "
             "changes its order: pass generator=torch.Generator().manual_seed(seed).",
         )
-    a, b = _pair(fn(100, 0.2, 0), "train_val_samplers(100, 0.2, 0)"), _pair(fn(100, 0.2, 0), "train_val_samplers(100, 0.2, 0)")
+    a, b = (
+        _pair(fn(100, 0.2, 0), "train_val_samplers(100, 0.2, 0)"),
+        _pair(fn(100, 0.2, 0), "train_val_samplers(100, 0.2, 0)"),
+    )
     require(
         one_epoch(a[1]) == one_epoch(b[1]),
         "two calls with seed=0 give different splits: draw the split from torch.Generator().manual_seed(seed).",
@@ -155,7 +174,10 @@ def _lengths(n: int, seed: int) -> list[int]:
 # ----------------------------------------------------------------- 06.1: a first Sampler
 
 
-@exercise("06.1", "EpochShuffle's order is a function of (seed, epoch) alone: any process, any restart, computes the same one.")
+@exercise(
+    "06.1",
+    "EpochShuffle's order is a function of (seed, epoch) alone: any process, any restart, computes the same one.",
+)
 def epoch_shuffle(sampler_cls: Any) -> None:
     """``sampler_cls(n, seed)``: a permutation of ``range(n)`` per epoch, fixed by ``seed + epoch`` (``set_epoch``)."""
     attempted(sampler_cls)
@@ -168,18 +190,29 @@ def epoch_shuffle(sampler_cls: Any) -> None:
     torch.manual_seed(99)
     torch.rand(5)
     again = one_epoch(s)
-    require(again == first, "epoch 0 gave a different order the second time: the order must depend on (seed, epoch) only. "
-            "Make a generator in __iter__, torch.Generator().manual_seed(self.seed + self.epoch).")
+    require(
+        again == first,
+        "epoch 0 gave a different order the second time: the order must depend on (seed, epoch) only. "
+        "Make a generator in __iter__, torch.Generator().manual_seed(self.seed + self.epoch).",
+    )
     s.set_epoch(1)
     require(one_epoch(s) != first, "set_epoch(1) gave the same order as epoch 0: seed the generator with seed + epoch.")
     s.set_epoch(0)
-    require(one_epoch(s) == first, "set_epoch(0) did not bring back epoch 0's order: build the generator in __iter__ "
-            "from (seed, epoch), not once in __init__.")
-    require(one_epoch(sampler_cls(10, seed=3)) == first, "two samplers with seed=3 give different epoch-0 orders: "
-            "draw from a generator seeded with seed + epoch, not from the global one.")
+    require(
+        one_epoch(s) == first,
+        "set_epoch(0) did not bring back epoch 0's order: build the generator in __iter__ "
+        "from (seed, epoch), not once in __init__.",
+    )
+    require(
+        one_epoch(sampler_cls(10, seed=3)) == first,
+        "two samplers with seed=3 give different epoch-0 orders: "
+        "draw from a generator seeded with seed + epoch, not from the global one.",
+    )
     require(one_epoch(sampler_cls(10, seed=4)) != first, "seeds 3 and 4 give the same order: use the seed argument.")
-    require(len(sampler_cls(7, seed=0)) == 7 and sorted(one_epoch(sampler_cls(7, seed=0))) == list(range(7)),
-            "EpochShuffle(7, ...) should cover 0..6: use n, not a fixed number.")
+    require(
+        len(sampler_cls(7, seed=0)) == 7 and sorted(one_epoch(sampler_cls(7, seed=0))) == list(range(7)),
+        "EpochShuffle(7, ...) should cover 0..6: use n, not a fixed number.",
+    )
     order = [int(i) for b in DataLoader(list(range(10)), batch_size=5, sampler=s) for i in b]
     require(order == first, "through a DataLoader (sampler=...), the order differs from the sampler's own.")
 
@@ -192,7 +225,10 @@ def _skewed_targets() -> np.ndarray:
     return np.random.default_rng(7).permutation(np.repeat([0, 1, 2], [400, 150, 50]))
 
 
-@exercise("06.5", "ClassThenSample balances the classes with no per-sample weights: a class at random, then one of its samples.")
+@exercise(
+    "06.5",
+    "ClassThenSample balances the classes with no per-sample weights: a class at random, then one of its samples.",
+)
 def class_then_sample(sampler_cls: Any) -> None:
     """``sampler_cls(targets, num_samples, generator)``: each draw a uniform class, then a uniform sample of it."""
     attempted(sampler_cls)
@@ -204,19 +240,34 @@ def class_then_sample(sampler_cls: Any) -> None:
     require(len(epoch1) == 3000, f"an epoch should yield num_samples indices (3000), got {len(epoch1)}.")
     require(all(0 <= i < len(targets) for i in epoch1), "indices must be positions in targets (0..599), not labels.")
     per_class = np.bincount(targets[epoch1], minlength=3)
-    require(per_class.min() > 850, f"the classes were drawn {per_class.tolist()} times in 3000 draws: pick the class "
-            "first, uniformly (torch.randint(number of classes, ...)), then a sample of it.")
+    require(
+        per_class.min() > 850,
+        f"the classes were drawn {per_class.tolist()} times in 3000 draws: pick the class "
+        "first, uniformly (torch.randint(number of classes, ...)), then a sample of it.",
+    )
     rare = [i for i in epoch1 if targets[i] == 2]
-    require(len(set(rare)) > 40, f"the 50 samples of the rarest class came as only {len(set(rare))} different ones: "
-            "pick the sample uniformly among the members of the drawn class.")
+    require(
+        len(set(rare)) > 40,
+        f"the 50 samples of the rarest class came as only {len(set(rare))} different ones: "
+        "pick the sample uniformly among the members of the drawn class.",
+    )
     common = Counter(i for i in epoch1 if targets[i] == 0)
-    require(max(common.values()) < 15, "some samples of the largest class come far more often than others: draw "
-            "uniformly among the class's members, not always the first ones.")
-    require(one_epoch(s) != epoch1, "the second epoch repeats the first: draw from self.generator in __iter__, which "
-            "advances, rather than from a generator made anew each epoch.")
+    require(
+        max(common.values()) < 15,
+        "some samples of the largest class come far more often than others: draw "
+        "uniformly among the class's members, not always the first ones.",
+    )
+    require(
+        one_epoch(s) != epoch1,
+        "the second epoch repeats the first: draw from self.generator in __iter__, which "
+        "advances, rather than from a generator made anew each epoch.",
+    )
     twin = sampler_cls(targets, 3000, torch.Generator().manual_seed(0))
-    require(one_epoch(twin) == epoch1, "two samplers with generators seeded 0 give different draws: draw every random "
-            "number from self.generator, not from torch's global generator.")
+    require(
+        one_epoch(twin) == epoch1,
+        "two samplers with generators seeded 0 give different draws: draw every random "
+        "number from self.generator, not from torch's global generator.",
+    )
 
 
 # ----------------------------------------------------------------- 06.6: a bucketing batch sampler
@@ -232,41 +283,69 @@ def bucket_sampler(sampler_cls: Any) -> None:
     call = "MyBucketSampler(500 lengths, batch_size=16, bucket_size=64)"
     epoch1 = _batches(list(s), call)
     seen = Counter(i for b in epoch1 for i in b)
-    require(sorted(seen) == list(range(500)) and max(seen.values()) == 1,
-            f"{call}: an epoch should hold every index 0..499 exactly once, got {len(seen)} distinct in {sum(seen.values())}.")
+    require(
+        sorted(seen) == list(range(500)) and max(seen.values()) == 1,
+        f"{call}: an epoch should hold every index 0..499 exactly once, got {len(seen)} distinct in {sum(seen.values())}.",
+    )
     sizes = [len(b) for b in epoch1]
-    require(max(sizes) <= 16 and sum(sz < 16 for sz in sizes) <= 1,
-            f"{call}: batch sizes {sorted(Counter(sizes).items())}: cut each sorted bucket into batches of batch_size; "
-            "with buckets a multiple of batch_size, only the last one can be short.")
-    require(len(s) == len(epoch1), f"len() says {len(s)} batches but an epoch has {len(epoch1)}: "
-            "__len__ is the number of batches, math.ceil(len(lengths) / batch_size).")
+    require(
+        max(sizes) <= 16 and sum(sz < 16 for sz in sizes) <= 1,
+        f"{call}: batch sizes {sorted(Counter(sizes).items())}: cut each sorted bucket into batches of batch_size; "
+        "with buckets a multiple of batch_size, only the last one can be short.",
+    )
+    require(
+        len(s) == len(epoch1),
+        f"len() says {len(s)} batches but an epoch has {len(epoch1)}: "
+        "__len__ is the number of batches, math.ceil(len(lengths) / batch_size).",
+    )
     at_random = padding_fraction(torch.randperm(500, generator=torch.Generator().manual_seed(0)).split(16), lengths)
     share = padding_fraction(epoch1, lengths)
-    require(share < 0.75 * at_random, f"{call}: {share:.0%} padding, about as much as random batches ({at_random:.0%}): "
-            "sort each bucket by length (torch.argsort) before cutting it into batches.")
+    require(
+        share < 0.75 * at_random,
+        f"{call}: {share:.0%} padding, about as much as random batches ({at_random:.0%}): "
+        "sort each bucket by length (torch.argsort) before cutting it into batches.",
+    )
     longest = [max(lengths[i] for i in b) for b in epoch1]
-    require(longest != sorted(longest) and longest != sorted(longest, reverse=True),
-            f"{call}: the batches run from short to long: shuffle the order of the batches with the generator.")
+    require(
+        longest != sorted(longest) and longest != sorted(longest, reverse=True),
+        f"{call}: the batches run from short to long: shuffle the order of the batches with the generator.",
+    )
     per_bucket = 64 // 16
-    runs = [longest[k:k + per_bucket] for k in range(0, len(longest), per_bucket)]
-    require(not all(run == sorted(run) for run in runs) and not all(run == sorted(run, reverse=True) for run in runs),
-            f"{call}: the batches come bucket by bucket, each bucket's from short to long: every {per_bucket} batches "
-            "the length starts over. Step 4: collect the batches of all buckets, then yield them in a random order "
-            "(torch.randperm(len(batches), generator=self.generator)).")
+    runs = [longest[k : k + per_bucket] for k in range(0, len(longest), per_bucket)]
+    require(
+        not all(run == sorted(run) for run in runs) and not all(run == sorted(run, reverse=True) for run in runs),
+        f"{call}: the batches come bucket by bucket, each bucket's from short to long: every {per_bucket} batches "
+        "the length starts over. Step 4: collect the batches of all buckets, then yield them in a random order "
+        "(torch.randperm(len(batches), generator=self.generator)).",
+    )
     epoch2 = _batches(list(s), call)
-    require(epoch2 != epoch1, "the second epoch repeats the first: draw the shuffle in __iter__ from self.generator, so "
-            "that every epoch (every `for` over the sampler) gets new buckets and a new batch order.")
+    require(
+        epoch2 != epoch1,
+        "the second epoch repeats the first: draw the shuffle in __iter__ from self.generator, so "
+        "that every epoch (every `for` over the sampler) gets new buckets and a new batch order.",
+    )
     kept = shared_batchmates(epoch1, epoch2)
-    require(kept < 0.5, f"{kept:.0%} of batch-mates share a batch again next epoch: shuffle all indices before cutting "
-            "them into buckets, and sort only within each bucket (a full sort fixes who shares a batch).")
+    require(
+        kept < 0.5,
+        f"{kept:.0%} of batch-mates share a batch again next epoch: shuffle all indices before cutting "
+        "them into buckets, and sort only within each bucket (a full sort fixes who shares a batch).",
+    )
     twin = sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0))
-    require(_batches(list(twin), call) == epoch1 and _batches(list(twin), call) == epoch2,
-            "two samplers with generators seeded 0 give different epochs: draw every random choice from self.generator.")
+    require(
+        _batches(list(twin), call) == epoch1 and _batches(list(twin), call) == epoch2,
+        "two samplers with generators seeded 0 give different epochs: draw every random choice from self.generator.",
+    )
     loader = DataLoader(list(range(500)), batch_sampler=sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0)))
-    require([b.tolist() for b in loader] == epoch1, "as a DataLoader's batch_sampler it yields other batches than iterated directly.")
+    require(
+        [b.tolist() for b in loader] == epoch1,
+        "as a DataLoader's batch_sampler it yields other batches than iterated directly.",
+    )
 
 
-@exercise("06.4", "balanced_sampler draws class c in proportion to count_c^(1 - power), with replacement, reproducibly from your generator.")
+@exercise(
+    "06.4",
+    "balanced_sampler draws class c in proportion to count_c^(1 - power), with replacement, reproducibly from your generator.",
+)
 def balanced_sampler(fn: Callable[..., Any]) -> None:
     """``fn(targets, power, generator)``: a sampler of ``len(targets)`` draws, each sample weighted ``count**-power``."""
     attempted(fn)
@@ -278,24 +357,37 @@ def balanced_sampler(fn: Callable[..., Any]) -> None:
         sampler = fn(targets, power, torch.Generator().manual_seed(seed))
         require(sampler is not None, "balanced_sampler returned None: return the sampler.")
         size = len(sampler)
-        require(size == n, f"one epoch should draw as many samples as the data set has ({n}), got len {size}: "
-                "num_samples=len(targets).")
+        require(
+            size == n,
+            f"one epoch should draw as many samples as the data set has ({n}), got len {size}: "
+            "num_samples=len(targets).",
+        )
         out = np.array([int(i) for _ in range(epochs) for i in sampler])
-        require(out.size == n * epochs and out.min() >= 0 and out.max() < n,
-                f"the sampler should yield {n} indices in 0..{n - 1} per epoch.")
+        require(
+            out.size == n * epochs and out.min() >= 0 and out.max() < n,
+            f"the sampler should yield {n} indices in 0..{n - 1} per epoch.",
+        )
         return out
 
     first = draws(1.0, 0)
-    require(first.max() >= len(counts), f"only indices 0..{first.max()} come up: those are {len(counts)} weights, one per "
-            "*class*. Give every sample the weight of its class: (counts ** -power)[targets].")
+    require(
+        first.max() >= len(counts),
+        f"only indices 0..{first.max()} come up: those are {len(counts)} weights, one per "
+        "*class*. Give every sample the weight of its class: (counts ** -power)[targets].",
+    )
     torch.manual_seed(1)
     a = draws(1.0, 0)
     torch.manual_seed(2)
     b = draws(1.0, 0)
-    require(np.array_equal(a, b), "the same generator seed gave different draws: pass generator=generator to the sampler.")
+    require(
+        np.array_equal(a, b), "the same generator seed gave different draws: pass generator=generator to the sampler."
+    )
     sampler = fn(targets, 1.0, torch.Generator().manual_seed(0))
-    require(list(sampler) != list(sampler), "two epochs of one sampler drew the same indices: let the sampler draw from "
-            "the generator you were given, epoch after epoch, instead of re-seeding it.")
+    require(
+        list(sampler) != list(sampler),
+        "two epochs of one sampler drew the same indices: let the sampler draw from "
+        "the generator you were given, epoch after epoch, instead of re-seeding it.",
+    )
     for power in (1.0, 0.5, 0.0):
         drawn = draws(power, 1, epochs=40)
         shares = np.bincount(targets[drawn], minlength=len(counts)) / drawn.size
@@ -303,15 +395,28 @@ def balanced_sampler(fn: Callable[..., Any]) -> None:
         if not np.allclose(shares, want, atol=0.03):
             got = ", ".join(f"{v:.0%}" for v in shares)
             goal = ", ".join(f"{v:.0%}" for v in want)
-            hint = (f"with power={power} the classes (sizes {counts.tolist()}) should come up {goal} of the time, got {got}: "
-                    "weight each sample by count ** -power, count being the size of its class")
+            hint = (
+                f"with power={power} the classes (sizes {counts.tolist()}) should come up {goal} of the time, got {got}: "
+                "weight each sample by count ** -power, count being the size of its class"
+            )
             if shares[0] > counts[0] / n + 0.03:
-                hint = (f"with power={power} the largest class comes up {shares[0]:.0%} of the time, more often than in the "
-                        "data set: the weight is count ** -power (a negative exponent), not count ** power")
+                hint = (
+                    f"with power={power} the largest class comes up {shares[0]:.0%} of the time, more often than in the "
+                    "data set: the weight is count ** -power (a negative exponent), not count ** power"
+                )
             elif power == 1.0 and np.allclose(shares, counts / n, atol=0.03):
-                hint = (f"with power={power} the classes come up {got} of the time, the data set's own proportions: draw "
-                        "with replacement=True (without it an epoch is a permutation, imbalance and all)")
+                hint = (
+                    f"with power={power} the classes come up {got} of the time, the data set's own proportions: draw "
+                    "with replacement=True (without it an epoch is a permutation, imbalance and all)"
+                )
             raise Hint(hint + ".")
 
 
-__all__ = ["epoch_shuffle", "train_val_samplers", "balanced_weights", "class_then_sample", "bucket_sampler", "balanced_sampler"]
+__all__ = [
+    "epoch_shuffle",
+    "train_val_samplers",
+    "balanced_weights",
+    "class_then_sample",
+    "bucket_sampler",
+    "balanced_sampler",
+]

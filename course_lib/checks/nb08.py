@@ -104,7 +104,9 @@ def sharded_stream(cls: Any) -> None:
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for n, k in ((10, 2), (7, 3)):
             loader = DataLoader(cls(n), batch_size=None, num_workers=k, multiprocessing_context="fork", timeout=60)
-            _judge(_ints(loader, f"{cls.__name__}({n})"), n, f"{cls.__name__}({n}) in a real DataLoader with {k} workers")
+            _judge(
+                _ints(loader, f"{cls.__name__}({n})"), n, f"{cls.__name__}({n}) in a real DataLoader with {k} workers"
+            )
 
 
 CASES = [(n, b, w) for n in (1, 5, 7, 10, 16, 25, 100) for b in (1, 3, 4, 8, 32) for w in (0, 1, 2, 3, 4)]
@@ -115,7 +117,9 @@ def _call(fn: Callable[..., Any], n: int, b: int, w: int, drop_last: bool) -> in
     try:
         value = fn(n, b, w, drop_last)
     except ZeroDivisionError:
-        raise Hint(f"{call} divided by zero. num_workers=0 means no worker processes: the main process takes all {n} samples.") from None
+        raise Hint(
+            f"{call} divided by zero. num_workers=0 means no worker processes: the main process takes all {n} samples."
+        ) from None
     return whole_number(value, call, "a count of batches is a whole number (math.ceil, //).")
 
 
@@ -124,7 +128,9 @@ def _batches_per_epoch(n: int, batch_size: int | None, num_workers: int, drop_la
     return len(iterable.epoch_batch_sizes(n, batch_size, num_workers, drop_last))
 
 
-@exercise("08.3", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last).")
+@exercise(
+    "08.3", "each worker batches its own share: sum over workers of ceil(share / batch_size) (floor with drop_last)."
+)
 def batches_per_epoch(fn: Callable[[int, int, int, bool], Any]) -> None:
     """``fn(n, batch_size, num_workers, drop_last)``: batches in one epoch over a sharded ``n``-sample stream."""
     attempted(fn)
@@ -145,10 +151,14 @@ def batches_per_epoch(fn: Callable[[int, int, int, bool], Any]) -> None:
                     f"the loader yields batches of {sizes}."
                 )
             if w and got == w * (math.ceil(n / w) // b if drop_last else math.ceil(math.ceil(n / w) / b)):
-                raise Hint(f"{call} = {got}: not every share has ceil(n / num_workers) samples; here they are {shares}.")
+                raise Hint(
+                    f"{call} = {got}: not every share has ceil(n / num_workers) samples; here they are {shares}."
+                )
             if drop_last and got == _batches_per_epoch(n, b, w, False):
                 raise Hint(f"{call} = {got}: with drop_last=True every worker drops its own short last batch.")
-            raise Hint(f"{call} = {got}, but the loader yields {truth} batches, of sizes {sizes} (shares per worker: {shares}).")
+            raise Hint(
+                f"{call} = {got}, but the loader yields {truth} batches, of sizes {sizes} (shares per worker: {shares})."
+            )
 
 
 def _entries(sizes: Sequence[int]) -> list[tuple[str, int]]:
@@ -174,7 +184,9 @@ def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
         entries = _entries(sizes)
         call = f"policy({len(entries)} entries of sizes {sizes}, budget_bytes={budget})"
         result = fn(list(entries), budget)
-        require(result is not None, f"{call} returned None: return a list of names (an empty list when nothing must go).")
+        require(
+            result is not None, f"{call} returned None: return a list of names (an empty list when nothing must go)."
+        )
         chosen = list(result)
         names = [name for name, _ in entries]
         if chosen and all(isinstance(c, tuple) for c in chosen):
@@ -184,7 +196,10 @@ def eviction_policy(fn: Callable[[list[tuple[str, int]], int], Any]) -> None:
         left = sum(s for (name, s) in entries if name not in chosen)
         total = sum(sizes)
         truth = iterable_evict(entries, budget)
-        require(left <= budget, f"{call}: after deleting {len(chosen)} files {left} bytes remain, over the budget. Keep deleting, oldest first, and add up bytes, not files: sizes differ.")
+        require(
+            left <= budget,
+            f"{call}: after deleting {len(chosen)} files {left} bytes remain, over the budget. Keep deleting, oldest first, and add up bytes, not files: sizes differ.",
+        )
         if set(chosen) == set(truth):
             continue
         if not truth:
@@ -219,7 +234,7 @@ def _ranked_run(cls: Any, n: int, world: int, workers: int, seed: int, epoch: in
         require(hasattr(ds, "set_epoch"), "give the class a set_epoch(epoch) method that stores the epoch.")
         ds.set_epoch(epoch)
         for worker in range(max(workers, 1)):
-            with (as_worker(worker, workers, ds) if workers else contextlib.nullcontext()):
+            with as_worker(worker, workers, ds) if workers else contextlib.nullcontext():
                 items = list(ds)
             for item in items:
                 require(isinstance(item, tuple) and len(item) == 2, f"yield pairs (index, noise), got {item!r}.")
@@ -227,42 +242,78 @@ def _ranked_run(cls: Any, n: int, world: int, workers: int, seed: int, epoch: in
     return streams
 
 
-@exercise("08.2", "every sample once per epoch over ranks x workers, a new order each epoch, and each stream's own "
-                  "noise, reproducible from (seed, epoch, rank, worker).")
+@exercise(
+    "08.2",
+    "every sample once per epoch over ranks x workers, a new order each epoch, and each stream's own "
+    "noise, reproducible from (seed, epoch, rank, worker).",
+)
 def ranked_stream(cls: Any) -> None:
     """``cls(n, rank, world_size, seed)`` with ``set_epoch``: an IterableDataset of ``(index, noise)`` pairs."""
     attempted(cls)
-    require(isinstance(cls, type) and issubclass(cls, IterableDataset),
-            f"pass the class itself, a subclass of IterableDataset; got {cls!r}.")
+    require(
+        isinstance(cls, type) and issubclass(cls, IterableDataset),
+        f"pass the class itself, a subclass of IterableDataset; got {cls!r}.",
+    )
     n = 24
     for world, workers in ((1, 0), (2, 0), (1, 3), (2, 2), (3, 2)):
         streams = _ranked_run(cls, n, world, workers, seed=0, epoch=0)
         setting = f"{world} rank(s) x {workers} worker(s)"
         got = [i for s in streams for i, _ in s]
-        per_rank = [sorted(i for s in streams[r * max(workers, 1):(r + 1) * max(workers, 1)] for i, _ in s) for r in range(world)]
-        require(world == 1 or len({tuple(p) for p in per_rank}) == world, f"{setting}: every rank yielded the same "
-                "samples: divide the permutation into world_size x num_workers shares, rank r's worker w taking "
-                "share r * num_workers + w.")
-        require(len(got) != n or len(set(got)) == n, f"{setting}: some samples came twice and others never, though the "
-                "shares add up to the data set: the ranks or workers cut their shares from different permutations. "
-                "Seed the permutation with (seed, epoch) only, the same on every rank and worker.")
+        per_rank = [
+            sorted(i for s in streams[r * max(workers, 1) : (r + 1) * max(workers, 1)] for i, _ in s)
+            for r in range(world)
+        ]
+        require(
+            world == 1 or len({tuple(p) for p in per_rank}) == world,
+            f"{setting}: every rank yielded the same "
+            "samples: divide the permutation into world_size x num_workers shares, rank r's worker w taking "
+            "share r * num_workers + w.",
+        )
+        require(
+            len(got) != n or len(set(got)) == n,
+            f"{setting}: some samples came twice and others never, though the "
+            "shares add up to the data set: the ranks or workers cut their shares from different permutations. "
+            "Seed the permutation with (seed, epoch) only, the same on every rank and worker.",
+        )
         _judge(got, n, setting, shares=[[i for i, _ in s] for s in streams] if world == 1 else None)
     a = _ranked_run(cls, n, 2, 2, seed=0, epoch=0)
-    require(a == _ranked_run(cls, n, 2, 2, seed=0, epoch=0), "the same seed and epoch gave different streams: draw "
-            "every random number from generators seeded by (seed, epoch, ...), not from the global ones.")
+    require(
+        a == _ranked_run(cls, n, 2, 2, seed=0, epoch=0),
+        "the same seed and epoch gave different streams: draw "
+        "every random number from generators seeded by (seed, epoch, ...), not from the global ones.",
+    )
     order = [i for s in _ranked_run(cls, n, 1, 0, seed=0, epoch=0) for i, _ in s]
-    require(order != sorted(order), "the samples come in order 0, 1, 2, ...: shuffle them with a permutation drawn "
-            "from np.random.default_rng([seed, epoch]).")
-    require(a != _ranked_run(cls, n, 2, 2, seed=0, epoch=1), "epochs 0 and 1 gave the same streams: put the epoch "
-            "into the seed of the permutation (and of the noise).")
+    require(
+        order != sorted(order),
+        "the samples come in order 0, 1, 2, ...: shuffle them with a permutation drawn "
+        "from np.random.default_rng([seed, epoch]).",
+    )
+    require(
+        a != _ranked_run(cls, n, 2, 2, seed=0, epoch=1),
+        "epochs 0 and 1 gave the same streams: put the epoch into the seed of the permutation (and of the noise).",
+    )
     require(a != _ranked_run(cls, n, 2, 2, seed=1, epoch=0), "seeds 0 and 1 gave the same streams: use the seed.")
     firsts = [s[0][1] for s in a if s]
-    require(len(set(firsts)) == len(firsts), "two streams drew the same noise: seed each stream's noise generator "
-            "with all of (seed, epoch, rank, worker), e.g. np.random.default_rng([seed, epoch, rank, worker]).")
+    require(
+        len(set(firsts)) == len(firsts),
+        "two streams drew the same noise: seed each stream's noise generator "
+        "with all of (seed, epoch, rank, worker), e.g. np.random.default_rng([seed, epoch, rank, worker]).",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        real = [list(drain(DataLoader(cls(n, rank, 2, 0), batch_size=None, num_workers=2,
-                                      multiprocessing_context=mp.get_context("fork")))) for rank in range(2)]
+        real = [
+            list(
+                drain(
+                    DataLoader(
+                        cls(n, rank, 2, 0),
+                        batch_size=None,
+                        num_workers=2,
+                        multiprocessing_context=mp.get_context("fork"),
+                    )
+                )
+            )
+            for rank in range(2)
+        ]
     _judge([int(i) for r in real for i, _ in r], n, "2 ranks x 2 real worker processes")
 
 
@@ -271,8 +322,13 @@ def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -
     stream = cls(n, seed)
     attempted(stream)
     require(isinstance(stream, IterableDataset), f"{type(stream).__name__} should subclass IterableDataset.")
-    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0,
-                        multiprocessing_context=mp.get_context("fork") if num_workers else None)
+    loader = DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        multiprocessing_context=mp.get_context("fork") if num_workers else None,
+    )
     out = []
     try:
         for epoch in range(epochs):
@@ -283,8 +339,11 @@ def _epochs_of(cls: Any, n: int, seed: int, num_workers: int, epochs: int = 3) -
     return out
 
 
-@exercise("08.4", "the epoch in shared memory: persistent workers reshuffle every epoch, each sample once, "
-                  "the same orders on a rerun.")
+@exercise(
+    "08.4",
+    "the epoch in shared memory: persistent workers reshuffle every epoch, each sample once, "
+    "the same orders on a rerun.",
+)
 def persistent_stream(cls: Any) -> None:
     """``cls(n, seed)``: an IterableDataset with ``set_epoch``, split by worker, reshuffled per epoch even in persistent workers."""
     attempted(cls)
@@ -294,14 +353,24 @@ def persistent_stream(cls: Any) -> None:
         orders = _epochs_of(cls, n, seed, workers)
         for epoch, got in enumerate(orders):
             _judge(got, n, f"{setting}, epoch {epoch}")
-        require(orders[0] != sorted(orders[0]), f"{setting} epoch 0 came in order 0..{n - 1}: shuffle it, "
-                "from np.random.default_rng([seed, epoch]).")
+        require(
+            orders[0] != sorted(orders[0]),
+            f"{setting} epoch 0 came in order 0..{n - 1}: shuffle it, from np.random.default_rng([seed, epoch]).",
+        )
         if workers and orders[0] == orders[1] == orders[2]:
-            raise Hint("with persistent workers all three epochs came in the same order: each worker kept the copy of "
-                       "the epoch it was started with. Keep the epoch in a tensor moved to shared memory "
-                       "(torch.zeros((), dtype=torch.int64).share_memory_()) and write it with fill_ in set_epoch.")
-        require(len({tuple(o) for o in orders}) == 3, f"{setting} two of three epochs came in the same order: "
-                "seed the permutation with the epoch, np.random.default_rng([seed, epoch]).")
+            raise Hint(
+                "with persistent workers all three epochs came in the same order: each worker kept the copy of "
+                "the epoch it was started with. Keep the epoch in a tensor moved to shared memory "
+                "(torch.zeros((), dtype=torch.int64).share_memory_()) and write it with fill_ in set_epoch."
+            )
+        require(
+            len({tuple(o) for o in orders}) == 3,
+            f"{setting} two of three epochs came in the same order: "
+            "seed the permutation with the epoch, np.random.default_rng([seed, epoch]).",
+        )
         again = _epochs_of(cls, n, seed, workers)
-        require(again == orders, f"{setting} a second stream with the same seed gave other orders: draw them from "
-                "np.random.default_rng([seed, epoch]), not from the global random state.")
+        require(
+            again == orders,
+            f"{setting} a second stream with the same seed gave other orders: draw them from "
+            "np.random.default_rng([seed, epoch]), not from the global random state.",
+        )

@@ -52,27 +52,41 @@ def make_loader(fn: Callable[[str, int], Any], shardset: ShardSet, batch_size: i
     attempted(loader)
     require(loader is not None, "make_loader returned None: end the function with `return loader`.")
     first = getattr(loader, "pipeline", [None])[0] if hasattr(loader, "pipeline") else None
-    require(isinstance(first, DataLoader),
-            f"make_loader returned a {type(loader).__name__}; return wds.WebLoader(dataset, num_workers=2, batch_size=None) "
-            "followed by .unbatched().shuffle(...).batched(batch_size).")
+    require(
+        isinstance(first, DataLoader),
+        f"make_loader returned a {type(loader).__name__}; return wds.WebLoader(dataset, num_workers=2, batch_size=None) "
+        "followed by .unbatched().shuffle(...).batched(batch_size).",
+    )
     require(first.num_workers >= 1, "the WebLoader has num_workers=0: give it worker processes (num_workers=2).")
-    require(first.num_workers <= 2, f"num_workers={first.num_workers}: this course runs on 2 cores, use 2 workers at most.")
-    require(first.batch_size is None,
-            f"the WebLoader batches again (batch_size={first.batch_size}): the dataset already makes batches in the workers, "
-            "so pass batch_size=None.")
+    require(
+        first.num_workers <= 2, f"num_workers={first.num_workers}: this course runs on 2 cores, use 2 workers at most."
+    )
+    require(
+        first.batch_size is None,
+        f"the WebLoader batches again (batch_size={first.batch_size}): the dataset already makes batches in the workers, "
+        "so pass batch_size=None.",
+    )
     inner = _stage_names(first.dataset)
-    require("batched" in inner,
-            "the dataset does not batch in the workers, so every sample crosses to the main process on its own "
-            "(section 5 measured that cost): end the dataset with .batched(...).")
+    require(
+        "batched" in inner,
+        "the dataset does not batch in the workers, so every sample crosses to the main process on its own "
+        "(section 5 measured that cost): end the dataset with .batched(...).",
+    )
     outer = _stage_names(loader)[1:]
-    require("unbatched" in outer,
-            "the loader never unbatches: the workers' batches arrive as they are, each from one worker's shards. "
-            "Follow the WebLoader with .unbatched().shuffle(...).batched(batch_size).")
-    require("shuffle" in outer[outer.index("unbatched"):],
-            "nothing shuffles after .unbatched(): every batch still comes from one worker's shards. "
-            "Put .shuffle(n) between .unbatched() and .batched(batch_size).")
-    require("batched" in outer[outer.index("unbatched"):],
-            "after .unbatched() the loader yields single samples: add .batched(batch_size) at the end.")
+    require(
+        "unbatched" in outer,
+        "the loader never unbatches: the workers' batches arrive as they are, each from one worker's shards. "
+        "Follow the WebLoader with .unbatched().shuffle(...).batched(batch_size).",
+    )
+    require(
+        "shuffle" in outer[outer.index("unbatched") :],
+        "nothing shuffles after .unbatched(): every batch still comes from one worker's shards. "
+        "Put .shuffle(n) between .unbatched() and .batched(batch_size).",
+    )
+    require(
+        "batched" in outer[outer.index("unbatched") :],
+        "after .unbatched() the loader yields single samples: add .batched(batch_size) at the end.",
+    )
     limit = shardset.samples // batch_size + 10
     gc.collect()  # earlier half-read loaders must not be copied into this loader's forked workers
     it = iter(loader)
@@ -84,31 +98,43 @@ def make_loader(fn: Callable[[str, int], Any], shardset: ShardSet, batch_size: i
             close()
         del it
         gc.collect()
-    require(len(batches) < limit, f"the loader yields more than {limit - 1} batches for {shardset.samples} samples: "
-            "is it resampled, or repeated with with_epoch? Read each shard once here.")
+    require(
+        len(batches) < limit,
+        f"the loader yields more than {limit - 1} batches for {shardset.samples} samples: "
+        "is it resampled, or repeated with with_epoch? Read each shard once here.",
+    )
     labels: list[int] = []
     sizes = []
     for batch in batches:
-        require(isinstance(batch, (tuple, list)) and len(batch) == 2,
-                "each batch should be (images, labels): use .to_tuple(\"jpg\", \"cls\") in the dataset.")
+        require(
+            isinstance(batch, (tuple, list)) and len(batch) == 2,
+            'each batch should be (images, labels): use .to_tuple("jpg", "cls") in the dataset.',
+        )
         images, ys = batch
-        require(isinstance(images, torch.Tensor) and images.dim() == 4 and images.shape[1] == 3
-                and images.is_floating_point(),
-                f"the images of a batch should be a float tensor [batch, 3, H, W], got "
-                f"{type(images).__name__}{list(images.shape) if isinstance(images, torch.Tensor) else ''}: "
-                "decode with .decode(\"torchrgb\").")
+        require(
+            isinstance(images, torch.Tensor)
+            and images.dim() == 4
+            and images.shape[1] == 3
+            and images.is_floating_point(),
+            f"the images of a batch should be a float tensor [batch, 3, H, W], got "
+            f"{type(images).__name__}{list(images.shape) if isinstance(images, torch.Tensor) else ''}: "
+            'decode with .decode("torchrgb").',
+        )
         ys = _as_list(ys)
         require(len(ys) == images.shape[0], "a batch has different numbers of images and labels.")
         labels += [int(y) for y in ys]
         sizes.append(images.shape[0])
     total = sum(sizes)
-    require(total != 2 * shardset.samples, f"{total} samples for {shardset.samples} in the shards: every sample came "
-            "twice. Keep webdataset's split_by_worker (the default workersplitter).")
+    require(
+        total != 2 * shardset.samples,
+        f"{total} samples for {shardset.samples} in the shards: every sample came "
+        "twice. Keep webdataset's split_by_worker (the default workersplitter).",
+    )
     require(total == shardset.samples, f"{total} samples came out, but the shards hold {shardset.samples}.")
     short = [s for s in sizes[:-1] if s != batch_size]
     require(not short, f"{len(short)} batches before the last are not full ({short[:4]}): rebatch on the loader.")
     truth = Counter(_data.CLASSES.index(k.split("-")[0]) for k in shardset.all_keys())
-    require(Counter(labels) == truth, "the labels do not match the shards' .cls members: is the tuple (\"jpg\", \"cls\")?")
+    require(Counter(labels) == truth, 'the labels do not match the shards\' .cls members: is the tuple ("jpg", "cls")?')
 
 
 def _min_shards(world: int, workers: int) -> int:
@@ -130,23 +156,33 @@ def shards_needed(fn: Callable[[int, int], Any]) -> None:
     for world, workers in SHARD_CASES:
         call = f"shards_needed({world}, {workers})"
         got = fn(world, workers)
-        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
-                f"{call} should return a whole number of shards, got {got!r}.")
+        require(
+            isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+            f"{call} should return a whole number of shards, got {got!r}.",
+        )
         truth = _min_shards(world, workers)
         if got == truth:
             continue
         if workers == 0 and got == 0:
-            raise Hint(f"{call} = 0: with num_workers=0 the rank's main process reads the shards itself, so each rank "
-                       "still needs one.")
+            raise Hint(
+                f"{call} = 0: with num_workers=0 the rank's main process reads the shards itself, so each rank "
+                "still needs one."
+            )
         if got == world and workers > 1:
-            raise Hint(f"{call} = {got}: one shard per rank, but each rank's {workers} workers split its shards again "
-                       f"(split_by_worker): {workers - 1} of them would read nothing.")
+            raise Hint(
+                f"{call} = {got}: one shard per rank, but each rank's {workers} workers split its shards again "
+                f"(split_by_worker): {workers - 1} of them would read nothing."
+            )
         if got == max(1, workers) and world > 1:
-            raise Hint(f"{call} = {got}: that covers one rank's workers; split_by_node first gives each of the {world} "
-                       "ranks its own shards.")
+            raise Hint(
+                f"{call} = {got}: that covers one rank's workers; split_by_node first gives each of the {world} "
+                "ranks its own shards."
+            )
         if got == world + workers:
-            raise Hint(f"{call} = {got}: the splits nest (every rank's shards are split again among its workers), so "
-                       "the numbers multiply.")
+            raise Hint(
+                f"{call} = {got}: the splits nest (every rank's shards are split again among its workers), so "
+                "the numbers multiply."
+            )
         if got > truth:
             raise Hint(f"{call} = {got}: more than needed; with {truth} shards every reader already gets one.")
         raise Hint(f"{call} = {got}, but with {got} shards some worker reads nothing; webdataset needs {truth}.")
@@ -164,23 +200,33 @@ def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
     for n, b, w, on in EPOCH_CASES:
         call = f"with_epoch_value({n}, batch_size={b}, num_workers={w}, on={on!r})"
         got = fn(n, b, w, on)
-        require(isinstance(got, (int, np.integer)) and not isinstance(got, bool),
-                f"{call} should return a whole number, got {got!r}.")
+        require(
+            isinstance(got, (int, np.integer)) and not isinstance(got, bool),
+            f"{call} should return a whole number, got {got!r}.",
+        )
         truth = n if on == "loader" or w == 0 else n // w
         if got == truth:
             continue
         if got in (n * b, truth * b):
-            raise Hint(f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
-                       "the dataset ends with .batched(...), so that is batches, not samples.")
+            raise Hint(
+                f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
+                "the dataset ends with .batched(...), so that is batches, not samples."
+            )
         if on == "dataset" and w > 1 and got == n:
-            raise Hint(f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
-                       f"yields that many, so the rank would get {w * n} batches.")
+            raise Hint(
+                f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
+                f"yields that many, so the rank would get {w * n} batches."
+            )
         if on == "dataset" and w == 0:
-            raise Hint(f"{call} = {got}: with num_workers=0 the main process iterates the dataset once, so per worker "
-                       "is per rank here.")
+            raise Hint(
+                f"{call} = {got}: with num_workers=0 the main process iterates the dataset once, so per worker "
+                "is per rank here."
+            )
         if on == "loader" and got != n:
-            raise Hint(f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
-                       "is the whole rank's epoch, whatever the number of workers.")
+            raise Hint(
+                f"{call} = {got}: on the loader, with_epoch counts the batches the loader itself yields, which "
+                "is the whole rank's epoch, whatever the number of workers."
+            )
         raise Hint(f"{call} = {got}, but the rank would then not get {n} batches.")
 
 
@@ -205,8 +251,9 @@ def _refuses_several_ranks(loader: Any) -> bool:
     return False
 
 
-def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int,
-              epoch: int) -> list[list[int]]:
+def _rank_run(
+    fn: Callable[..., Any], urls: list[str], rank: int, world: int, batch_size: int, steps: int, epoch: int
+) -> list[list[int]]:
     """The labels of every batch rank ``rank`` of ``world`` gets from ``fn(urls, batch_size, steps, epoch)``."""
     from ..shards import simulated_reader
 
@@ -214,8 +261,11 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
         loader = fn(list(urls), batch_size, steps, epoch)
         require(loader is not None, "rank_loader returned None: return the loader.")
         if epoch == 0:  # the first run of each rank: a missing nodesplitter shows there, or never
-            require(not _refuses_several_ranks(loader), "webdataset refused to read: with several ranks it needs "
-                    "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
+            require(
+                not _refuses_several_ranks(loader),
+                "webdataset refused to read: with several ranks it needs "
+                "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.",
+            )
         error = ""
         try:
             batches = list(itertools.islice(loader, 4 * steps))  # a loader that never ends stops here
@@ -224,8 +274,11 @@ def _rank_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, ba
         del loader
     if error:
         gc.collect()  # once the error is dropped: the workers of a loader that failed stop here, not in a later check
-    require("nodesplitter" not in error, "webdataset refused to read: with several ranks it needs "
-            "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.")
+    require(
+        "nodesplitter" not in error,
+        "webdataset refused to read: with several ranks it needs "
+        "nodesplitter=wds.split_by_node in WebDataset(...), or every rank would read every shard.",
+    )
     require(not error, f"your loader raised {error.strip().splitlines()[-1] if error.strip() else 'ValueError'}")
     labels = []
     for batch in batches:
@@ -238,8 +291,10 @@ def _require_steps(counts: list[int], steps: int, epoch: int) -> None:
     """Every rank took ``steps`` batches in ``epoch``, or a hint about ``with_epoch``."""
     if counts == [steps] * len(counts):
         return
-    hint = (f"in epoch {epoch} the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
-            "end the pipeline with .with_epoch(steps) on the loader, after rebatching")
+    hint = (
+        f"in epoch {epoch} the ranks took {counts[0]} and {counts[1]} steps, where each should take steps={steps}: "
+        "end the pipeline with .with_epoch(steps) on the loader, after rebatching"
+    )
     if all(c > steps for c in counts):
         hint += " (on the dataset, with_epoch counts each worker's batches, not the rank's)"
     elif counts[0] != counts[1]:
@@ -247,25 +302,38 @@ def _require_steps(counts: list[int], steps: int, epoch: int) -> None:
     raise Hint(hint + ".")
 
 
-def _require_own_shards(batches: list[list[int]], rank: int, world: int, shards: int, per_shard: int,
-                        batch_size: int) -> None:
+def _require_own_shards(
+    batches: list[list[int]], rank: int, world: int, shards: int, per_shard: int, batch_size: int
+) -> None:
     """Rank ``rank`` read only its own shards, each once before any twice, in batches of ``batch_size``."""
     read = {label // 100 for batch in batches for label in batch}
     mine = set(range(rank, shards, world))
-    require(read <= mine, f"rank {rank} read shards {sorted(read - mine)} of the other rank: split the shards "
-            "between ranks with nodesplitter=wds.split_by_node.")
+    require(
+        read <= mine,
+        f"rank {rank} read shards {sorted(read - mine)} of the other rank: split the shards "
+        "between ranks with nodesplitter=wds.split_by_node.",
+    )
     sizes = {len(batch) for batch in batches[:-1]}
-    require(sizes <= {batch_size}, f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size "
-            "(.unbatched().shuffle(...).batched(batch_size) on the loader).")
+    require(
+        sizes <= {batch_size},
+        f"rank {rank}'s batches have sizes {sorted(sizes)}: rebatch to batch_size "
+        "(.unbatched().shuffle(...).batched(batch_size) on the loader).",
+    )
     labels = [label for batch in batches for label in batch]
-    first_pass = labels[:per_shard * len(mine)]
-    require(len(set(first_pass)) == len(first_pass), f"rank {rank} got samples twice before it had read all of its "
-            "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.")
+    first_pass = labels[: per_shard * len(mine)]
+    require(
+        len(set(first_pass)) == len(first_pass),
+        f"rank {rank} got samples twice before it had read all of its "
+        "shards: every worker read all of the rank's shards. Add workersplitter=wds.split_by_worker.",
+    )
 
 
-@exercise("09.4", "every rank reads only its own shards, each worker its part of them, all ranks take the same number "
-                  "of steps (with_epoch on the loader), and every epoch is a new one that a rerun repeats: the epoch "
-                  "is in the seed.")
+@exercise(
+    "09.4",
+    "every rank reads only its own shards, each worker its part of them, all ranks take the same number "
+    "of steps (with_epoch on the loader), and every epoch is a new one that a rerun repeats: the epoch "
+    "is in the seed.",
+)
 def rank_loader(fn: Callable[..., Any]) -> None:
     """``fn(urls, batch_size, steps, epoch)``: this rank's loader for ``epoch``, split by node and worker, exactly
     ``steps`` batches long, every shuffle seeded with the epoch."""
@@ -284,18 +352,26 @@ def rank_loader(fn: Callable[..., Any]) -> None:
                 for rank in range(world):
                     _require_own_shards(runs[rank][0], rank, world, shards, per_shard, batch_size)
         if all(r[0] == r[1] == r[2] for r in runs):
-            raise Hint(f"each rank read the same {steps} batches in epochs 0, 1 and 2: your loader ignores `epoch`. "
-                       "Seed the shard shuffle and both shuffle buffers with it (seed=epoch), so that every epoch is "
-                       "a new one.")
+            raise Hint(
+                f"each rank read the same {steps} batches in epochs 0, 1 and 2: your loader ignores `epoch`. "
+                "Seed the shard shuffle and both shuffle buffers with it (seed=epoch), so that every epoch is "
+                "a new one."
+            )
         for rank, epochs in enumerate(runs):
             for a, b in itertools.combinations(range(3), 2):
-                require(epochs[a] != epochs[b], f"rank {rank} read the same batches in epochs {a} and {b}: seed every "
-                        "shuffle with the epoch, the shard shuffle and both buffers (a worker that holds a single "
-                        "shard gets a new order from its buffers only).")
+                require(
+                    epochs[a] != epochs[b],
+                    f"rank {rank} read the same batches in epochs {a} and {b}: seed every "
+                    "shuffle with the epoch, the shard shuffle and both buffers (a worker that holds a single "
+                    "shard gets a new order from its buffers only).",
+                )
         again = _rank_run(fn, urls, 0, world, batch_size, steps, 1)
-    require(again == runs[0][1], "epoch 1 run twice gave rank 0 different batches: a rerun of an epoch (a restarted "
-            "job, a comparison) must repeat it. Seed every shuffle with the epoch (seed=epoch) instead of leaving "
-            "seed= out.")
+    require(
+        again == runs[0][1],
+        "epoch 1 run twice gave rank 0 different batches: a rerun of an epoch (a restarted "
+        "job, a comparison) must repeat it. Seed every shuffle with the epoch (seed=epoch) instead of leaving "
+        "seed= out.",
+    )
 
 
 def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int, seed: int, epoch: int) -> list[int]:
@@ -308,14 +384,19 @@ def _rotation_run(fn: Callable[..., Any], urls: list[str], rank: int, world: int
         samples = list(dataset)
     labels = []
     for sample in samples:
-        require(isinstance(sample, (tuple, list)) and len(sample) == 2, "each sample should be a pair (key, label): "
-                'end the pipeline with wds.to_tuple("__key__", "cls").')
+        require(
+            isinstance(sample, (tuple, list)) and len(sample) == 2,
+            'each sample should be a pair (key, label): end the pipeline with wds.to_tuple("__key__", "cls").',
+        )
         labels.append(int(sample[1]))
     return labels
 
 
-@exercise("09.5", "the shard list shuffled alike on every rank from (seed, epoch), then split: every shard read once per "
-                  "epoch over the ranks, a new share for each rank every epoch, the same one on a rerun.")
+@exercise(
+    "09.5",
+    "the shard list shuffled alike on every rank from (seed, epoch), then split: every shard read once per "
+    "epoch over the ranks, a new share for each rank every epoch, the same one on a rerun.",
+)
 def rotating_dataset(fn: Callable[..., Any]) -> None:
     """``fn(urls, seed, epoch)``: this rank's ``(key, label)`` samples for ``epoch``, its shards drawn anew every epoch."""
     import tempfile
@@ -331,18 +412,31 @@ def rotating_dataset(fn: Callable[..., Any]) -> None:
             mine = [{label // 100 for label in labels} for labels in runs]
             twice = sorted(mine[0] & mine[1])
             if twice:
-                raise Hint(f"in epoch {epoch} both ranks read shards {twice}: " + (
-                    "split the shuffled list between the ranks with wds.split_by_node" if len(twice) == n else
-                    "every rank must shuffle the list identically, from (seed, epoch) only, never the rank") + ".")
-            require(sorted(read) == sorted(s for s in range(n) for _ in range(3)),
-                    f"in epoch {epoch} the ranks read shards {sorted(set(read))} ({len(read)} samples): every shard "
-                    f"once, all {n} of them, 3 samples each.")
+                raise Hint(
+                    f"in epoch {epoch} both ranks read shards {twice}: "
+                    + (
+                        "split the shuffled list between the ranks with wds.split_by_node"
+                        if len(twice) == n
+                        else "every rank must shuffle the list identically, from (seed, epoch) only, never the rank"
+                    )
+                    + "."
+                )
+            require(
+                sorted(read) == sorted(s for s in range(n) for _ in range(3)),
+                f"in epoch {epoch} the ranks read shards {sorted(set(read))} ({len(read)} samples): every shard "
+                f"once, all {n} of them, 3 samples each.",
+            )
             shares.append(mine)
             require(len(runs[0]) == len(set(runs[0])), f"rank 0 read a sample twice in epoch {epoch}.")
         if all(s[0] == shares[0][0] for s in shares):
-            raise Hint(f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
-                       "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node.")
+            raise Hint(
+                f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
+                "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node."
+            )
         again = _rotation_run(fn, urls, 0, world, 0, 1)
         first = _rotation_run(fn, urls, 0, world, 0, 1)
-        require(again == first, "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
-                "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).")
+        require(
+            again == first,
+            "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
+            "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).",
+        )

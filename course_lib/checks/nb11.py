@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._core import Hint, attempted, exercise, require, solved
+from ._core import Hint, attempted, exercise, require
 
 
 @exercise("11.1", "MDS deals whole batches, so the StreamingDataset and the DataLoader agree on batch_size.")
@@ -31,30 +31,46 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
     attempted(fn)
     loader = fn(folder, batch_size)
     attempted(loader)
-    require(isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader.")
+    require(
+        isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader."
+    )
     require(loader.num_workers >= 1, "the DataLoader has num_workers=0: give it worker processes (num_workers=2).")
     inner = getattr(loader.dataset, "inner", loader.dataset)
     ds_batch = getattr(inner, "batch_size", None)
-    require(ds_batch is not None, "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
-            "Pass batch_size to alternatives.mds_images(folder, batch_size).")
+    require(
+        ds_batch is not None,
+        "the StreamingDataset has no batch_size: MDS refuses to iterate without it. "
+        "Pass batch_size to alternatives.mds_images(folder, batch_size).",
+    )
     if loader.batch_size == 1 and batch_size != 1:
-        raise Hint(f"the DataLoader makes batches of 1, its default: pass batch_size=batch_size to the DataLoader "
-                   f"too, so that it makes batches of {batch_size}, as the StreamingDataset plans them.")
+        raise Hint(
+            f"the DataLoader makes batches of 1, its default: pass batch_size=batch_size to the DataLoader "
+            f"too, so that it makes batches of {batch_size}, as the StreamingDataset plans them."
+        )
     require(loader.batch_size == batch_size, f"the DataLoader makes batches of {loader.batch_size}, not {batch_size}.")
-    require(ds_batch == loader.batch_size, f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
-            f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
-            "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
-            "mid-epoch points at the wrong samples). Use the same number for both.")
+    require(
+        ds_batch == loader.batch_size,
+        f"the StreamingDataset was told batch_size={ds_batch} but the DataLoader "
+        f"makes batches of {loader.batch_size}: MDS plans which worker reads which samples in batches of the "
+        "dataset's batch_size, so the loader's batches no longer follow its planned order (and resuming "
+        "mid-epoch points at the wrong samples). Use the same number for both.",
+    )
     gc.collect()
     labels: list[int] = []
     for images, ys in loader:
-        require(isinstance(images, torch.Tensor) and images.dim() == 4, "each batch should be (images [B, 3, H, W], labels).")
+        require(
+            isinstance(images, torch.Tensor) and images.dim() == 4,
+            "each batch should be (images [B, 3, H, W], labels).",
+        )
         labels += [int(y) for y in ys]
     require(len(labels) == samples, f"{len(labels)} samples came out of {samples} in the shards.")
 
 
-@exercise("11.2", "a function defined at the top of the script, found by name in every spawned worker, and optimize "
-                  "behind if __name__ == \"__main__\".")
+@exercise(
+    "11.2",
+    "a function defined at the top of the script, found by name in every spawned worker, and optimize "
+    'behind if __name__ == "__main__".',
+)
 def prepare_script(text: Any) -> None:
     """``text``: a whole Python script that writes ``{"x": i, "square": i * i}`` for ``i`` in ``range(12)`` with
     ``litdata.optimize`` and 2 workers into the folder given as its first argument."""
@@ -64,55 +80,75 @@ def prepare_script(text: Any) -> None:
         tree = ast.parse(text)
     except SyntaxError as exc:
         raise Hint(f"the script is not valid Python: {exc.msg} (line {exc.lineno}).") from None
-    require(not any(isinstance(node, ast.Lambda) for node in ast.walk(tree)), "the script passes a lambda: spawned "
-            "workers receive fn by name, and a lambda has none. Define a function at the top of the script.")
+    require(
+        not any(isinstance(node, ast.Lambda) for node in ast.walk(tree)),
+        "the script passes a lambda: spawned "
+        "workers receive fn by name, and a lambda has none. Define a function at the top of the script.",
+    )
     # the two usual slips, seen in the text at once rather than after a run of several seconds; the run below
     # still catches what this does not see (optimize called through a function of the script, say)
     unguarded = _optimize_calls_outside_any_if(tree)
     if unguarded:
-        raise Hint(f"line {unguarded[0].lineno} calls optimize outside if __name__ == \"__main__\": each spawned "
-                   "worker imports the script again and would run optimize itself. Put the call behind the guard.")
+        raise Hint(
+            f'line {unguarded[0].lineno} calls optimize outside if __name__ == "__main__": each spawned '
+            "worker imports the script again and would run optimize itself. Put the call behind the guard."
+        )
     for name in _fn_names_defined_only_under_the_guard(tree):
-        raise Hint(f"{name} is defined inside if __name__ == \"__main__\": a spawned worker imports the script, "
-                   "and what is inside the guard does not run there, so it cannot find the function by name. Define "
-                   "it at the top of the script, outside the guard.")
+        raise Hint(
+            f'{name} is defined inside if __name__ == "__main__": a spawned worker imports the script, '
+            "and what is inside the guard does not run there, so it cannot find the function by name. Define "
+            "it at the top of the script, outside the guard."
+        )
     with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
         script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
         script.write_text(text)
         # the script's own temporary folder too: litdata leaves files in it when a script fails, removed with tmp
         env = dict(os.environ, TMPDIR=tmp)
         try:
-            job = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180,
-                                 cwd=tmp, env=env)
+            job = subprocess.run(
+                [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180, cwd=tmp, env=env
+            )
         except subprocess.TimeoutExpired:
-            raise Hint("the script ran for 3 minutes without ending: do the spawned workers start optimize again? "
-                       "Put it behind if __name__ == \"__main__\":") from None
+            raise Hint(
+                "the script ran for 3 minutes without ending: do the spawned workers start optimize again? "
+                'Put it behind if __name__ == "__main__":'
+            ) from None
         last = (job.stderr.strip().splitlines() or ["(no error output)"])[-1]
         if job.returncode != 0:
             if "__main__" not in text:
-                raise Hint(f"the script failed ({last}). Spawned workers import the script again: guard the call "
-                           "to optimize with if __name__ == \"__main__\":")
+                raise Hint(
+                    f"the script failed ({last}). Spawned workers import the script again: guard the call "
+                    'to optimize with if __name__ == "__main__":'
+                )
             raise Hint(f"the script failed with exit status {job.returncode}: {last}")
-        require((out / "index.json").is_file(), "the script ended but wrote no index.json into the folder given as "
-                "its first argument (sys.argv[1]).")
+        require(
+            (out / "index.json").is_file(),
+            "the script ended but wrote no index.json into the folder given as its first argument (sys.argv[1]).",
+        )
         import litdata
 
         try:
             got = sorted((int(s["x"]), int(s["square"])) for s in litdata.StreamingDataset(str(out)))
-        except Exception as exc:  # noqa: BLE001 - what litdata says about a broken folder varies
+        except Exception as exc:  # what litdata says about a broken folder varies
             got, broken = [], f"{type(exc).__name__}: {exc}"
         else:
             broken = ""
     if not got and "__main__" not in text:
-        raise Hint("the script wrote no samples: its spawned workers import the script again and run optimize "
-                   "themselves. Guard the call with if __name__ == \"__main__\":")
+        raise Hint(
+            "the script wrote no samples: its spawned workers import the script again and run optimize "
+            'themselves. Guard the call with if __name__ == "__main__":'
+        )
     if not got and "Can't get attribute" in job.stderr:
-        raise Hint("the workers could not find your function by name (\"Can't get attribute ... on <module "
-                   "'__mp_main__'>\"): a spawned worker imports the script, and what is inside the __main__ guard "
-                   "does not run there. Define the function at the top of the script, outside the guard.")
+        raise Hint(
+            "the workers could not find your function by name (\"Can't get attribute ... on <module "
+            "'__mp_main__'>\"): a spawned worker imports the script, and what is inside the __main__ guard "
+            "does not run there. Define the function at the top of the script, outside the guard."
+        )
     require(not broken, f"the folder the script wrote is not a readable litdata data set ({broken[:200]}).")
-    require(got == [(i, i * i) for i in range(12)], f"the data set holds {len(got)} samples {got[:3]}...: expected "
-            "{'x': i, 'square': i * i} for i in range(12).")
+    require(
+        got == [(i, i * i) for i in range(12)],
+        f"the data set holds {len(got)} samples {got[:3]}...: expected {{'x': i, 'square': i * i}} for i in range(12).",
+    )
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -122,13 +158,15 @@ def _is_optimize_call(node: ast.AST) -> bool:
     """``optimize(...)`` or ``litdata.optimize(...)`` itself."""
     func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
     return (isinstance(func, ast.Attribute) and func.attr == "optimize") or (
-        isinstance(func, ast.Name) and func.id == "optimize")
+        isinstance(func, ast.Name) and func.id == "optimize"
+    )
 
 
 def _calls_optimize(node: ast.AST) -> bool:
     """Does ``node`` call something named ``optimize`` when it runs (not in a function or class it defines)?"""
     return _is_optimize_call(node) or any(
-        _calls_optimize(child) for child in ast.iter_child_nodes(node) if not isinstance(child, _DEFINITIONS))
+        _calls_optimize(child) for child in ast.iter_child_nodes(node) if not isinstance(child, _DEFINITIONS)
+    )
 
 
 def _optimize_calls_outside_any_if(tree: ast.Module) -> list[ast.stmt]:
@@ -139,12 +177,18 @@ def _optimize_calls_outside_any_if(tree: ast.Module) -> list[ast.stmt]:
 
 def _is_main_guard(node: ast.stmt) -> bool:
     """``if __name__ == "__main__":`` (either way round)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-            and isinstance(node.test.ops[0], ast.Eq)):
+    if not (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.Eq)
+    ):
         return False
     sides = [node.test.left, *node.test.comparators]
-    return {ast.dump(side) for side in sides} == {ast.dump(ast.Name("__name__", ast.Load())),
-                                                  ast.dump(ast.Constant("__main__"))}
+    return {ast.dump(side) for side in sides} == {
+        ast.dump(ast.Name("__name__", ast.Load())),
+        ast.dump(ast.Constant("__main__")),
+    }
 
 
 def _fn_names_defined_only_under_the_guard(tree: ast.Module) -> list[str]:
@@ -166,47 +210,78 @@ def _fn_names_defined_only_under_the_guard(tree: ast.Module) -> list[str]:
     return names
 
 
-@exercise("11.3", "a framework gets (images, labels): the first pipeline's dict unpacked, labels as a flat long tensor.")
+@exercise(
+    "11.3", "a framework gets (images, labels): the first pipeline's dict unpacked, labels as a flat long tensor."
+)
 def dali_pairs(fn: Callable[[Any], Any]) -> None:
     """``fn(iterator)`` yields ``(images, labels)`` for each batch of a ``DALIGenericIterator`` with outputs
     ``["images", "labels"]``: a list with one dict per pipeline, labels shaped ``[B, 1]`` int32."""
     attempted(fn)
-    batches = [[{"images": torch.full((4, 8, 8, 3), float(b)), "labels": torch.arange(4, dtype=torch.int32).view(4, 1) + b}]
-               for b in range(3)]
+    batches = [
+        [{"images": torch.full((4, 8, 8, 3), float(b)), "labels": torch.arange(4, dtype=torch.int32).view(4, 1) + b}]
+        for b in range(3)
+    ]
     got = fn(iter(batches))
     attempted(got)
     if isinstance(got, (tuple, torch.Tensor)):
-        raise Hint(f"dali_pairs returned one {type(got).__name__} for the whole iterator: a return inside the loop "
-                   "ends it at the first batch. Use yield (images, labels) in the loop, one pair per batch.")
+        raise Hint(
+            f"dali_pairs returned one {type(got).__name__} for the whole iterator: a return inside the loop "
+            "ends it at the first batch. Use yield (images, labels) in the loop, one pair per batch."
+        )
     got = list(got)
     require(len(got) == 3, f"3 batches went in and {len(got)} came out: yield one pair per batch.")
     for b, pair in enumerate(got):
-        require(isinstance(pair, tuple) and len(pair) == 2, f"batch {b} came out as {type(pair).__name__}: yield "
-                "(images, labels) tuples, which a training loop unpacks.")
+        require(
+            isinstance(pair, tuple) and len(pair) == 2,
+            f"batch {b} came out as {type(pair).__name__}: yield "
+            "(images, labels) tuples, which a training loop unpacks.",
+        )
         images, labels = pair
-        require(isinstance(images, torch.Tensor) and torch.equal(images, batches[b][0]["images"]),
-                f"the images of batch {b} are not the pipeline's: take batch[0][\"images\"] (one dict per pipeline).")
+        require(
+            isinstance(images, torch.Tensor) and torch.equal(images, batches[b][0]["images"]),
+            f'the images of batch {b} are not the pipeline\'s: take batch[0]["images"] (one dict per pipeline).',
+        )
         require(isinstance(labels, torch.Tensor), f"the labels of batch {b} are a {type(labels).__name__}: a tensor.")
         if labels.dim() != 1:
-            raise Hint(f"the labels of batch {b} have shape {tuple(labels.shape)}: DALI gives them as [B, 1]; "
-                       "cross_entropy wants [B]: .squeeze(-1) or .view(-1).")
+            raise Hint(
+                f"the labels of batch {b} have shape {tuple(labels.shape)}: DALI gives them as [B, 1]; "
+                "cross_entropy wants [B]: .squeeze(-1) or .view(-1)."
+            )
         if labels.dtype != torch.long:
-            raise Hint(f"the labels of batch {b} are {labels.dtype}: cross_entropy wants class numbers as int64 (.long()).")
+            raise Hint(
+                f"the labels of batch {b} are {labels.dtype}: cross_entropy wants class numbers as int64 (.long())."
+            )
         require(torch.equal(labels, torch.arange(4) + b), f"the labels of batch {b} are not the pipeline's.")
 
 
 RANK_CASES = [
     ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "3"}, (3, 8, 4), "torchrun's variables"),
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_LOCALID": "1"}, (5, 8, 4),
-     "srun with one task per GPU and no torchrun"),
-    ({"RANK": "6", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
-      "SLURM_NTASKS_PER_NODE": "1"}, (6, 8, 4), "torchrun started by srun, one per node"),
+    (
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_LOCALID": "1"},
+        (5, 8, 4),
+        "srun with one task per GPU and no torchrun",
+    ),
+    (
+        {
+            "RANK": "6",
+            "WORLD_SIZE": "8",
+            "LOCAL_WORLD_SIZE": "4",
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "1",
+        },
+        (6, 8, 4),
+        "torchrun started by srun, one per node",
+    ),
     ({}, (0, 1, 1), "a plain python process"),
 ]
 
 
-@exercise("11.4", "torchrun's variables first (under srun + torchrun, SLURM_PROCID is the node's task, not the rank), "
-                  "then srun's, else one process.")
+@exercise(
+    "11.4",
+    "torchrun's variables first (under srun + torchrun, SLURM_PROCID is the node's task, not the rank), "
+    "then srun's, else one process.",
+)
 def rank_env(fn: Callable[[dict], Any]) -> None:
     """``fn(environ)`` returns ``{"RANK": str, "WORLD_SIZE": str, "LOCAL_WORLD_SIZE": str}`` for MDS to read."""
     attempted(fn)
@@ -215,20 +290,29 @@ def rank_env(fn: Callable[[dict], Any]) -> None:
         attempted(got)
         require(isinstance(got, dict), f"the answer is a {type(got).__name__}: return a dict of environment variables.")
         want = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local)}
-        require(set(got) >= set(want), f"for {where} the answer has {sorted(got)}: give RANK, WORLD_SIZE and "
-                "LOCAL_WORLD_SIZE.")
-        require(all(isinstance(v, str) for v in got.values()), "environment variables are strings: str(...) each value.")
+        require(
+            set(got) >= set(want),
+            f"for {where} the answer has {sorted(got)}: give RANK, WORLD_SIZE and LOCAL_WORLD_SIZE.",
+        )
+        require(
+            all(isinstance(v, str) for v in got.values()), "environment variables are strings: str(...) each value."
+        )
         picked = {k: got[k] for k in want}
         if picked == want:
             continue
         if environ.get("RANK") and picked.get("RANK") == environ.get("SLURM_PROCID"):
-            raise Hint(f"for {where} you gave RANK={picked['RANK']}, srun's task number: with torchrun inside srun, "
-                       "SLURM_PROCID counts nodes' tasks, and torchrun's RANK is the rank. Prefer torchrun's variables.")
+            raise Hint(
+                f"for {where} you gave RANK={picked['RANK']}, srun's task number: with torchrun inside srun, "
+                "SLURM_PROCID counts nodes' tasks, and torchrun's RANK is the rank. Prefer torchrun's variables."
+            )
         raise Hint(f"for {where} ({environ or 'no variables'}) expected {want}, got {picked}.")
 
 
-@exercise("11.5", "a framework's loop only iterates the loader: steps batches (islice), SGD on cross-entropy, the "
-                  "gradients zeroed every step.")
+@exercise(
+    "11.5",
+    "a framework's loop only iterates the loader: steps batches (islice), SGD on cross-entropy, the "
+    "gradients zeroed every step.",
+)
 def fit(fn: Callable[..., Any]) -> None:
     """``fn(model, loader, steps)`` trains ``model`` for ``steps`` batches of ``loader`` and returns the images seen."""
     import copy
@@ -251,15 +335,26 @@ def fit(fn: Callable[..., Any]) -> None:
     seen = fn(model, loader(), 5)
     attempted(seen)
     # first: a loop over the whole loader also returns the wrong count, and stopping is what it misses
-    require(pulled[0] <= 6, f"fit took {pulled[0]} batches from the loader for 5 steps: stop after steps batches "
-            "(itertools.islice(loader, steps)); an endless stream would never end.")
+    require(
+        pulled[0] <= 6,
+        f"fit took {pulled[0]} batches from the loader for 5 steps: stop after steps batches "
+        "(itertools.islice(loader, steps)); an endless stream would never end.",
+    )
     require(seen == 20, f"fit returned {seen!r}: 5 steps of 4 images each saw 20 images; count len(labels) per batch.")
     reference(twin, iter(batches), 5)
-    require(any(not torch.equal(now, start[name]) for name, now in model.state_dict().items()), "the model's weights did not change: call opt.step() after loss.backward().")
+    require(
+        any(not torch.equal(now, start[name]) for name, now in model.state_dict().items()),
+        "the model's weights did not change: call opt.step() after loss.backward().",
+    )
     same = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
     if not same:
-        raise Hint("the weights differ from 5 steps of SGD(lr=0.1) on F.cross_entropy(model(images), labels): check the "
-                   "learning rate, the loss, and opt.zero_grad() before each backward (gradients add up otherwise).")
+        raise Hint(
+            "the weights differ from 5 steps of SGD(lr=0.1) on F.cross_entropy(model(images), labels): check the "
+            "learning rate, the loss, and opt.zero_grad() before each backward (gradients add up otherwise)."
+        )
     short = fn(copy.deepcopy(twin), iter(batches[:3]), 5)
-    require(short == 12, f"a loader of 3 batches, asked for 5 steps, should give 12 images, not {short!r}: a loader "
-            "may end before the steps do.")
+    require(
+        short == 12,
+        f"a loader of 3 batches, asked for 5 steps, should give 12 images, not {short!r}: a loader "
+        "may end before the steps do.",
+    )

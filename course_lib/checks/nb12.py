@@ -36,21 +36,36 @@ def first_batches(fn: Callable[[Any, int], Any]) -> None:
         with RingLoader(raw, batch_size=4, num_workers=1, slots=2) as ring:
             got = fn(ring, 4)
             attempted(got)
-            require(isinstance(got, (list, tuple)), f"first_batches should return a list of batches, got {type(got).__name__}.")
+            require(
+                isinstance(got, (list, tuple)),
+                f"first_batches should return a list of batches, got {type(got).__name__}.",
+            )
             require(len(got) == 4, f"asked for 4 batches, got {len(got)}.")
             kinds = {type(b).__name__ for b in got if not isinstance(b, torch.Tensor)}
-            require(not kinds, f"the batches kept are {', '.join(sorted(kinds))}: keep torch tensors, as the loader gives "
-                    "them (batch.clone() copies one).")
+            require(
+                not kinds,
+                f"the batches kept are {', '.join(sorted(kinds))}: keep torch tensors, as the loader gives "
+                "them (batch.clone() copies one).",
+            )
             same = {b.data_ptr() for b in got}
             if len(same) < 4:
-                raise Hint(f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
-                           "batches overwrite. Keep batch.clone().")
+                raise Hint(
+                    f"the 4 batches kept share {len(same)} buffer(s): they are the loader's slots, which the next "
+                    "batches overwrite. Keep batch.clone()."
+                )
             for i, batch in enumerate(got):
-                require(isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
-                        f"batch {i} should be a [4, {truth.shape[1]}] tensor.")
-                require(torch.equal(batch, truth[4 * i: 4 * i + 4]), f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.")
+                require(
+                    isinstance(batch, torch.Tensor) and batch.shape == (4, truth.shape[1]),
+                    f"batch {i} should be a [4, {truth.shape[1]}] tensor.",
+                )
+                require(
+                    torch.equal(batch, truth[4 * i : 4 * i + 4]),
+                    f"batch {i} does not hold samples {4 * i}-{4 * i + 3}.",
+                )
             again = [b.clone() for b in ring]  # the loader still works: a stopped loop left no slot behind
-            require(torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file.")
+            require(
+                torch.equal(torch.cat(again), truth), "after your function the loader no longer yields the whole file."
+            )
 
 
 RING_CASES = [(64, 1 << 20, 2, None), (32, 1 << 20, 4, None), (16, 4096, 1, 3), (8, 2 << 20, 2, 2)]
@@ -68,8 +83,10 @@ def ring_bytes(fn: Callable[[int, int, int, Any], Any]) -> None:
         if got == truth:
             continue
         if slots is None and got == 2 * workers * batch * sample:
-            raise Hint(f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
-                       "(the batch it is working on).")
+            raise Hint(
+                f"{call} = {got}: 2 slots per worker, but one more is held by the training loop "
+                "(the batch it is working on)."
+            )
         if got == batch * sample:
             raise Hint(f"{call} = {got}: that is one batch; the ring holds {n_slots} of them at once.")
         if slots is not None and got == (2 * workers + 1) * batch * sample:
@@ -84,14 +101,20 @@ def _rows_to_index(batches: list[torch.Tensor], truth: torch.Tensor) -> list[int
     for batch in batches:
         for row in batch:
             i = where.get(float(row[0]))
-            require(i is not None and torch.equal(row, truth[i]), "a row of a batch is not any record of the file: "
-                    "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.")
+            require(
+                i is not None and torch.equal(row, truth[i]),
+                "a row of a batch is not any record of the file: "
+                "record i starts at byte i × record_bytes, and holds record_bytes // 4 float32 values.",
+            )
             found.append(i)
     return found
 
 
-@exercise("12.3", "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
-                  "batch gathered into one buffer allocated once.")
+@exercise(
+    "12.3",
+    "every record once per epoch in a new, reproducible order, the short last batch kept, and every "
+    "batch gathered into one buffer allocated once.",
+)
 def mapped_batches(cls: Any) -> None:
     """``cls(path, record_bytes, batch_size, shuffle=True, seed=0)``: an iterable of ``[rows, record_bytes // 4]`` batches."""
     from ..highrate import write_raw_tensors
@@ -103,7 +126,10 @@ def mapped_batches(cls: Any) -> None:
         truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
         reader = cls(raw.path, size, batch, shuffle=True, seed=0)
         attempted(reader)
-        require(len(reader) == 7, f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.")
+        require(
+            len(reader) == 7,
+            f"len() is {len(reader)}: {n} records in batches of {batch} make 7 batches, the last of 2.",
+        )
         epochs, held = [], []  # held: every batch object kept alive, so fresh tensors cannot share an address
         for _ in range(2):
             got, sizes = [], []
@@ -111,38 +137,54 @@ def mapped_batches(cls: Any) -> None:
                 warnings.simplefilter("always")
                 batches = list(_kept_views(reader))
             if any("resized" in str(w.message) for w in caught):
-                raise Hint("torch resized your buffer for the short last batch (a deprecated behaviour, with a warning): "
-                           "gather the short batch into a slice of the buffer, out=buffer[:len(rows)].")
+                raise Hint(
+                    "torch resized your buffer for the short last batch (a deprecated behaviour, with a warning): "
+                    "gather the short batch into a slice of the buffer, out=buffer[:len(rows)]."
+                )
             for yielded, copy in batches:  # the copy was taken when it was yielded: the batch may be overwritten since
                 held.append(yielded)
                 sizes.append(copy.shape[0])
                 got.append(copy)
-            require(sizes == [8] * 6 + [2], f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
-                    "short batch: slice the buffer to its length).")
+            require(
+                sizes == [8] * 6 + [2],
+                f"batch sizes {sizes}: expected six of 8 and a last one of 2 (keep the "
+                "short batch: slice the buffer to its length).",
+            )
             epochs.append(_rows_to_index(got, truth))
         for e, order in enumerate(epochs):
-            require(sorted(order) == list(range(n)), f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
-                    f"records of {n}: every record once per epoch.")
+            require(
+                sorted(order) == list(range(n)),
+                f"epoch {e} gave {len(order)} rows, {len(set(order))} distinct "
+                f"records of {n}: every record once per epoch.",
+            )
         require(epochs[0] != list(range(n)), "the records came in file order: shuffle=True should draw a permutation.")
         require(epochs[0] != epochs[1], "both epochs gave the same order: draw it from seed + epoch, and count epochs.")
         again = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=True, seed=0)], truth)
-        require(again == epochs[0], "a second reader with the same seed gave another first epoch: seed a "
-                "torch.Generator with seed + epoch rather than using the global random state.")
+        require(
+            again == epochs[0],
+            "a second reader with the same seed gave another first epoch: seed a "
+            "torch.Generator with seed + epoch rather than using the global random state.",
+        )
         plain = _rows_to_index([b.clone() for b in cls(raw.path, size, batch, shuffle=False)], truth)
         require(plain == list(range(n)), "with shuffle=False the records should come in file order.")
         buffers = len({b.untyped_storage().data_ptr() for b in held})
         if buffers > 1:
-            raise Hint(f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
-                       "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
-                       "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...).")
+            raise Hint(
+                f"the batches of two epochs used {buffers} different buffers: each batch is a fresh "
+                "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
+                "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...)."
+            )
 
 
 def _kept_views(reader: Any) -> Iterator[tuple[Any, Any]]:
     """``(batch, its copy)`` for each batch of one pass: the batch as yielded (kept alive, to count buffers) and a clone
     taken before the next one is asked for (a reused buffer is overwritten by then)."""
     for b in reader:
-        require(isinstance(b, torch.Tensor), f"a batch is a {type(b).__name__}: yield torch tensors, "
-                "which a training step takes (torch.from_file gives one).")
+        require(
+            isinstance(b, torch.Tensor),
+            f"a batch is a {type(b).__name__}: yield torch tensors, "
+            "which a training step takes (torch.from_file gives one).",
+        )
         yield b, b.clone()
 
 
@@ -160,27 +202,42 @@ def _raw_read_works(read: Callable[[Any, int], Any]) -> None:
         values.tofile(path)
         chunks, held = [], []
         for chunk in read(str(path), 16_384):
-            require(isinstance(chunk, torch.Tensor) and chunk.dtype == torch.float32, f"raw_read yielded a "
-                    f"{type(chunk).__name__} ({getattr(chunk, 'dtype', '')}): yield float32 tensors.")
+            require(
+                isinstance(chunk, torch.Tensor) and chunk.dtype == torch.float32,
+                f"raw_read yielded a {type(chunk).__name__} ({getattr(chunk, 'dtype', '')}): yield float32 tensors.",
+            )
             chunks.append(chunk.clone())
             held.append(chunk)  # kept alive, so that a fresh buffer per chunk cannot reuse a freed one's address
     storages = {chunk.untyped_storage().data_ptr() for chunk in held}
     sizes = [len(c) for c in chunks]
     if sizes and sizes[0] > 4096:
-        raise Hint(f"the first chunk has {sizes[0]} values, more than 16384 bytes hold: chunk_bytes counts bytes, so "
-                   "the buffer holds chunk_bytes // 4 float32 values.")
+        raise Hint(
+            f"the first chunk has {sizes[0]} values, more than 16384 bytes hold: chunk_bytes counts bytes, so "
+            "the buffer holds chunk_bytes // 4 float32 values."
+        )
     if sizes == [4096, 4096, 4096]:
-        raise Hint("the last chunk has 4096 values where readinto filled 1808: yield buffer[: filled // 4], the part it filled.")
-    require(sizes == [4096, 4096, 1808], f"raw_read(path, 16384) over 40,000 bytes yielded chunks of {sizes} values: "
-            "expected 4096, 4096 and 1808.")
-    require(torch.equal(torch.cat(chunks), torch.from_numpy(values)), "the chunks do not hold the file's values in order.")
+        raise Hint(
+            "the last chunk has 4096 values where readinto filled 1808: yield buffer[: filled // 4], the part it filled."
+        )
+    require(
+        sizes == [4096, 4096, 1808],
+        f"raw_read(path, 16384) over 40,000 bytes yielded chunks of {sizes} values: expected 4096, 4096 and 1808.",
+    )
+    require(
+        torch.equal(torch.cat(chunks), torch.from_numpy(values)), "the chunks do not hold the file's values in order."
+    )
     if len(storages) > 1:
-        raise Hint(f"raw_read used {len(storages)} buffers for 3 chunks: allocate one buffer before the loop and readinto "
-                   "it each time (a fresh buffer per chunk costs what the reference should not).")
+        raise Hint(
+            f"raw_read used {len(storages)} buffers for 3 chunks: allocate one buffer before the loop and readinto "
+            "it each time (a fresh buffer per chunk costs what the reference should not)."
+        )
 
 
-@exercise("12.4", "GB/s from the wall clock over the bytes the loop received, the loop's own CPU seconds per GB, and a "
-                  "raw read into one reused buffer.")
+@exercise(
+    "12.4",
+    "GB/s from the wall clock over the bytes the loop received, the loop's own CPU seconds per GB, and a "
+    "raw read into one reused buffer.",
+)
 def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
     """``fn(make_batches, nbytes, step)`` returns ``(GB/s, CPU seconds per GB)`` of one pass, ``step`` run on each batch;
     ``read(path, chunk_bytes)`` yields a raw file front to back through one reused buffer."""
@@ -208,27 +265,40 @@ def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
         got = fn(sleepy, 4_000_000, lambda b: stepped.append(b.numel()))
         truth = 0.004 / (time.perf_counter() - start)  # GB/s as seen from outside: a little slower than from inside
         attempted(got)
-        require(isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}.")
+        require(
+            isinstance(got, tuple) and len(got) == 2, f"measure should return (GB/s, CPU seconds per GB), got {got!r}."
+        )
         require(len(stepped) == 4, f"step ran {len(stepped)} times for 4 batches: call step(batch) on every batch.")
         passes.append((float(got[0]), truth, float(got[1])))
     rate, truth, _ = min(passes, key=lambda p: p[0] / p[1])
     cpu = min(p[2] for p in passes)
     if 0.85 < rate / truth < 0.96:  # 10^9 / 2^30 = 0.93
         raise Hint(f"{rate:.4f}: that is GiB/s; GB/s divides by 10^9 bytes, as disks and networks are rated.")
-    require(0.97 < rate / truth < 1.3, f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
-            f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
-            "seconds (time.perf_counter()).")
-    require(cpu < 10, f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
-            "time.process_time(), not the wall clock.")
+    require(
+        0.97 < rate / truth < 1.3,
+        f"4 MB arrived in {0.004 / truth:.2f} s, so {truth:.4f} GB/s; you returned "
+        f"{rate:.4f}. Count the bytes of each batch (numel() × element_size()) and divide by the wall-clock "
+        "seconds (time.perf_counter()).",
+    )
+    require(
+        cpu < 10,
+        f"the loop only waited, yet you report {cpu:.3f} CPU s per GB: measure CPU with "
+        "time.process_time(), not the wall clock.",
+    )
     cpu2 = min(float(fn(busy, 4_000_000, lambda b: None)[1]) for _ in range(2))
-    require(30 < cpu2 < 80, f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
-            f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.")
+    require(
+        30 < cpu2 < 80,
+        f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
+        f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.",
+    )
     try:
         fn(sleepy, 8_000_000, lambda b: None)
-    except Exception:  # noqa: BLE001 - any clear error will do
+    except Exception:  # any clear error will do
         return
-    raise Hint("the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
-               "against nbytes, or a short pass passes for a fast one.")
+    raise Hint(
+        "the loader delivered 4 MB where 8 MB were expected, and no error: check the bytes counted "
+        "against nbytes, or a short pass passes for a fast one."
+    )
 
 
 def _bytes_read() -> int:
@@ -254,8 +324,11 @@ def _source_of(cls: Any) -> str:
 THREAD_CASES = [(2, 2, 4), (2, 3, 4), (4, 4, 1)]  # (threads, in_flight, batch_size): the last, many small reads at once
 
 
-@exercise("12.5", "whole batches read by threads with preadv, in order, into in_flight + 1 buffers allocated once, "
-                  "never more than in_flight batches ahead of the loop.")
+@exercise(
+    "12.5",
+    "whole batches read by threads with preadv, in order, into in_flight + 1 buffers allocated once, "
+    "never more than in_flight batches ahead of the loop.",
+)
 def thread_batches(cls: Any) -> None:
     """``cls(raw, batch_size, threads=2, in_flight=2)``: an iterable of ``[rows, raw.sample_len]`` batches of a raw file."""
     from ..highrate import write_raw_tensors
@@ -263,9 +336,11 @@ def thread_batches(cls: Any) -> None:
     attempted(cls)
     source = _source_of(cls)
     if ".seek(" in source or "lseek(" in source:
-        raise Hint("your reader seeks: two threads that seek and then read one file share its position, and a batch "
-                   "silently gets another batch's bytes, now and then. Read with os.preadv(fd, [view], offset): the "
-                   "offset goes with the read, and no position is shared.")
+        raise Hint(
+            "your reader seeks: two threads that seek and then read one file share its position, and a batch "
+            "silently gets another batch's bytes, now and then. Read with os.preadv(fd, [view], offset): the "
+            "offset goes with the read, and no position is shared."
+        )
     n, size = 42, 16384  # 42 samples of 16 KiB: with batches of 4, ten and a last one of 2
     with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
         raw = write_raw_tensors(Path(tmp) / "raw.f32", n, sample_bytes=size, seed=12)
@@ -274,8 +349,11 @@ def thread_batches(cls: Any) -> None:
             expected = [batch] * (n // batch) + ([n % batch] if n % batch else [])
             reader = cls(raw, batch, threads=threads, in_flight=in_flight)
             attempted(reader)
-            require(len(reader) == len(expected), f"len() is {len(reader)}: {n} samples in batches of {batch} make "
-                    f"{len(expected)} batches{f', the last of {n % batch}' if n % batch else ''}.")
+            require(
+                len(reader) == len(expected),
+                f"len() is {len(reader)}: {n} samples in batches of {batch} make "
+                f"{len(expected)} batches{f', the last of {n % batch}' if n % batch else ''}.",
+            )
             held: list[torch.Tensor] = []  # every batch kept alive, so that fresh tensors cannot share an address
             for epoch in range(2):
                 start = _bytes_read()
@@ -286,36 +364,52 @@ def thread_batches(cls: Any) -> None:
                         time.sleep(0.3)  # the threads have time to read ahead as far as they are allowed
                         ahead = (_bytes_read() - start) / (batch * size) - 1
                         if ahead > in_flight + 0.5:
-                            raise Hint(f"with in_flight={in_flight}, the reads ran {ahead:.0f} batches ahead while the "
-                                       f"loop held its first one; at most in_flight={in_flight} may be pending while the "
-                                       "loop works. Submit a read, then, as soon as more than in_flight are pending, "
-                                       "yield the oldest one's result.")
+                            raise Hint(
+                                f"with in_flight={in_flight}, the reads ran {ahead:.0f} batches ahead while the "
+                                f"loop held its first one; at most in_flight={in_flight} may be pending while the "
+                                "loop works. Submit a read, then, as soon as more than in_flight are pending, "
+                                "yield the oldest one's result."
+                            )
                     held.append(b)
                     sizes.append(b.shape[0])
                     first = number * batch
-                    rows = truth[first:first + b.shape[0]]
+                    rows = truth[first : first + b.shape[0]]
                     left = n - first
                     if b.shape[0] > left:
-                        raise Hint(f"batch {number} has {b.shape[0]} rows, but only {left} samples are left: return the "
-                                   "part of the buffer that was read, buffer[:count].")
+                        raise Hint(
+                            f"batch {number} has {b.shape[0]} rows, but only {left} samples are left: return the "
+                            "part of the buffer that was read, buffer[:count]."
+                        )
                     if not (b.shape == rows.shape and torch.equal(b, rows)):
-                        matches = [i for i in range(0, n, batch) if truth[i:i + b.shape[0]].shape == b.shape
-                                   and torch.equal(b, truth[i:i + b.shape[0]])]
+                        matches = [
+                            i
+                            for i in range(0, n, batch)
+                            if truth[i : i + b.shape[0]].shape == b.shape and torch.equal(b, truth[i : i + b.shape[0]])
+                        ]
                         if matches:
-                            raise Hint(f"batch {number} holds samples {matches[0]}-{matches[0] + b.shape[0] - 1}: the "
-                                       "batches come out of order (yield the oldest pending read first, from a deque, "
-                                       "not the first one to finish), or its buffer was read into again while the loop "
-                                       "held it (in_flight reads plus the batch the loop holds need in_flight + 1 "
-                                       "buffers).")
-                        raise Hint(f"batch {number} does not hold samples {first}-{first + b.shape[0] - 1} of the file: "
-                                   "read batch b at byte offset b × batch_size × sample_bytes, with os.preadv (threads "
-                                   "that share one file position, seek then read, mix batches up).")
-                require(sizes == expected, f"epoch {epoch}: batch sizes {sizes}; expected {expected} (slice the buffer "
-                        "to the samples that are left).")
+                            raise Hint(
+                                f"batch {number} holds samples {matches[0]}-{matches[0] + b.shape[0] - 1}: the "
+                                "batches come out of order (yield the oldest pending read first, from a deque, "
+                                "not the first one to finish), or its buffer was read into again while the loop "
+                                "held it (in_flight reads plus the batch the loop holds need in_flight + 1 "
+                                "buffers)."
+                            )
+                        raise Hint(
+                            f"batch {number} does not hold samples {first}-{first + b.shape[0] - 1} of the file: "
+                            "read batch b at byte offset b × batch_size × sample_bytes, with os.preadv (threads "
+                            "that share one file position, seek then read, mix batches up)."
+                        )
+                require(
+                    sizes == expected,
+                    f"epoch {epoch}: batch sizes {sizes}; expected {expected} (slice the buffer "
+                    "to the samples that are left).",
+                )
             buffers = len({b.untyped_storage().data_ptr() for b in held})
             if buffers > in_flight + 1:
-                raise Hint(f"with in_flight={in_flight}, the batches of two epochs used {buffers} different buffers: "
-                           f"allocate in_flight + 1 = {in_flight + 1} buffers once, in __init__, and read batch number "
-                           "into buffers[number % (in_flight + 1)].")
+                raise Hint(
+                    f"with in_flight={in_flight}, the batches of two epochs used {buffers} different buffers: "
+                    f"allocate in_flight + 1 = {in_flight + 1} buffers once, in __init__, and read batch number "
+                    "into buffers[number % (in_flight + 1)]."
+                )
             del held
             gc.collect()

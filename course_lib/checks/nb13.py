@@ -35,17 +35,26 @@ def _validate_results(results: Any) -> dict[int, EpochRecord]:
         isinstance(results, dict) and results and all(isinstance(r, EpochRecord) for r in results.values()),
         "results should be a dict num_workers -> EpochRecord, as capstone.sweep(urls, 'num_workers', [...]) returns.",
     )
-    require(all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in results),
-            "the keys of results should be numbers of workers: sweep over 'num_workers'.")
-    require(all(r.num_workers == k for k, r in results.items()),
-            "each key of results should be the num_workers its record was measured with.")
+    require(
+        all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in results),
+        "the keys of results should be numbers of workers: sweep over 'num_workers'.",
+    )
+    require(
+        all(r.num_workers == k for k, r in results.items()),
+        "each key of results should be the num_workers its record was measured with.",
+    )
     for k, r in results.items():
         decode, step = r.settings.get("decode_ms"), r.settings.get("step_ms")
-        require(decode == DECODE_MS and step == STEP_MS,
-                f"num_workers={k} was measured with decode_ms={decode}, step_ms={step}: measure every setting with the "
-                f"capstone's workload (decode_ms={DECODE_MS}, step_ms={STEP_MS}, the defaults of capstone.timed_epoch).")
+        require(
+            decode == DECODE_MS and step == STEP_MS,
+            f"num_workers={k} was measured with decode_ms={decode}, step_ms={step}: measure every setting with the "
+            f"capstone's workload (decode_ms={DECODE_MS}, step_ms={STEP_MS}, the defaults of capstone.timed_epoch).",
+        )
         require(len(r.batches) >= 8, f"num_workers={k} was measured over {len(r.batches)} batches: use at least 8.")
-    require(len({r.settings.get("batch_size") for r in results.values()}) == 1, "measure every setting with the same batch size.")
+    require(
+        len({r.settings.get("batch_size") for r in results.values()}) == 1,
+        "measure every setting with the same batch size.",
+    )
     return results
 
 
@@ -61,8 +70,16 @@ def smallest_under_target(results: dict[int, EpochRecord], target: float = STALL
 # --------------------------------------------------------------------------- 13.1: the pipeline, assembled
 
 
-def _reader(fn: Callable[..., Any], urls: list[str], rank: int, worker: int, take: int, seed: int = 0,
-            decode_ms: float = 0.0, epochs: int = 1) -> list[list[tuple[Any, ...]]]:
+def _reader(
+    fn: Callable[..., Any],
+    urls: list[str],
+    rank: int,
+    worker: int,
+    take: int,
+    seed: int = 0,
+    decode_ms: float = 0.0,
+    epochs: int = 1,
+) -> list[list[tuple[Any, ...]]]:
     """The first ``take`` samples of each epoch that reader (rank ``rank`` of 2, worker ``worker`` of 2) gets from one
     ``fn(urls, seed, decode_ms)``, iterated once per epoch as a persistent worker iterates its pipeline."""
     with simulated_reader(rank, 2, worker, 2):
@@ -75,8 +92,11 @@ def _shard(item: tuple[Any, ...]) -> int:
     return int(item[1]) // 100  # the check's shards label their samples shard * 100 + i
 
 
-@exercise("13.1", "every epoch the shards are dealt anew; each of 4 readers cycles through its own endlessly, a new "
-                  "order each pass, decoded to (image, label, key), with the simulated decode cost.")
+@exercise(
+    "13.1",
+    "every epoch the shards are dealt anew; each of 4 readers cycles through its own endlessly, a new "
+    "order each pass, decoded to (image, label, key), with the simulated decode cost.",
+)
 def build_dataset(fn: Callable[..., Any]) -> None:
     """``fn(urls, seed, decode_ms)``: the capstone's pipeline (notebook 13, section 1), assembled by the learner."""
     attempted(fn)
@@ -85,81 +105,132 @@ def build_dataset(fn: Callable[..., Any]) -> None:
         first = _reader(fn, urls, 0, 0, 1)[0]
         require(len(first) == 1, "the pipeline yielded nothing for rank 0's worker 0.")
         image, *rest = first[0]
-        require(len(rest) == 2 and hasattr(image, "shape") and tuple(image.shape)[0] == 3 and image.is_floating_point(),
-                f"each sample should be (image, label, key), the image a float tensor [3, H, W]: wds.decode(\"torchrgb\") "
-                f"before wds.to_tuple(\"jpg\", \"cls\", \"__key__\"); got {tuple(type(v).__name__ for v in first[0])}.")
+        require(
+            len(rest) == 2 and hasattr(image, "shape") and tuple(image.shape)[0] == 3 and image.is_floating_point(),
+            f'each sample should be (image, label, key), the image a float tensor [3, H, W]: wds.decode("torchrgb") '
+            f'before wds.to_tuple("jpg", "cls", "__key__"); got {tuple(type(v).__name__ for v in first[0])}.',
+        )
         streams = {(r, w): _reader(fn, urls, r, w, 48, epochs=2) for r in range(2) for w in range(2)}
         for epoch in range(2):
             read = {reader: {_shard(item) for item in items[epoch]} for reader, items in streams.items()}
-            require(read[(0, 0)] != read[(1, 0)], "ranks 0 and 1 read the same shards: split them between the ranks "
-                    "with wds.split_by_node, right after capstone.RotatingShardList(urls, seed).")
-            require(read[(0, 0)] != read[(0, 1)], "the two workers of a rank read the same shards: split the rank's "
-                    "shards between its workers with wds.split_by_worker, after wds.split_by_node.")
+            require(
+                read[(0, 0)] != read[(1, 0)],
+                "ranks 0 and 1 read the same shards: split them between the ranks "
+                "with wds.split_by_node, right after capstone.RotatingShardList(urls, seed).",
+            )
+            require(
+                read[(0, 0)] != read[(0, 1)],
+                "the two workers of a rank read the same shards: split the rank's "
+                "shards between its workers with wds.split_by_worker, after wds.split_by_node.",
+            )
             for (r, w), items in streams.items():
                 _one_reader(items[epoch], f"rank {r}'s worker {w}", epoch)
             readers = [sorted(s) for s in read.values()]
-            require(len(set().union(*read.values())) == 16, f"in epoch {epoch} two readers read the same shards "
-                    f"({readers}): the shard list must be shuffled alike on every rank and worker, from seed and epoch "
-                    "only (capstone.RotatingShardList(urls, seed)), and then split by node and by worker.")
-        require(any({_shard(i) for i in items[0]} != {_shard(i) for i in items[1]} for items in streams.values()),
-                "every reader read the same shards in epochs 0 and 1: deal the shards anew every epoch, "
-                "capstone.RotatingShardList(urls, seed) in place of wds.SimpleShardList(urls).")
+            require(
+                len(set().union(*read.values())) == 16,
+                f"in epoch {epoch} two readers read the same shards "
+                f"({readers}): the shard list must be shuffled alike on every rank and worker, from seed and epoch "
+                "only (capstone.RotatingShardList(urls, seed)), and then split by node and by worker.",
+            )
+        require(
+            any({_shard(i) for i in items[0]} != {_shard(i) for i in items[1]} for items in streams.values()),
+            "every reader read the same shards in epochs 0 and 1: deal the shards anew every epoch, "
+            "capstone.RotatingShardList(urls, seed) in place of wds.SimpleShardList(urls).",
+        )
         again = _reader(fn, urls, 1, 1, 12, epochs=2)
-        require([[item[2] for item in e] for e in again] == [[item[2] for item in e[:12]] for e in streams[(1, 1)]],
-                "the same seed gave another order: give the seed you are given to every seeded stage "
-                "(RotatingShardList, EndlessShardCycle, and a shuffle buffer's: capstone.ShuffleBuffer(size, seed)).")
-        require([item[2] for item in _reader(fn, urls, 1, 1, 48, seed=1)[0]] != [item[2] for item in streams[(1, 1)][0]],
-                "seeds 0 and 1 gave the same order: give the seed you are given to RotatingShardList(urls, seed) and "
-                "EndlessShardCycle(seed).")
+        require(
+            [[item[2] for item in e] for e in again] == [[item[2] for item in e[:12]] for e in streams[(1, 1)]],
+            "the same seed gave another order: give the seed you are given to every seeded stage "
+            "(RotatingShardList, EndlessShardCycle, and a shuffle buffer's: capstone.ShuffleBuffer(size, seed)).",
+        )
+        require(
+            [item[2] for item in _reader(fn, urls, 1, 1, 48, seed=1)[0]] != [item[2] for item in streams[(1, 1)][0]],
+            "seeds 0 and 1 gave the same order: give the seed you are given to RotatingShardList(urls, seed) and "
+            "EndlessShardCycle(seed).",
+        )
         start = time.perf_counter()
         _reader(fn, urls, 0, 0, 4, decode_ms=40.0)
-        require(time.perf_counter() - start > 0.1, "4 samples with decode_ms=40 took no time: end the pipeline with "
-                "wds.map(capstone.SimulatedDecode(decode_ms)).")
+        require(
+            time.perf_counter() - start > 0.1,
+            "4 samples with decode_ms=40 took no time: end the pipeline with "
+            "wds.map(capstone.SimulatedDecode(decode_ms)).",
+        )
 
 
 def _one_reader(items: list[tuple[Any, ...]], reader: str, epoch: int) -> None:
     """One reader's first 48 samples of an epoch: 6 passes over its 4 shards of 2 samples, or their mix by a buffer."""
-    require(len(items) == 48, f"{reader} stopped after {len(items)} samples in epoch {epoch}, its shards' 8: an endless "
-            "stream needs capstone.EndlessShardCycle(seed) after the splitters.")
+    require(
+        len(items) == 48,
+        f"{reader} stopped after {len(items)} samples in epoch {epoch}, its shards' 8: an endless "
+        "stream needs capstone.EndlessShardCycle(seed) after the splitters.",
+    )
     shards = sorted({_shard(item) for item in items})
-    require(len(shards) == 4, f"{reader} read shards {shards} in epoch {epoch}; each of the 4 readers should read 4 "
-            "of the 16: wds.split_by_node, then wds.split_by_worker, right after capstone.RotatingShardList(urls, seed).")
+    require(
+        len(shards) == 4,
+        f"{reader} read shards {shards} in epoch {epoch}; each of the 4 readers should read 4 "
+        "of the 16: wds.split_by_node, then wds.split_by_worker, right after capstone.RotatingShardList(urls, seed).",
+    )
     labels = [int(item[1]) for item in items]
     if any(labels[k] // 100 != labels[k + 1] // 100 for k in range(0, 48, 2)):
         return  # a shuffle buffer mixes samples of several shards (and of one pass with the next): passes blur
-    passes = [labels[k:k + 8] for k in range(0, 48, 8)]
-    require(all(len(set(p)) == 8 for p in passes), f"{reader} got a sample twice within one pass over its shards "
-            f"in epoch {epoch}: cycle through them (EndlessShardCycle), do not draw shards with replacement.")
-    require(len({tuple(p) for p in passes}) > 1, f"{reader} read its shards in the same order every pass: "
-            "EndlessShardCycle(seed) draws a new order each pass.")
+    passes = [labels[k : k + 8] for k in range(0, 48, 8)]
+    require(
+        all(len(set(p)) == 8 for p in passes),
+        f"{reader} got a sample twice within one pass over its shards "
+        f"in epoch {epoch}: cycle through them (EndlessShardCycle), do not draw shards with replacement.",
+    )
+    require(
+        len({tuple(p) for p in passes}) > 1,
+        f"{reader} read its shards in the same order every pass: EndlessShardCycle(seed) draws a new order each pass.",
+    )
 
 
-@exercise("13.2", f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
-                  "from your own measurement, at most one per core but the main process's unless only more get there.")
+@exercise(
+    "13.2",
+    f"the fewest workers that keep the training loop waiting under {STALL_TARGET * 100:.0f} % of the time, "
+    "from your own measurement, at most one per core but the main process's unless only more get there.",
+)
 def tuned_workers(answer: Any, results: Any) -> None:
     """``answer`` is the smallest num_workers in ``results`` with a steady stall under the target."""
     attempted(answer, results)
     results = _validate_results(results)
-    require(isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
-            f"answer should be a number of workers (an int), got {answer!r}.")
+    require(
+        isinstance(answer, numbers.Integral) and not isinstance(answer, bool),
+        f"answer should be a number of workers (an int), got {answer!r}.",
+    )
     require(answer in results, f"you did not measure num_workers={answer}: include it in the sweep.")
     missing = [w for w in range(answer) if w not in results]
-    require(not missing, f"measure every smaller setting too ({', '.join(map(str, missing))}) to be sure {answer} is the fewest.")
+    require(
+        not missing,
+        f"measure every smaller setting too ({', '.join(map(str, missing))}) to be sure {answer} is the fewest.",
+    )
     best = smallest_under_target(results)
     if answer == best:
         return
     stall = results[answer].steady_stall_fraction
-    require(answer > best, f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
-                           f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.")
+    require(
+        answer > best,
+        f"with {answer} workers the loop still waits {stall:.0%} of the time after the first "
+        f"batch (steady_stall_fraction), above the {STALL_TARGET * 100:.0f} % target: try more.",
+    )
     budget = max(1, cpu_count() - 1)
     if answer > budget:
-        require(False, f"{answer} workers is more than your {cpu_count()} cores leave for workers ({budget}: one core is the "
-                f"main process's); more take turns on the same cores, and where they seem to win, the machine was busier "
-                f"while the smaller settings ran. By your sweep the answer is {best}"
-                + ("." if results[best].steady_stall_fraction < STALL_TARGET else
-                   f": no setting within {budget} got under {STALL_TARGET * 100:.0f} %, so the most with a core of their own."))
-    require(False, f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
-                   f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.")
+        require(
+            False,
+            f"{answer} workers is more than your {cpu_count()} cores leave for workers ({budget}: one core is the "
+            f"main process's); more take turns on the same cores, and where they seem to win, the machine was busier "
+            f"while the smaller settings ran. By your sweep the answer is {best}"
+            + (
+                "."
+                if results[best].steady_stall_fraction < STALL_TARGET
+                else f": no setting within {budget} got under {STALL_TARGET * 100:.0f} %, so the most with a core of their own."
+            ),
+        )
+    require(
+        False,
+        f"num_workers={best} already stays under {STALL_TARGET * 100:.0f} % "
+        f"({results[best].steady_stall_fraction:.0%}): each extra worker costs a core, pick the fewest.",
+    )
 
 
 #: The shards s0..s7 each reader of the check's job (worker w of rank r: reader 2r + w) reads in epochs 0 and 1:
@@ -205,8 +276,11 @@ JOB_FAULTS = {
 }
 
 
-@exercise("13.3", "one problem for each fault, none for a right job: equal steps, no idle reader, disjoint shards and "
-                  "no sample twice within each epoch, identical weights, and every rank's stall under the target.")
+@exercise(
+    "13.3",
+    "one problem for each fault, none for a right job: equal steps, no idle reader, disjoint shards and "
+    "no sample twice within each epoch, identical weights, and every rank's stall under the target.",
+)
 def audit_job(fn: Callable[..., Any]) -> None:
     """``fn(reports, shard_of, stall_target)``: a list of problems found in a job's rank reports, empty if it was right."""
     attempted(fn)
@@ -215,9 +289,11 @@ def audit_job(fn: Callable[..., Any]) -> None:
     attempted(got)
     require(isinstance(got, (list, tuple)), f"audit_job should return a list of problems, got {type(got).__name__}.")
     if got:
-        raise Hint(f"a right job (equal steps, busy readers, disjoint shards, no repeats within an epoch, same weights, low stall) "
-                   f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 the shards are dealt anew and "
-                   "every sample is read again: compare shards and samples within one epoch, not across epochs.")
+        raise Hint(
+            f"a right job (equal steps, busy readers, disjoint shards, no repeats within an epoch, same weights, low stall) "
+            f"got {len(got)} problem(s), the first: {got[0]!r}. In epoch 1 the shards are dealt anew and "
+            "every sample is read again: compare shards and samples within one epoch, not across epochs."
+        )
     for fault, what in JOB_FAULTS.items():
         reports, shard_of = _job_reports(fault)
         found = list(fn(reports, shard_of, 0.15))
@@ -238,41 +314,66 @@ def cpus_per_task(fn: Callable[[int, int], Any]) -> None:
         if got == ranks * workers:
             raise Hint(f"{call} = {got}: that counts the workers only; each rank's training process needs a core too.")
         if got == workers + 1:
-            raise Hint(f"{call} = {got}: that is one rank's share; the node's one task runs torchrun with all {ranks} ranks.")
+            raise Hint(
+                f"{call} = {got}: that is one rank's share; the node's one task runs torchrun with all {ranks} ranks."
+            )
         if got == ranks + workers:
             raise Hint(f"{call} = {got}: every rank has its own {workers} workers, so the counts multiply.")
-        raise Hint(f"{call} = {got}, expected {want}: {ranks} rank{'s' if ranks > 1 else ''}, each 1 training process "
-                   f"+ {workers} worker{'s' if workers != 1 else ''}.")
+        raise Hint(
+            f"{call} = {got}, expected {want}: {ranks} rank{'s' if ranks > 1 else ''}, each 1 training process "
+            f"+ {workers} worker{'s' if workers != 1 else ''}."
+        )
 
 
-@exercise("13.5", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards.")
+@exercise(
+    "13.5", "a Slurm script for 2 nodes × 4 GPUs with your tuned workers, the CPUs they need and the cluster's shards."
+)
 def slurm_script(path: Any, results: Any) -> None:
     """The script at ``path`` trains on NODES × GPUS_PER_NODE with the workers ``results`` call for."""
     attempted(path, results)
-    require(isinstance(path, (str, os.PathLike)), f"pass the path of the script you wrote, got {path!r}: "
-                                                  "write_slurm_script(...) returns it.")
+    require(
+        isinstance(path, (str, os.PathLike)),
+        f"pass the path of the script you wrote, got {path!r}: write_slurm_script(...) returns it.",
+    )
     path = Path(path)
     require(path.is_file(), f"there is no file {path}: run the cell that writes it first.")
-    require(path.parts[-3:-1] == ("runs", "capstone"), f"write the script into runs/capstone/ next to the notebook, not {path.parent}.")
+    require(
+        path.parts[-3:-1] == ("runs", "capstone"),
+        f"write the script into runs/capstone/ next to the notebook, not {path.parent}.",
+    )
     text = path.read_text()
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     require(done.returncode == 0, f"bash cannot parse the script: {done.stderr.strip()[:200]}")
     workers = smallest_under_target(_validate_results(results))
     options, settings = sbatch_options(text), script_settings(text)
-    require(options.get("nodes") == str(NODES), f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.")
-    require(options.get("gres") == f"gpu:{GPUS_PER_NODE}" and settings.get("GPUS_PER_NODE", "").endswith(f"{GPUS_PER_NODE}}}\""),
-            f"the nodes have {GPUS_PER_NODE} GPUs, one rank each: gpus_per_node={GPUS_PER_NODE}.")
-    require(settings.get("WORKERS") == str(workers),
-            f"the script runs {settings.get('WORKERS')} workers per rank, but your measurement calls for {workers} "
-            "(the answer of 13.2): num_workers=tuned.")
+    require(
+        options.get("nodes") == str(NODES),
+        f"the job should ask for {NODES} nodes (nodes=...), got {options.get('nodes')}.",
+    )
+    require(
+        options.get("gres") == f"gpu:{GPUS_PER_NODE}"
+        and settings.get("GPUS_PER_NODE", "").endswith(f'{GPUS_PER_NODE}}}"'),
+        f"the nodes have {GPUS_PER_NODE} GPUs, one rank each: gpus_per_node={GPUS_PER_NODE}.",
+    )
+    require(
+        settings.get("WORKERS") == str(workers),
+        f"the script runs {settings.get('WORKERS')} workers per rank, but your measurement calls for {workers} "
+        "(the answer of 13.2): num_workers=tuned.",
+    )
     want_cpus = GPUS_PER_NODE * (workers + 1)
-    require(options.get("cpus-per-task") == str(want_cpus),
-            f"--cpus-per-task is {options.get('cpus-per-task')}, expected {want_cpus}.")
+    require(
+        options.get("cpus-per-task") == str(want_cpus),
+        f"--cpus-per-task is {options.get('cpus-per-task')}, expected {want_cpus}.",
+    )
     require(want_cpus <= CPUS_PER_NODE, "unreachable: the nodes have enough CPUs")
-    require(f'SHARDS="${{SHARDS:-{CLUSTER_SHARDS}}}"' in text,
-            f"the shards on the cluster are at {CLUSTER_SHARDS} (shards=...); the notebook's own are in a temporary folder "
-            "that the cluster cannot see.")
-    require("CHANGE_ME" in text, "keep the account and partition placeholders (CHANGE_ME) for the cluster's own values.")
+    require(
+        f'SHARDS="${{SHARDS:-{CLUSTER_SHARDS}}}"' in text,
+        f"the shards on the cluster are at {CLUSTER_SHARDS} (shards=...); the notebook's own are in a temporary folder "
+        "that the cluster cannot see.",
+    )
+    require(
+        "CHANGE_ME" in text, "keep the account and partition placeholders (CHANGE_ME) for the cluster's own values."
+    )
 
 
 # --------------------------------------------------------------------------- reading a Slurm script

@@ -22,8 +22,10 @@ from ._core import Hint, attempted, exercise, require, stop_workers, whole_numbe
 
 
 def _steps(*per_rank: list[tuple[int, list[int]]]) -> dict[int, list[dict[str, Any]]]:
-    return {rank: [{"run": 0, "epoch": e, "step": s + 1, "indices": idx} for s, (e, idx) in enumerate(steps)]
-            for rank, steps in enumerate(per_rank)}
+    return {
+        rank: [{"run": 0, "epoch": e, "step": s + 1, "indices": idx} for s, (e, idx) in enumerate(steps)]
+        for rank, steps in enumerate(per_rank)
+    }
 
 
 @exercise("14.1", "you count what an epoch trained twice and never, from the ranks' step logs.")
@@ -39,15 +41,24 @@ def seen_twice_and_never(fn: Callable[..., Any]) -> None:
     ]
     for steps, n, epoch, twice, never in cases:
         got = fn(steps, n, epoch)
-        require(isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(p, list) for p in got),
-                f"return two sorted lists, `return twice, never`; got {got!r}.")
+        require(
+            isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(p, list) for p in got),
+            f"return two sorted lists, `return twice, never`; got {got!r}.",
+        )
         got_twice, got_never = ([int(i) for i in part] for part in got)
         where = f"for epoch {epoch} of {n} samples and ranks' indices " + str(
-            {r: [s["indices"] for s in v if s["epoch"] == epoch] for r, v in steps.items()})
-        require(got_twice == twice, f"{where}, twice should be {twice}, got {got_twice}: count each index over "
-                "every rank's steps of that epoch only (other epochs see everything again), and list it once.")
-        require(got_never == never, f"{where}, never should be {never}, got {got_never}: the indices of "
-                f"range({n}) that no rank's step of that epoch holds, sorted.")
+            {r: [s["indices"] for s in v if s["epoch"] == epoch] for r, v in steps.items()}
+        )
+        require(
+            got_twice == twice,
+            f"{where}, twice should be {twice}, got {got_twice}: count each index over "
+            "every rank's steps of that epoch only (other epochs see everything again), and list it once.",
+        )
+        require(
+            got_never == never,
+            f"{where}, never should be {never}, got {got_never}: the indices of "
+            f"range({n}) that no rank's step of that epoch holds, sorted.",
+        )
 
 
 def _pass(loader: Any, stop_after: int | None = None) -> tuple[list[list[int]], Any]:
@@ -68,7 +79,9 @@ def _pass(loader: Any, stop_after: int | None = None) -> tuple[list[list[int]], 
         stop_workers(it)
 
 
-@exercise("14.2", "your sampler resumes mid-epoch with 2 workers, on exactly the next batch, and the next epoch is whole.")
+@exercise(
+    "14.2", "your sampler resumes mid-epoch with 2 workers, on exactly the next batch, and the next epoch is whole."
+)
 def resumable_sampler(cls: Any) -> None:
     """``cls(n, seed)``: a ``Sampler`` with ``set_epoch``, ``state_dict`` and ``load_state_dict``."""
     attempted(cls)
@@ -77,14 +90,19 @@ def resumable_sampler(cls: Any) -> None:
     s = cls(n, seed)
     s.set_epoch(0)
     first = [int(i) for i in s]
-    require(sorted(first) == list(range(n)), f"one pass should yield every index of 0..{n - 1} once; got {first[:8]}...")
+    require(
+        sorted(first) == list(range(n)), f"one pass should yield every index of 0..{n - 1} once; got {first[:8]}..."
+    )
     s.set_epoch(1)
     second = [int(i) for i in s]
     require(second != first, "set_epoch(1) gave the same order as epoch 0: derive the order from (seed, epoch).")
     other = cls(n, seed)
     other.set_epoch(1)
-    require([int(i) for i in other] == second, "two samplers with the same seed and epoch gave different orders: use "
-            "a torch.Generator seeded from (seed, epoch) in __iter__, not the global random state.")
+    require(
+        [int(i) for i in other] == second,
+        "two samplers with the same seed and epoch gave different orders: use "
+        "a torch.Generator seeded from (seed, epoch) in __iter__, not the global random state.",
+    )
     whole_number(len(s), "len(sampler)", f"it should be {n}")
     require(len(s) == n, f"len(sampler) should be {n}, got {len(s)}.")
 
@@ -102,14 +120,20 @@ def resumable_sampler(cls: Any) -> None:
     resumed = loader(resumed_sampler)
     resumed.load_state_dict(state)
     after, _ = _pass(resumed)
-    require(before + after == whole, f"stopped after 3 batches and resumed in a new loader: {after[:2]}... came next, "
-            f"but the pass that never stopped had {whole[3:5]}... Save the epoch and how many indices were yielded "
-            "(count before each yield: the loader saves the state right after taking a batch's last index), and in "
-            "__iter__ skip that many of the epoch's order.")
+    require(
+        before + after == whole,
+        f"stopped after 3 batches and resumed in a new loader: {after[:2]}... came next, "
+        f"but the pass that never stopped had {whole[3:5]}... Save the epoch and how many indices were yielded "
+        "(count before each yield: the loader saves the state right after taking a batch's last index), and in "
+        "__iter__ skip that many of the epoch's order.",
+    )
     resumed_sampler.set_epoch(2)
     nxt, _ = _pass(resumed)
-    require(sorted(i for b in nxt for i in b) == list(range(n)), "the epoch after a resumed one should be whole, "
-            f"but it had {sum(map(len, nxt))} indices: skip only once, then start from 0 again.")
+    require(
+        sorted(i for b in nxt for i in b) == list(range(n)),
+        "the epoch after a resumed one should be whole, "
+        f"but it had {sum(map(len, nxt))} indices: skip only once, then start from 0 again.",
+    )
 
 
 @exercise("14.3", "your stream resumes with 2 workers on exactly the next batch, and skips without loading.")
@@ -120,18 +144,26 @@ def resumable_stream(cls: Any) -> None:
     n = 30
     whole, _ = _pass(stateful_loader(cls(n), batch_size=3, num_workers=2))
     flat = sorted(i for b in whole for i in b)
-    require(flat == list(range(n)), f"with 2 workers one pass should yield 0..{n - 1} once each, got {len(flat)} "
-            "samples: yield only this worker's share, range(info.id, n, info.num_workers).")
-    require(callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)),
-            "give the stream state_dict() and load_state_dict(): without them the loader resumes by reading and "
-            "throwing away everything before the checkpoint.")
+    require(
+        flat == list(range(n)),
+        f"with 2 workers one pass should yield 0..{n - 1} once each, got {len(flat)} "
+        "samples: yield only this worker's share, range(info.id, n, info.num_workers).",
+    )
+    require(
+        callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)),
+        "give the stream state_dict() and load_state_dict(): without them the loader resumes by reading and "
+        "throwing away everything before the checkpoint.",
+    )
     before, state = _pass(stateful_loader(cls(n), batch_size=3, num_workers=2), stop_after=4)
     resumed = stateful_loader(cls(n), batch_size=3, num_workers=2)
     resumed.load_state_dict(state)
     after, _ = _pass(resumed)
-    require(before + after == whole, f"stopped after 4 batches and resumed: {after[:2]}... came next, but the pass "
-            f"that never stopped had {whole[4:6]}... Count a sample before you yield it (the state is taken right "
-            "after a batch's last sample), and in __iter__ skip that many of this worker's share.")
+    require(
+        before + after == whole,
+        f"stopped after 4 batches and resumed: {after[:2]}... came next, but the pass "
+        f"that never stopped had {whole[4:6]}... Count a sample before you yield it (the state is taken right "
+        "after a batch's last sample), and in __iter__ skip that many of this worker's share.",
+    )
 
     loads: list[int] = []
     counted = type(cls.__name__, (cls,), {"load": lambda self, i: loads.append(i) or i})
@@ -142,9 +174,12 @@ def resumable_stream(cls: Any) -> None:
     again.load_state_dict(state0)
     rest, _ = _pass(again)
     require(loads or not rest, "your stream never called self.load(i): yield self.load(i) for each index of its share.")
-    require(sorted(loads) == sorted(i for b in rest for i in b), f"the resumed pass called load() {len(loads)} times "
-            f"for {sum(map(len, rest))} samples: skip positions of the share (e.g. share[self.done:]) instead of "
-            "loading samples and throwing them away, which costs as much as reading them.")
+    require(
+        sorted(loads) == sorted(i for b in rest for i in b),
+        f"the resumed pass called load() {len(loads)} times "
+        f"for {sum(map(len, rest))} samples: skip positions of the share (e.g. share[self.done:]) instead of "
+        "loading samples and throwing them away, which costs as much as reading them.",
+    )
 
 
 class _Tiny(nn.Module):
@@ -209,16 +244,25 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         model2, opt2, loader2 = _setup()
         _train(model2, opt2, iter(loader2), 1)  # a fresh job's objects are not where the saved ones were
         step = load(path, model2, opt2, loader2)
-        require(all(torch.equal(a, b) for a, b in zip(saved_weights, model2.parameters())), "after load, the model you "
-                "were given does not hold the saved weights: model.load_state_dict(state['model']) into it.")
+        require(
+            all(torch.equal(a, b) for a, b in zip(saved_weights, model2.parameters())),
+            "after load, the model you "
+            "were given does not hold the saved weights: model.load_state_dict(state['model']) into it.",
+        )
         whole_number(step, "load(...)", "the step saved with the checkpoint")
         require(step == 3, f"load should return the saved step, 3; got {step}.")
         got = _train(model2, opt2, iter(loader2), 4)
-        require(got == want, f"after load, the next batches started with samples {got[:2]}, but the run that never "
-                f"stopped went on with {want[:2]}: save loader.state_dict() and give it to loader.load_state_dict().")
+        require(
+            got == want,
+            f"after load, the next batches started with samples {got[:2]}, but the run that never "
+            f"stopped went on with {want[:2]}: save loader.state_dict() and give it to loader.load_state_dict().",
+        )
         same = all(torch.equal(a, b) for a, b in zip(want_weights, model2.parameters()))
-        require(same, "the same batches after load gave different weights: save and load the optimizer's state "
-                "too (SGD's momentum lives there), not only the model's.")
+        require(
+            same,
+            "the same batches after load gave different weights: save and load the optimizer's state "
+            "too (SGD's momentum lives there), not only the model's.",
+        )
 
         before = path.read_bytes()
         try:
@@ -226,10 +270,15 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         except OSError:
             pass
         else:
-            raise Hint("save() returned normally although torch.save raised OSError half-way: let the error reach the "
-                       "caller, so that a job never believes a checkpoint was saved when it was not.")
-        require(path.is_file() and path.read_bytes() == before, "a save that failed half-way (torch.save raised while "
-                "writing) destroyed the previous checkpoint: torch.save to a temporary file beside `path`, then "
-                "os.replace(tmp, path), which swaps the file in one step.")
+            raise Hint(
+                "save() returned normally although torch.save raised OSError half-way: let the error reach the "
+                "caller, so that a job never believes a checkpoint was saved when it was not."
+            )
+        require(
+            path.is_file() and path.read_bytes() == before,
+            "a save that failed half-way (torch.save raised while "
+            "writing) destroyed the previous checkpoint: torch.save to a temporary file beside `path`, then "
+            "os.replace(tmp, path), which swaps the file in one step.",
+        )
         strays = [p.name for p in Path(tmp).iterdir() if p != path]
         require(not strays, f"the failed save left {strays} behind: remove the temporary file when saving fails.")

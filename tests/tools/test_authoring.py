@@ -114,8 +114,10 @@ def test_cli_needs_a_solutions_folder(tmp_path: Path) -> None:
 
 def _course_notebook(words: int, exercises: list[str], stated: str = "about 5 minutes") -> nbformat.NotebookNode:
     prose = " ".join(["word"] * words)
-    cells = [new_markdown_cell(f"# 01 · X\n\n**Level 1** · {stated} · *Prerequisites:* none."),
-             new_markdown_cell(prose + "\n\n```python\nnot counted at all\n```\n<!-- nor this -->")]
+    cells = [
+        new_markdown_cell(f"# 01 · X\n\n**Level 1** · {stated} · *Prerequisites:* none."),
+        new_markdown_cell(prose + "\n\n```python\nnot counted at all\n```\n<!-- nor this -->"),
+    ]
     cells += [new_markdown_cell(f"### Exercise {title}") for title in exercises]
     return new_notebook(cells=cells)
 
@@ -131,7 +133,9 @@ def test_the_time_rule_counts_prose_and_exercises_and_rounds_up_to_5() -> None:
 
 
 def test_stretch_exercises_are_marked_in_their_heading_and_timed_apart() -> None:
-    nb = _course_notebook(1350, ["01.1 · A dataset (build)", "01.2 · A big file (build, stretch)", "01.3 · More (stretch)"])
+    nb = _course_notebook(
+        1350, ["01.1 · A dataset (build)", "01.2 · A big file (build, stretch)", "01.3 · More (stretch)"]
+    )
     t = authoring.timing(nb)
     assert t.stretch == ("01.2", "01.3")
     assert t.words == 1375 and (t.minutes, t.core_minutes) == (40, 20)  # 9.2 + 30 and 9.2 + 10, rounded up
@@ -143,11 +147,15 @@ def test_stretch_exercises_are_marked_in_their_heading_and_timed_apart() -> None
 def test_write_times_sets_headers_and_the_readme_and_keeps_outputs(tmp_path: Path) -> None:
     (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
     nb = _course_notebook(1350, ["01.1 · A (build)", "01.2 · B (stretch)"])
-    nb.cells.append(new_code_cell("print(1)", outputs=[new_output("stream", name="stdout", text="1\n")], execution_count=1))
+    nb.cells.append(
+        new_code_cell("print(1)", outputs=[new_output("stream", name="stdout", text="1\n")], execution_count=1)
+    )
     for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
         nbformat.write(nb, path)
-    (tmp_path / "README.md").write_text("| # | level | notebook | time | you learn |\n"
-                                        "| 01 | 1 | [x](notebooks/01_x.ipynb) | 10 min | things |\n\nAbout 9 hours in all.\n")
+    (tmp_path / "README.md").write_text(
+        "| # | level | notebook | time | you learn |\n"
+        "| 01 | 1 | [x](notebooks/01_x.ipynb) | 10 min | things |\n\nAbout 9 hours in all.\n"
+    )
     authoring.write_times(tmp_path, show=lambda line: None)
     for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
         written = nbformat.read(path, as_version=4)
@@ -198,7 +206,7 @@ def _loader02(n):
 def test_02_count():
     assert nb02.count.evaluate(_loader02).passed  # the 02.1 check
 '''
-README = '''# A tiny course
+README = """# A tiny course
 
 | # | level | notebook |
 | --- | --- | --- |
@@ -209,7 +217,7 @@ README = '''# A tiny course
 Notebooks 02–03 use 10 % more memory; notebooks 01 and 03 (shards) run with batch 10 and seed 11.
 `loaders` (02), `shards` (03): see `python -m course_lib authoring build 02`.
 Hosts n[02-03] and gpu02 are not notebooks, nor are 12.5× or version 02.1.
-'''
+"""
 HELPERS = '''"""Notebooks 02–03: helpers shared by the loaders and the shards (notebook 03)."""
 
 
@@ -220,7 +228,7 @@ def batches(n=10, seed=11):
 
 SCOPE = r"^notebooks/solutions/(02_)"  # a regular expression naming both versions of notebook 02
 '''
-DECK = '''# Level 1
+DECK = """# Level 1
 
 Feeding PyTorch with data: notebooks 01, 02 and 03
 
@@ -229,12 +237,16 @@ Feeding PyTorch with data: notebooks 01, 02 and 03
 | question | notebooks |
 | --- | --- |
 | does it load? | 01, 02 |
-'''
+"""
 
 
 def _notebook(number: str, title: str, body: str, output: str = "") -> nbformat.NotebookNode:
-    code = new_code_cell(body, execution_count=1, outputs=[new_output("stream", name="stdout", text=output)] if output else [])
-    return new_notebook(cells=[new_markdown_cell(f"# {number} · {title}\n\n*Prerequisites:* notebook 01 (intro)."), code])
+    code = new_code_cell(
+        body, execution_count=1, outputs=[new_output("stream", name="stdout", text=output)] if output else []
+    )
+    return new_notebook(
+        cells=[new_markdown_cell(f"# {number} · {title}\n\n*Prerequisites:* notebook 01 (intro)."), code]
+    )
 
 
 def tiny_course(root: Path) -> Path:
@@ -242,16 +254,27 @@ def tiny_course(root: Path) -> Path:
     (root / "notebooks" / "solutions").mkdir(parents=True)
     notebooks = {
         "01_intro": _notebook("01", "Intro", "x = 10  # batch 10, seed 11"),
-        "02_loaders": _notebook("02", "Loaders", 'from course_lib.checks import nb02 as check\nwork = data.scratch_folder("02")\n'
-                                "check.count(count)  # batch 10, seed 11, 10 %",
-                                "✅ Exercise 02.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n"),
-        "03_shards": _notebook("03", "Shards", "print('see notebook 02, and notebooks 01-02')", "see notebook 02, and notebooks 01-02\n"),
+        "02_loaders": _notebook(
+            "02",
+            "Loaders",
+            'from course_lib.checks import nb02 as check\nwork = data.scratch_folder("02")\n'
+            "check.count(count)  # batch 10, seed 11, 10 %",
+            "✅ Exercise 02.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n",
+        ),
+        "03_shards": _notebook(
+            "03", "Shards", "print('see notebook 02, and notebooks 01-02')", "see notebook 02, and notebooks 01-02\n"
+        ),
     }
     for name, nb in notebooks.items():
         nbformat.write(nb, root / "notebooks" / "solutions" / f"{name}.ipynb")
         nbformat.write(authoring.make_learner(nb), root / "notebooks" / f"{name}.ipynb")
-    files = {"course_lib/checks/nb02.py": CHECKS, "tests/test_checks_nb02.py": CHECK_TESTS, "README.md": README,
-             "course_lib/helpers.py": HELPERS, "slides/decks/level1.md": DECK}
+    files = {
+        "course_lib/checks/nb02.py": CHECKS,
+        "tests/test_checks_nb02.py": CHECK_TESTS,
+        "README.md": README,
+        "course_lib/helpers.py": HELPERS,
+        "slides/decks/level1.md": DECK,
+    }
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text, encoding="utf-8")
@@ -262,39 +285,59 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_renumber_insert_moves_and_rewrites_everything_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_renumber_insert_moves_and_rewrites_everything_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tiny_course(tmp_path)
     before = snapshot(root)
     assert authoring.main(["renumber", "--insert", "02", "--root", str(root)]) == 0
     files = snapshot(root)
     assert sorted(files) == [
-        "README.md", "course_lib/checks/nb03.py", "course_lib/helpers.py",
-        "notebooks/01_intro.ipynb", "notebooks/03_loaders.ipynb", "notebooks/04_shards.ipynb",
-        "notebooks/solutions/01_intro.ipynb", "notebooks/solutions/03_loaders.ipynb", "notebooks/solutions/04_shards.ipynb",
-        "slides/decks/level1.md", "tests/test_checks_nb03.py",
+        "README.md",
+        "course_lib/checks/nb03.py",
+        "course_lib/helpers.py",
+        "notebooks/01_intro.ipynb",
+        "notebooks/03_loaders.ipynb",
+        "notebooks/04_shards.ipynb",
+        "notebooks/solutions/01_intro.ipynb",
+        "notebooks/solutions/03_loaders.ipynb",
+        "notebooks/solutions/04_shards.ipynb",
+        "slides/decks/level1.md",
+        "tests/test_checks_nb03.py",
     ]
     text = {path: data.decode() for path, data in files.items()}
     assert text["course_lib/checks/nb03.py"] == CHECKS.replace("notebook 02", "notebook 03").replace(
-        "notebook 03 explains", "notebook 04 explains").replace('"02.', '"03.').replace("02.1 counts", "03.1 counts").replace(
-        "02.2 is", "03.2 is").replace("course02-", "course03-").replace("exercise 02.1 and exercises 02.1–02.2",
-                                                                        "exercise 03.1 and exercises 03.1–03.2")
+        "notebook 03 explains", "notebook 04 explains"
+    ).replace('"02.', '"03.').replace("02.1 counts", "03.1 counts").replace("02.2 is", "03.2 is").replace(
+        "course02-", "course03-"
+    ).replace("exercise 02.1 and exercises 02.1–02.2", "exercise 03.1 and exercises 03.1–03.2")
     assert text["tests/test_checks_nb03.py"] == CHECK_TESTS.replace("02", "03")
-    assert text["README.md"] == README.replace("| 03 | 2 | [shards](notebooks/03_shards", "| 04 | 2 | [shards](notebooks/04_shards").replace(
-        "| 02 | 2 | [loaders](notebooks/02_loaders", "| 03 | 2 | [loaders](notebooks/03_loaders").replace(
-        "Notebooks 02–03", "Notebooks 03–04").replace("notebooks 01 and 03", "notebooks 01 and 04").replace(
-        "`loaders` (02), `shards` (03)", "`loaders` (03), `shards` (04)").replace("build 02", "build 03")
+    assert text["README.md"] == README.replace(
+        "| 03 | 2 | [shards](notebooks/03_shards", "| 04 | 2 | [shards](notebooks/04_shards"
+    ).replace("| 02 | 2 | [loaders](notebooks/02_loaders", "| 03 | 2 | [loaders](notebooks/03_loaders").replace(
+        "Notebooks 02–03", "Notebooks 03–04"
+    ).replace("notebooks 01 and 03", "notebooks 01 and 04").replace(
+        "`loaders` (02), `shards` (03)", "`loaders` (03), `shards` (04)"
+    ).replace("build 02", "build 03")
     assert "n[02-03] and gpu02 are not notebooks, nor are 12.5× or version 02.1" in text["README.md"]
     assert text["course_lib/helpers.py"] == HELPERS.replace("Notebooks 02–03", "Notebooks 03–04").replace(
-        "(notebook 03)", "(notebook 04)").replace("Notebook 02,", "Notebook 03,").replace('scratch_folder("02")', 'scratch_folder("03")').replace(
-        "solutions/(02_)", "solutions/(03_)").replace("versions of notebook 02", "versions of notebook 03")
+        "(notebook 03)", "(notebook 04)"
+    ).replace("Notebook 02,", "Notebook 03,").replace('scratch_folder("02")', 'scratch_folder("03")').replace(
+        "solutions/(02_)", "solutions/(03_)"
+    ).replace("versions of notebook 02", "versions of notebook 03")
     assert text["slides/decks/level1.md"] == DECK.replace("01, 02 and 03", "01, 03 and 04").replace(
-        "notebook:02#", "notebook:03#").replace("| 01, 02 |", "| 01, 03 |")
+        "notebook:02#", "notebook:03#"
+    ).replace("| 01, 02 |", "| 01, 03 |")
 
     loaders = nbformat.read(root / "notebooks" / "solutions" / "03_loaders.ipynb", as_version=4)
     assert loaders.cells[0].source == "# 03 · Loaders\n\n*Prerequisites:* notebook 01 (intro)."
-    assert loaders.cells[1].source == ('from course_lib.checks import nb03 as check\nwork = data.scratch_folder("03")\n'
-                                       "check.count(count)  # batch 10, seed 11, 10 %")
-    assert loaders.cells[1].outputs[0].text == "✅ Exercise 03.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n"
+    assert loaders.cells[1].source == (
+        'from course_lib.checks import nb03 as check\nwork = data.scratch_folder("03")\n'
+        "check.count(count)  # batch 10, seed 11, 10 %"
+    )
+    assert (
+        loaders.cells[1].outputs[0].text == "✅ Exercise 03.1 solved: batch 10 of seed 11 holds 10 % of the samples.\n"
+    )
     shards = nbformat.read(root / "notebooks" / "04_shards.ipynb", as_version=4)
     assert shards.cells[0].source.startswith("# 04 · Shards")
     assert shards.cells[1].source == "print('see notebook 03, and notebooks 01-03')"
@@ -318,7 +361,10 @@ def test_renumber_dry_run_changes_nothing(tmp_path: Path, capsys: pytest.Capture
     assert snapshot(root) == before
     out = capsys.readouterr().out
     assert "(dry run: nothing was changed)" in out and "files moved: 2" in out
-    assert "-| 03 | 2 | [shards](notebooks/03_shards.ipynb) |" in out and "+| 04 | 2 | [shards](notebooks/04_shards.ipynb) |" in out
+    assert (
+        "-| 03 | 2 | [shards](notebooks/03_shards.ipynb) |" in out
+        and "+| 04 | 2 | [shards](notebooks/04_shards.ipynb) |" in out
+    )
     assert "notebooks/solutions/03_shards.ipynb -> notebooks/solutions/04_shards.ipynb" in out
 
 
@@ -331,8 +377,9 @@ def test_renumber_dry_run_changes_nothing(tmp_path: Path, capsys: pytest.Capture
         ("123", "give the number the new notebook will have"),
     ],
 )
-def test_renumber_refuses_a_bad_insert_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], insert: str,
-                                                           message: str) -> None:
+def test_renumber_refuses_a_bad_insert_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], insert: str, message: str
+) -> None:
     root = tiny_course(tmp_path)
     before = snapshot(root)
     assert authoring.main(["renumber", "--insert", insert, "--root", str(root)]) == 2
@@ -353,7 +400,10 @@ def test_renumber_never_overwrites_a_file_in_the_way(tmp_path: Path, capsys: pyt
     (root / "course_lib" / "checks" / "nb04.py").write_text("# a leftover, of no notebook\n")
     before = snapshot(root)
     assert authoring.main(["renumber", "--insert", "02", "--root", str(root)]) == 2
-    assert "course_lib/checks/nb03.py would move to course_lib/checks/nb04.py, which exists already" in capsys.readouterr().err
+    assert (
+        "course_lib/checks/nb03.py would move to course_lib/checks/nb04.py, which exists already"
+        in capsys.readouterr().err
+    )
     assert snapshot(root) == before
 
 

@@ -22,7 +22,9 @@ FAST = ["--limit", "24", "--rounds", "1", "--workers", "0", "2", "--batch-size",
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib", "bench", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib", "bench", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_decode_augment_makes_uint8_tensors_of_the_size(tiny_set: Path) -> None:
@@ -48,7 +50,10 @@ def test_result_holds_every_figure(tiny_set: Path, monkeypatch: pytest.MonkeyPat
             assert isinstance(figures[key], float) and figures[key] > 0
         assert len(figures["rounds"]["plain"]) == len(figures["rounds"]["instrumented"]) == 1
     assert list(result["scaling"]) == [2] and isinstance(result["scaling"][2], float) and result["scaling"][2] > 0
-    assert list(result["goals"]) == ["instrumented/plain >= 0.97 for every worker count", "2 workers >= 1.6× the throughput of 0"]
+    assert list(result["goals"]) == [
+        "instrumented/plain >= 0.97 for every worker count",
+        "2 workers >= 1.6× the throughput of 0",
+    ]
     assert all(isinstance(ok, bool) for ok in result["goals"].values())
 
 
@@ -56,7 +61,9 @@ def test_generated_set_and_split_none(tiny_root: Path, tiny_set: Path) -> None:
     parse = bench.build_parser().parse_args
     ds, name = bench.load_dataset(parse(["loader", "--size", "tiny", "--root", str(tiny_root), "--split", "val"]))
     assert len(ds) == 20 and name == "shapes-tiny-seed0/val"
-    ds, name = bench.load_dataset(parse(["loader", "--data", str(tiny_set / "train"), "--split", "none", "--limit", "5"]))
+    ds, name = bench.load_dataset(
+        parse(["loader", "--data", str(tiny_set / "train"), "--split", "none", "--limit", "5"])
+    )
     assert len(ds) == 5 and name.endswith("first 5 of 80")
 
 
@@ -66,7 +73,9 @@ def test_cli_prints_ratios_and_goals(tiny_set: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "24 samples, batch size 8" in out
-    assert len(re.findall(r"^  (0|2) workers: plain \d+, instrumented \d+, instrumented/plain \d\.\d{3}$", out, re.M)) == 2
+    assert (
+        len(re.findall(r"^  (0|2) workers: plain \d+, instrumented \d+, instrumented/plain \d\.\d{3}$", out, re.M)) == 2
+    )
     assert "2 workers: " in out and "× the throughput of 0" in out
     assert "2 workers >= 1.6× the throughput of 0" in out
     assert "suggested max number of worker" not in done.stderr
@@ -79,7 +88,9 @@ def test_missing_data_folder_is_one_clear_line(tmp_path: Path, capsys: pytest.Ca
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("bad", [["--workers", "-1"], ["--workers", "0", "-2"], ["--rounds", "0"], ["--batch-size", "x"]])
+@pytest.mark.parametrize(
+    "bad", [["--workers", "-1"], ["--workers", "0", "-2"], ["--rounds", "0"], ["--batch-size", "x"]]
+)
 def test_bad_numbers_are_refused(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         bench.main(["loader", *bad])
@@ -88,21 +99,31 @@ def test_bad_numbers_are_refused(bad: list[str], capsys: pytest.CaptureFixture[s
 
 def test_summary_of_known_rounds() -> None:
     """Medians per loader, the median of the *paired* ratios (not the ratio of medians), scaling, goals."""
-    rounds = {0: {"plain": [100.0, 110.0, 90.0], "instrumented": [95.0, 88.0, 108.0]},
-              2: {"plain": [170.0, 150.0, 160.0], "instrumented": [168.0, 150.0, 150.0]}}
+    rounds = {
+        0: {"plain": [100.0, 110.0, 90.0], "instrumented": [95.0, 88.0, 108.0]},
+        2: {"plain": [170.0, 150.0, 160.0], "instrumented": [168.0, 150.0, 150.0]},
+    }
     result = bench.summarize(rounds)
     zero, two = result["workers"][0], result["workers"][2]
     assert (zero["plain"], zero["instrumented"]) == (100.0, 95.0)
     assert zero["ratio"] == pytest.approx(0.95)  # pairs 0.95, 0.8, 1.2
     assert two["ratio"] == pytest.approx(168 / 170)  # pairs 0.988, 1.0, 0.9375; the ratio of medians would be 0.9375
     assert result["scaling"] == {2: pytest.approx(1.6)}
-    assert result["goals"] == {"instrumented/plain >= 0.97 for every worker count": False,
-                               "2 workers >= 1.6× the throughput of 0": True}
+    assert result["goals"] == {
+        "instrumented/plain >= 0.97 for every worker count": False,
+        "2 workers >= 1.6× the throughput of 0": True,
+    }
 
 
-def test_check_turns_a_missed_goal_into_exit_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    fake = {"facts": {}, "workers": {0: {"plain": 10.0, "instrumented": 9.0, "ratio": 0.9}}, "scaling": {},
-            "goals": {"instrumented/plain >= 0.97 for every worker count": False}}
+def test_check_turns_a_missed_goal_into_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = {
+        "facts": {},
+        "workers": {0: {"plain": 10.0, "instrumented": 9.0, "ratio": 0.9}},
+        "scaling": {},
+        "goals": {"instrumented/plain >= 0.97 for every worker count": False},
+    }
     monkeypatch.setattr(bench, "run_loader_bench", lambda args, log: fake)
     assert bench.main(["loader", "--size", "tiny"]) == 0
     assert bench.main(["loader", "--size", "tiny", "--check"]) == 1
@@ -117,8 +138,27 @@ def test_default_data_is_the_decode_bound_set() -> None:
 
 @pytest.mark.timeout(180)
 def test_bench_highrate_on_tensor_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = bench.main(["highrate", "--source", "shards", "--data", str(tmp_path / "shards"), "--size-mb", "4",
-                       "--sample-mb", "0.125", "--batch-size", "8", "--workers", "2", "--shards", "4", "--rounds", "1"])
+    code = bench.main(
+        [
+            "highrate",
+            "--source",
+            "shards",
+            "--data",
+            str(tmp_path / "shards"),
+            "--size-mb",
+            "4",
+            "--sample-mb",
+            "0.125",
+            "--batch-size",
+            "8",
+            "--workers",
+            "2",
+            "--shards",
+            "4",
+            "--rounds",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "4 tar shards" in out and "RingLoader on the index, 2 workers" in out
     assert out.count("PASS") + out.count("FAIL") == 2 and "CPU s/GB" in out
@@ -135,7 +175,11 @@ def test_bench_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_bench_rejects_bad_arguments() -> None:
-    for argv in (["highrate", "--data", "x", "--source", "tape"], ["formats", "--workers", "-1"], ["formats", "--rounds", "0"]):
+    for argv in (
+        ["highrate", "--data", "x", "--source", "tape"],
+        ["formats", "--workers", "-1"],
+        ["formats", "--rounds", "0"],
+    ):
         with pytest.raises(SystemExit):
             bench.main(argv)
 
@@ -144,21 +188,34 @@ def test_bench_rejects_bad_arguments() -> None:
 def test_bench_store_prints_its_three_goals_with_the_claims_rule() -> None:
     """A small run of `bench store`: the workload stated, five readers in GB/s, the three goals judged (holds, does
     not hold, or inconclusive: whatever this machine shows), and the server stopped."""
-    done = subprocess.run([sys.executable, "-m", "course_lib", "bench", "store", "--shards", "4", "--shard-mib", "2",
-                           "--rounds", "3"], capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib", "bench", "store", "--shards", "4", "--shard-mib", "2", "--rounds", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "4 shards of 2 MiB (8 MiB in all), read whole as raw bytes (no decoding) by 2 DataLoader workers" in out
-    for reader in ("local disk", "local disk, page cache", "S3 server", "S3, local cache", "S3 via proxy",
-                   "S3 via proxy, +20 ms"):
+    for reader in (
+        "local disk",
+        "local disk, page cache",
+        "S3 server",
+        "S3, local cache",
+        "S3 via proxy",
+        "S3 via proxy, +20 ms",
+    ):
         assert re.search(rf"^  {re.escape(reader)} +\d+\.\d\d GB/s", out, re.M), (reader, out)
     verdicts = re.findall(r"→ (holds|does not hold|inconclusive on this machine):", out)
     assert len(verdicts) == 3, out
     import psutil
 
-    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
-            if any("course-bench-store-" in part for part in p.info["cmdline"] or [])]
+    left = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if any("course-bench-store-" in part for part in p.info["cmdline"] or [])
+    ]
     assert not left, f"the benchmark left its server running: {left}"
 
 
@@ -172,14 +229,36 @@ def test_store_bench_refuses_a_cache_with_ranged_reads(tmp_path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_bench_highrate_on_a_raw_file_prints_the_thread_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = bench.main(["highrate", "--data", str(tmp_path / "raw.f32"), "--size-mb", "8", "--sample-mb", "0.25",
-                       "--batch-size", "4", "--workers", "2", "--rounds", "1"])
+def test_bench_highrate_on_a_raw_file_prints_the_thread_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = bench.main(
+        [
+            "highrate",
+            "--data",
+            str(tmp_path / "raw.f32"),
+            "--size-mb",
+            "8",
+            "--sample-mb",
+            "0.25",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--rounds",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "RingLoader, 2 workers" in out
     for kind in ("work that releases the GIL", "work that holds the GIL"):
         assert f"threads and processes, {kind}" in out
-    for reader in ("DataLoader, 2 worker processes", "RingLoader, 2 worker processes", "ThreadBatches, 2 threads",
-                   "torchdata.nodes, 2 threads", "SPDL pipeline, 2 threads"):
+    for reader in (
+        "DataLoader, 2 worker processes",
+        "RingLoader, 2 worker processes",
+        "ThreadBatches, 2 threads",
+        "torchdata.nodes, 2 threads",
+        "SPDL pipeline, 2 threads",
+    ):
         assert out.count(reader) == 2, reader  # one row per kind of work
     assert out.count(" MB\n") >= 10 and "total CPU s/GB" in out

@@ -57,7 +57,11 @@ def parse_requirements(path: Path) -> tuple[dict[str, str], list[str], list[str]
 def test_parse_requirements_normalises(tmp_path: Path) -> None:
     f = tmp_path / "r.txt"
     f.write_text("# c\nFoo_Bar.baz >= 1.0 , <2  # why\n--extra-index-url https://x\n-e .\nmosaicml-streaming\n")
-    assert parse_requirements(f) == ({"foo-bar-baz": ">=1.0,<2", "mosaicml-streaming": ""}, ["-e ."], ["--extra-index-url https://x"])
+    assert parse_requirements(f) == (
+        {"foo-bar-baz": ">=1.0,<2", "mosaicml-streaming": ""},
+        ["-e ."],
+        ["--extra-index-url https://x"],
+    )
 
 
 def test_binder_installs_the_same_packages_as_requirements_txt() -> None:
@@ -93,23 +97,33 @@ def test_post_build_is_executable_valid_bash_and_prepares() -> None:
     assert post.read_text().startswith("#!/bin/bash\n")
     checked = subprocess.run(["bash", "-n", str(post)], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
-    commands = [line.strip() for line in post.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    commands = [
+        line.strip() for line in post.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
     assert "set -euo pipefail" in commands  # a failed preparation fails the build, not the first notebook
     assert any(c.startswith("python -m course_lib prepare") for c in commands)
 
 
 def test_post_build_git_mode_is_executable() -> None:
-    listed = subprocess.run(["git", "ls-files", "-s", "binder/postBuild"], capture_output=True, text=True, cwd=REPO, timeout=30)
+    listed = subprocess.run(
+        ["git", "ls-files", "-s", "binder/postBuild"], capture_output=True, text=True, cwd=REPO, timeout=30
+    )
     if listed.returncode != 0 or not listed.stdout:
         pytest.skip("not a git checkout, or postBuild not committed yet")
-    assert listed.stdout.split()[0] == "100755", "commit postBuild as executable: git update-index --chmod=+x binder/postBuild"
+    assert listed.stdout.split()[0] == "100755", (
+        "commit postBuild as executable: git update-index --chmod=+x binder/postBuild"
+    )
 
 
 @pytest.mark.timeout(300)
 def test_post_build_runs_and_leaves_the_notebooks_data_ready(tmp_path: Path) -> None:
     # As repo2docker does: from the repository root, with the environment's python on PATH.
-    env = {**os.environ, "COURSE_DATA_DIR": str(tmp_path), "MPLCONFIGDIR": str(tmp_path / "mpl"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "COURSE_DATA_DIR": str(tmp_path),
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     done = subprocess.run([str(BINDER / "postBuild")], capture_output=True, text=True, cwd=REPO, env=env, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
     assert preparation.status(tmp_path) == {name: True for name in preparation.STEPS}

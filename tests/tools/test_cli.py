@@ -104,7 +104,10 @@ def test_prepare_into_a_file_fails_and_keeps_the_file(tmp_path: Path) -> None:
     blocker.write_text("keep me")
     done = run("prepare", "--all", "--root", str(blocker), "--quiet")
     assert done.returncode == 1
-    assert "error: step 'images' (shapes-small-seed0) failed: cannot create the data folder: not-a-folder is a file" in done.stderr
+    assert (
+        "error: step 'images' (shapes-small-seed0) failed: cannot create the data folder: not-a-folder is a file"
+        in done.stderr
+    )
     assert "COURSE_DATA_DIR" in done.stderr and "Traceback" not in done.stderr
     assert blocker.read_text() == "keep me"
 

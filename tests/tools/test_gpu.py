@@ -15,7 +15,9 @@ pytestmark = pytest.mark.quick
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib", "gpu", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib", "gpu", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the checklist runs for real below")
@@ -24,8 +26,14 @@ def test_without_a_gpu_every_item_is_not_run() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["device"] == "no CUDA GPU"
-    assert [i["name"] for i in result["items"]] == ["pinned copy", "loader to device", "copy stage", "nccl",
-                                                     "jpeg decode", "dali"]
+    assert [i["name"] for i in result["items"]] == [
+        "pinned copy",
+        "loader to device",
+        "copy stage",
+        "nccl",
+        "jpeg decode",
+        "dali",
+    ]
     assert {i["status"] for i in result["items"]} == {gpu.NOT_RUN}
     assert gpu.main(["--require-gpu"]) == 1  # a GPU machine's CI asks for --require-gpu: no silent pass
 
@@ -39,8 +47,9 @@ def test_on_a_gpu_every_item_runs() -> None:
     assert items[2].name == "copy stage" and items[2].figures["share"] > 0
 
 
-def test_a_failing_item_is_reported_and_fails_the_command(monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_item_is_reported_and_fails_the_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     broken = [gpu.Item("pinned copy", gpu.RUN, "fine", {}), gpu.Item("nccl", gpu.FAILED, "RuntimeError: no NCCL", {})]
     monkeypatch.setattr(gpu, "run_checklist", lambda mb: broken)
     assert gpu.main([]) == 1

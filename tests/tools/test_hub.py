@@ -18,24 +18,36 @@ def test_the_link_pulls_the_repository_and_opens_the_notebook() -> None:
     parts = urlparse(link)
     assert (parts.scheme, parts.netloc, parts.path) == ("https", "hub.example.edu", "/hub/user-redirect/git-pull")
     assert parse_qs(parts.query) == {
-        "repo": ["https://github.com/ws/pytorch-data-course.git"], "branch": ["main"], "targetpath": ["pytorch-data-course"],
+        "repo": ["https://github.com/ws/pytorch-data-course.git"],
+        "branch": ["main"],
+        "targetpath": ["pytorch-data-course"],
         "urlpath": ["lab/tree/pytorch-data-course/notebooks/01_map_style_datasets.ipynb"],
     }
     assert "%2F" in parts.query and "/" not in parts.query  # every value escaped: the hub sees four parameters
 
 
 def test_the_classic_interface_and_another_notebook() -> None:
-    link = hub.pull_link("http://127.0.0.1:8000", "file:///srv/git/course", "ws-2026",
-                         "notebooks/04_dataloader_performance.ipynb", interface="notebook")
+    link = hub.pull_link(
+        "http://127.0.0.1:8000",
+        "file:///srv/git/course",
+        "ws-2026",
+        "notebooks/04_dataloader_performance.ipynb",
+        interface="notebook",
+    )
     query = parse_qs(urlparse(link).query)
-    assert query["urlpath"] == ["tree/course/notebooks/04_dataloader_performance.ipynb"] and query["branch"] == ["ws-2026"]
+    assert query["urlpath"] == ["tree/course/notebooks/04_dataloader_performance.ipynb"] and query["branch"] == [
+        "ws-2026"
+    ]
 
 
-@pytest.mark.parametrize("args, words", [
-    (("hub.example.edu", "https://github.com/ws/c"), "--hub 'hub.example.edu' is not a URL"),
-    (("https://hub", "github.com/ws/c"), "--repo"),
-    (("https://hub", "https://github.com/"), "names no repository"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("hub.example.edu", "https://github.com/ws/c"), "--hub 'hub.example.edu' is not a URL"),
+        (("https://hub", "github.com/ws/c"), "--repo"),
+        (("https://hub", "https://github.com/"), "names no repository"),
+    ],
+)
 def test_bad_arguments_say_what_to_give(args: tuple[str, str], words: str) -> None:
     with pytest.raises(hub.LinkError, match=words.replace("(", r"\(")):
         hub.pull_link(*args)
@@ -44,9 +56,29 @@ def test_bad_arguments_say_what_to_give(args: tuple[str, str], words: str) -> No
 
 
 def test_the_command_prints_the_link_or_an_error() -> None:
-    ok = subprocess.run([sys.executable, "-m", "course_lib", "hub", "link", "--hub", "https://hub.example.edu",
-                         "--repo", "https://github.com/ws/course"], capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and ok.stdout.strip().startswith("https://hub.example.edu/hub/user-redirect/git-pull?repo=")
-    bad = subprocess.run([sys.executable, "-m", "course_lib", "hub", "link", "--hub", "hub", "--repo", "x"],
-                         capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_lib",
+            "hub",
+            "link",
+            "--hub",
+            "https://hub.example.edu",
+            "--repo",
+            "https://github.com/ws/course",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0 and ok.stdout.strip().startswith(
+        "https://hub.example.edu/hub/user-redirect/git-pull?repo="
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "course_lib", "hub", "link", "--hub", "hub", "--repo", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: --hub 'hub' is not a URL")

@@ -32,10 +32,19 @@ DECKS = sorted((ROOT / "slides" / "decks").glob("level*.md"))
 LEVELS = [p.stem for p in DECKS]
 # Flags for a quiet, reproducible, offline browser (it must not phone home during the check).
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio",
-    f"--window-size={slides.WIDTH},{slides.HEIGHT}", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    f"--window-size={slides.WIDTH},{slides.HEIGHT}",
+    "--remote-debugging-pipe",
 ]
 
 
@@ -84,7 +93,9 @@ def test_bad_references_name_deck_slide_and_reference(tmp_path: Path) -> None:
     decks.mkdir()
     (decks / "level9.md").write_text(
         "# Title\n\n---\n\n## One\n\n![a plan](notebook:99#c001)\n\n---\n\n![x](notebook:04#nope)\n\n"
-        "![y](https://example.org/x.png)\n\n[docs](https://pytorch.org)\n", encoding="utf-8")
+        "![y](https://example.org/x.png)\n\n[docs](https://pytorch.org)\n",
+        encoding="utf-8",
+    )
     with pytest.raises(slides.SlideError) as err:
         slides.build(tmp_path / "out", ["9"], decks=decks)
     message = str(err.value)
@@ -113,8 +124,9 @@ def test_local_pictures_are_inlined(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "course_lib", "slides", *args],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib", "slides", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
 def test_the_course_folder_is_found_from_where_the_command_runs(tmp_path: Path) -> None:
@@ -148,6 +160,7 @@ class Browser:
         self.timeout = timeout
         to_browser_r, self._to_browser = _high_pipe()
         self._from_browser, from_browser_w = _high_pipe()
+
         def wire() -> None:  # in the child, before exec: the pipe ends onto the fds chromium reads
             os.dup2(to_browser_r, 3)
             os.dup2(from_browser_w, 4)
@@ -155,8 +168,12 @@ class Browser:
         # close_fds=False keeps 3 and 4; every other fd of ours is close-on-exec (PEP 446).
         self.proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-            preexec_fn=wire, close_fds=False, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=wire,
+            close_fds=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         os.close(to_browser_r)
         os.close(from_browser_w)
@@ -305,23 +322,30 @@ def _evaluate(b: Browser, session: str, expression: str) -> Any:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("level", LEVELS)
-def test_deck_works_in_a_headless_browser(level: str, built: dict[str, tuple[slides.Deck, Path]],
-                                          browser: Browser) -> None:
+def test_deck_works_in_a_headless_browser(
+    level: str, built: dict[str, tuple[slides.Deck, Path]], browser: Browser
+) -> None:
     deck, path = built[level]
     target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     try:
         for domain in ("Network", "Page", "Runtime", "Log"):
             browser.call(f"{domain}.enable", {}, session)
-        browser.call("Emulation.setDeviceMetricsOverride", {"width": slides.WIDTH, "height": slides.HEIGHT,
-                                                            "deviceScaleFactor": 1, "mobile": False}, session)
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": slides.WIDTH, "height": slides.HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+            session,
+        )
         first_event = len(browser.events)
         navigated = browser.call("Page.navigate", {"url": path.as_uri()}, session)
         assert "errorText" not in navigated, navigated
 
         def mine(method: str) -> list[dict]:
-            return [e["params"] for e in browser.events[first_event:]
-                    if e.get("sessionId") == session and e["method"] == method]
+            return [
+                e["params"]
+                for e in browser.events[first_event:]
+                if e.get("sessionId") == session and e["method"] == method
+            ]
 
         browser.wait_for("the page's load event", lambda: bool(mine("Page.loadEventFired")))
         deadline = time.monotonic() + 15
@@ -343,8 +367,11 @@ def test_deck_works_in_a_headless_browser(level: str, built: dict[str, tuple[sli
         requests = [r["request"]["url"] for r in mine("Network.requestWillBeSent")]
         remote = [u for u in requests if u.split(":", 1)[0] not in ("file", "data", "blob", "about")]
         failed = [f"{f.get('type')}: {f.get('errorText')}" for f in mine("Network.loadingFailed")]
-        failed += [f"{r['response']['url'][:80]}: HTTP {r['response']['status']}"
-                   for r in mine("Network.responseReceived") if r["response"].get("status", 0) >= 400]
+        failed += [
+            f"{r['response']['url'][:80]}: HTTP {r['response']['status']}"
+            for r in mine("Network.responseReceived")
+            if r["response"].get("status", 0) >= 400
+        ]
         errors = [e["exceptionDetails"].get("text", "") for e in mine("Runtime.exceptionThrown")]
         errors += [e["entry"]["text"] for e in mine("Log.entryAdded") if e["entry"]["level"] == "error"]
         assert path.as_uri() in requests
@@ -369,6 +396,8 @@ def test_the_vendored_reveal_js_is_committed() -> None:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     vendored = [p.relative_to(ROOT).as_posix() for p in (ROOT / "slides" / "vendor").rglob("*") if p.is_file()]
-    ignored = subprocess.run(["git", "check-ignore", "--no-index", *vendored], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *vendored], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert ignored.stdout.split() == [], f"ignored by .gitignore, so missing on a fresh clone: {ignored.stdout.split()}"
     assert {"slides/vendor/reveal.js/dist/reveal.js", "slides/vendor/reveal.js/dist/reveal.css"} <= set(vendored)

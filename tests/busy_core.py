@@ -12,7 +12,10 @@ On SIGTERM, or when the watched process has ended, it writes what it saw to ``--
 average (its own included), its own part of that, and the share of whole seconds in which the competing CPU reached
 0.9 of the target.
 
-    python tests/busy_core.py --watch PID [--cores 1] [--report FILE]
+    python tests/busy_core.py --watch PID [--cores 1] [--report FILE] [--ready]
+
+A watched process that has ended before this one starts watching it leaves nothing to compete with: it reports 0
+seconds and exits. ``--ready`` prints ``watching PID`` once it watches, for a caller that must know it does.
 """
 
 from __future__ import annotations
@@ -75,11 +78,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--watch", type=int, required=True, help="pid of the process tree whose CPU does not count")
     parser.add_argument("--cores", type=float, default=1.0, help="competing CPU to keep up, in cores (at most 1)")
     parser.add_argument("--report", type=Path, help="where to write what it saw, on SIGTERM")
+    parser.add_argument("--ready", action="store_true", help="print 'watching PID' once watching")
     args = parser.parse_args(argv)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    root, me = psutil.Process(args.watch), psutil.Process()
+    me = psutil.Process()
+    try:
+        root = psutil.Process(args.watch)
+    except psutil.NoSuchProcess:  # it ended before this process started: nothing to compete with
+        if args.report:
+            args.report.write_text(
+                json.dumps({"seconds": 0.0, "competing_cores": 0.0, "own_cores": 0.0, "seconds_at_target": 1.0})
+            )
+        return
     first = previous = sample(root, me)
+    if args.ready:
+        print(f"watching {args.watch}", flush=True)
     share = 1.0
     seconds, second_cpu, second_start = [], 0.0, first.at
     competing_total = 0.0

@@ -14,7 +14,6 @@ The load stage is in the repository's top-level conftest.py: its hooks must reac
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,30 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sampl
 TIERS = ("quick", "full")
 
 
+#: Notebooks whose kernels must not run at the same time, in one xdist group: mosaicml-streaming 0.13 names its
+#: /dev/shm segments by scanning for a free number and then creating it, so two kernels that build a
+#: StreamingDataset at the same moment can pick the same name, and the slower one fails with FileExistsError.
+SHARED_GROUPS = {"11": "notebooks-11-14-mds", "14": "notebooks-11-14-mds"}
+
+
+def xdist_group(item: pytest.Item, quick: bool) -> str | None:
+    """The xdist group (``--dist loadgroup``, pyproject.toml) that runs ``item`` in one test process with the rest
+    of its group, in order: a notebook's cells (both versions of 11 and 14 in one group); in a full run, a test
+    module's tests, so that its module-scoped servers and clusters start once. None: spread test by test, as the
+    quick tier's tests are (about 5 % faster)."""
+    path = item.nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        return SHARED_GROUPS.get(Path(path).name[:2], path)
+    return None if quick else path
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Give every test its xdist group as it is collected, before xdist's own collection hook reads the groups."""
+    group = xdist_group(item, item.config.option.markexpr.strip() == "quick")
+    if group and not item.get_closest_marker("xdist_group"):
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two."""
@@ -49,25 +72,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "every test needs exactly one tier marker, pytest.mark.quick or pytest.mark.full "
             "(tests/conftest.py says which is which):\n  " + "\n  ".join(untiered[:30])
         )
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadscope`` (one notebook's cells in one process, in order), with both versions of notebook 11 in
-    one scope, one after the other. mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free
-    number and then creating it, so two kernels that build a StreamingDataset at the same moment can pick the same
-    name, and the slower one fails with FileExistsError."""
-    from xdist.scheduler import LoadScheduling, LoadScopeScheduling
-
-    if (
-        config.option.markexpr.strip() == "quick"
-    ):  # no notebook cells to keep in order: spread test by test (~5 % faster)
-        return LoadScheduling(config, log)
-
-    class NotebookScopes(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return re.sub(r"^notebooks/solutions/(11_)", r"notebooks/\1", super()._split_scope(nodeid))
-
-    return NotebookScopes(config, log)
 
 
 @pytest.fixture(scope="session")

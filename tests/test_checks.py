@@ -465,3 +465,21 @@ def test_persistent_stream() -> None:
     for words, kw in wrong.items():
         outcome, message = status(nb08.persistent_stream, _persistent(**kw))
         assert outcome is Status.WRONG and words in message, (words, message)
+
+
+def test_stop_workers_reaches_torchs_own_clean_up() -> None:
+    """``checks._core.stop_workers`` calls torch's private ``_shutdown_workers`` through ``getattr``: a torch that
+    renamed it would silently leave the checks' worker processes running. Its iterators still have it, and it stops
+    persistent workers at once."""
+    import torch.utils.data.dataloader as dataloader
+    from torch.utils.data import DataLoader
+
+    from course_lib.checks._core import stop_workers
+
+    assert callable(getattr(dataloader._MultiProcessingDataLoaderIter, "_shutdown_workers", None)), torch.__version__
+    batches = iter(DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True))
+    next(batches)
+    worker = batches._workers[0]
+    stop_workers(batches)
+    worker.join(timeout=10)
+    assert not worker.is_alive()

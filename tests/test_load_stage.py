@@ -107,7 +107,14 @@ def test_the_busy_process_spins_what_the_rest_of_the_machine_leaves_of_one_core(
 
 
 def _busy(watch: int, report: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(BUSY_CORE), "--watch", str(watch), "--report", str(report)])
+    """A busy process that watches ``watch`` already when this returns (it says so on its stdout)."""
+    busy = subprocess.Popen(
+        [sys.executable, str(BUSY_CORE), "--watch", str(watch), "--report", str(report), "--ready"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert busy.stdout is not None and busy.stdout.readline() == f"watching {watch}\n"
+    return busy
 
 
 def _stop(busy: subprocess.Popen, report: Path) -> dict:
@@ -176,9 +183,24 @@ def test_the_busy_process_ends_with_the_process_it_watches(tmp_path: Path) -> No
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     busy = _busy(watched.pid, tmp_path / "seen.json")
     try:
-        time.sleep(0.5)
+        time.sleep(0.5)  # a few of its windows
         watched.kill()
         watched.wait(10)
         assert busy.wait(10) == 0 and json.loads((tmp_path / "seen.json").read_text())["seconds"] > 0
     finally:
         busy.kill()
+
+
+def test_a_process_that_ended_before_the_busy_process_watched_it_is_reported_not_a_crash(tmp_path: Path) -> None:
+    """Under heavy load the watched process can end before the busy process has started (a full run once saw
+    NoSuchProcess): it reports that it ran 0 seconds and exits normally."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    busy = subprocess.run(
+        [sys.executable, str(BUSY_CORE), "--watch", str(gone.pid), "--report", str(tmp_path / "seen.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert busy.returncode == 0, busy.stderr
+    assert json.loads((tmp_path / "seen.json").read_text())["seconds"] == 0.0

@@ -28,3 +28,43 @@ def test_two_tiers_fail_and_one_passes(pytester: pytest.Pytester) -> None:
     assert result.ret != 0
     assert "test_sample.py::test_both: ['full', 'quick']" in result.stderr.str()
     assert collect(pytester, "@pytest.mark.full\ndef test_one():\n    pass\n").ret == 0
+
+
+class FakeItem:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "quick", "group"),
+    [
+        ("notebooks/01_map_style_datasets.ipynb::Cell 3", False, "notebooks/01_map_style_datasets.ipynb"),
+        (
+            "notebooks/solutions/01_map_style_datasets.ipynb::Cell 3",
+            True,
+            "notebooks/solutions/01_map_style_datasets.ipynb",
+        ),
+        ("notebooks/11_beyond_webdataset.ipynb::Cell 0", False, "notebooks-11-14-mds"),
+        ("notebooks/solutions/14_surviving_preemption.ipynb::Cell 9", False, "notebooks-11-14-mds"),
+        ("tests/test_slurm.py::test_requeue", False, "tests/test_slurm.py"),
+        ("tests/test_slurm.py::test_requeue", True, None),
+    ],
+)
+def test_each_notebook_keeps_its_cells_in_one_group_and_mds_notebooks_share_one(
+    nodeid: str, quick: bool, group: str | None
+) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parent / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(conftest)  # type: ignore[union-attr]
+    assert conftest.xdist_group(FakeItem(nodeid), quick) == group
+
+
+def test_the_groups_reach_xdist(pytester: pytest.Pytester) -> None:
+    """Under ``--dist loadgroup`` a test's node id ends with its group: the marks are set before xdist reads them, and
+    this pytest and pytest-xdist still group by them (pytest 9.2 with xdist 3.8 does not: pytest-xdist#1386)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sample="import pytest\n\n@pytest.mark.full\ndef test_one():\n    pass\n")
+    result = pytester.runpytest("-p", "xdist", "-n", "1", "--dist", "loadgroup", "-v")
+    result.stdout.fnmatch_lines(["*PASSED test_sample.py::test_one@test_sample.py*"])

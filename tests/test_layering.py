@@ -349,6 +349,25 @@ def test_the_notebook_import_reader_can_fail(tmp_path: Path) -> None:
     assert {"course_lib", "course_tools.bench", "course_tools"} <= notebook_imports(sample)
 
 
+def test_every_library_name_a_notebook_uses_exists() -> None:
+    """A name a notebook imports or reaches (``check.solved``) is there: a re-export an unused-import fix took away
+    would otherwise surface only when the notebook runs."""
+    import importlib
+
+    missing = []
+    for module, name in sorted(names_notebooks_use()):
+        try:
+            target = importlib.import_module(f"course_lib.{module}".rstrip("."))
+        except ImportError:  # an attribute reached through a name that is not a module (a class, say)
+            continue
+        if not hasattr(target, name):
+            try:
+                importlib.import_module(f"{target.__name__}.{name}")  # a submodule: from course_lib import data
+            except ImportError:
+                missing.append(f"course_lib.{module}.{name}".replace("..", "."))
+    assert missing == []
+
+
 def test_the_usage_reader_sees_aliases_attributes_and_writefile() -> None:
     used = names_notebooks_use()
     assert ("resume", "read_steps") in used  # `from course_lib import ... resume` then resume.read_steps(...)

@@ -138,3 +138,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 terminalreporter.write_line(f"load_stage, seconds: {value}")
             elif name == "inconclusive":
                 terminalreporter.write_line(f"claim left inconclusive: {value}")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many test processes ``-n auto`` (pyproject.toml) starts: 2 for a full run, whose notebooks, jobs and
+    browser keep both cores busy (a third made it no faster), and 3 for the quick tier (``-m quick``), whose tests
+    wait about a third of their time on the processes and servers they start (151 s with 2, 131 s with 3, warm, on
+    2 cores). Here, at the top, because xdist asks before it reads tests/conftest.py."""
+    return 3 if config.option.markexpr.strip() == "quick" else 2

@@ -304,13 +304,13 @@ def write_litdata(
 
     ``optimize`` runs ``course_lib.alternatives.encoded_sample`` in ``num_workers`` processes and, as a side effect, sets
     the **process-wide** multiprocessing start method (``fork`` in a notebook, ``spawn`` in a
-    script); this function puts the previous one back. ``start_method`` defaults to ``fork`` where
+    script), and so does litdata's first import; this function puts the previous one back. ``start_method`` defaults to ``fork`` where
     it exists: ``spawn`` would start every worker by importing torch again. ``keep_data_ordered``
     gives each worker a fixed slice, so sample ``i`` of the output is ``items[i]`` on every run.
     """
+    previous = multiprocessing.get_start_method(allow_none=True)  # before litdata's import, which sets one too
     litdata = alt.require_package("litdata", "litdata")
     method = start_method or fork_context().get_start_method()
-    previous = multiprocessing.get_start_method(allow_none=True)
     with new_folder(out_dir, "index.json", alt.FormatError) as tmp:
         try:
             litdata.optimize(

@@ -277,6 +277,12 @@ def _check_writer(prefix: str, maxcount: int, maxsize: float | None) -> None:
         raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize}")
 
 
+def _writable_beside(final: Path) -> bool:
+    """Whether ``final`` can be made: its nearest existing folder (``final`` itself, or a parent) is writable."""
+    existing = next(p for p in (final, *final.parents) if p.exists())
+    return os.access(existing, os.W_OK)
+
+
 def _write_atomically(
     out_dir: _StrPath,
     params: dict,
@@ -298,6 +304,12 @@ def _write_atomically(
             and all((final / s["name"]).stat().st_size == s["bytes"] for s in old["shards"])
         ):
             return read_shardset(final)  # written before with the same parameters, and whole
+    if not _writable_beside(final):
+        raise ShardError(
+            f"cannot write the shards in {final}: that folder is not writable (a shared course folder, read-only "
+            "for learners). Ask the instructor to run `python -m course_lib prepare --all` there, which writes "
+            "every notebook's shards once, or set COURSE_DATA_DIR to a folder of your own"
+        )
     with new_folder(final, _MANIFEST, ShardError) as tmp:
         # verbose=0: ShardWriter prints every file name it opens (an absolute path) otherwise
         with wds.ShardWriter(

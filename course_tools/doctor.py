@@ -98,6 +98,10 @@ class Facts:
     memory_total_mb: float | None = None  # the machine's memory
     hub_cpu_limit: float | None = None  # JupyterHub's CPU_LIMIT for this server, in cores (the spawner's cpu_limit)
     hub_mem_limit_mb: float | None = None  # JupyterHub's MEM_LIMIT (the spawner's mem_limit)
+    environment: str = ""  # sys.prefix: the environment this Python runs in
+    kernels: list[str] = field(default_factory=list)  # the Jupyter kernels whose command runs this environment's Python
+    in_kernel: bool = False  # the doctor itself runs in a Jupyter kernel (a notebook cell: !python -m ... runs outside)
+    server_environment: str | None = None  # the environment of the Jupyter server above this process, if any
 
 
 # --------------------------------------------------------------------------- versions
@@ -355,6 +359,39 @@ def check_s3_server(seconds: float | None, listeners: list[str], error: str | No
     return Result(name, OK, f"SeaweedFS started in {seconds:.1f} s, {len(listeners)} listeners, all on 127.0.0.1")
 
 
+KERNEL_COMMAND = (
+    'python -m ipykernel install --user --name pytorch-data-course --display-name "Python (pytorch-data-course)"'
+)
+
+
+def check_kernel(environment: str, kernels: list[str], in_kernel: bool, server_environment: str | None) -> Result:
+    """Which environment the course runs in here, and whether a notebook can use it: where JupyterLab runs from
+    another environment (a hub's own), a learner's notebooks need a kernel registered from the course's venv.
+    ``server_environment``: the environment of the Jupyter server this process runs under, None outside one."""
+    name = "kernel"
+    if in_kernel:
+        return Result(name, OK, f"this notebook's kernel runs {environment}, where the course is installed")
+    if kernels:
+        return Result(name, OK, f"the Jupyter kernel {', '.join(kernels)} runs {environment}, the course's environment")
+    if server_environment is None:
+        return Result(
+            name,
+            OK,
+            f"{environment}: a JupyterLab started from it runs the notebooks in it; another JupyterLab needs a kernel "
+            f"registered from it ({KERNEL_COMMAND})",
+        )
+    if server_environment == environment:
+        return Result(name, OK, f"this Jupyter server runs from {environment}, the course's environment")
+    return Result(
+        name,
+        WARN,
+        f"this Jupyter server runs from {server_environment}, the course from {environment}, and no kernel is "
+        "registered for it: notebooks cannot import course_lib",
+        f"with the course's environment active: {KERNEL_COMMAND}; then pick that kernel in the notebook (Kernel → "
+        "Change Kernel)",
+    )
+
+
 def check_data(
     ready: dict[str, bool], error: str | None, writable: bool, folder: str, root_given: bool, damaged: str | None = None
 ) -> Result:
@@ -391,6 +428,14 @@ def check_data(
             f"to prepare it now: {command}",
         )
     missing = [step for step, done in ready.items() if not done]
+    if missing and not writable:
+        return Result(
+            name,
+            FAIL,
+            f"images ready; {', '.join(missing)} not prepared, and {folder} is not writable: the notebooks that "
+            "need them cannot write them",
+            f"ask the instructor to run `{command}` there, or set COURSE_DATA_DIR to a writable folder",
+        )
     if missing:
         return Result(
             name, OK, f"images ready; {', '.join(missing)} not prepared (the notebooks write them when needed)"
@@ -399,6 +444,46 @@ def check_data(
 
 
 # --------------------------------------------------------------------------- reading the machine
+
+
+def _in_a_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (the doctor called from a notebook's code, not through ``!``)."""
+    ipython = sys.modules.get("IPython")
+    return getattr(ipython.get_ipython() if ipython else None, "kernel", None) is not None
+
+
+def jupyter_server_environment() -> str | None:
+    """The environment (``sys.prefix``) of the Jupyter server this process runs under, as in a JupyterLab terminal,
+    from the nearest ancestor process that is one; None where there is none (ssh, a job)."""
+    try:
+        import psutil
+
+        for process in psutil.Process().parents():
+            command = " ".join(process.cmdline())
+            if any(
+                name in command for name in ("jupyterhub-singleuser", "jupyter-lab", "jupyter-server", "jupyter lab")
+            ):
+                return str(Path(process.exe()).resolve().parent.parent)
+    except (ImportError, psutil.Error):
+        return None
+    return None
+
+
+def kernels_of_this_python() -> list[str]:
+    """The names of the registered Jupyter kernels whose command starts this environment's own Python (what
+    ``python -m ipykernel install --user`` writes: the interpreter's absolute path). A kernel whose command is a bare
+    ``python`` runs whichever Python runs JupyterLab, so it does not count."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:
+        return []
+    here = Path(sys.executable).parent.resolve()
+    found = []
+    for kernel, spec in sorted(KernelSpecManager().get_all_specs().items()):
+        argv = spec.get("spec", {}).get("argv", [])
+        if argv and Path(argv[0]).is_absolute() and Path(argv[0]).parent.resolve() == here:
+            found.append(kernel)
+    return found
 
 
 def _version(dist: str) -> str | None:
@@ -519,6 +604,8 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
     )
     facts.cgroup, facts.cpu_quota, facts.memory_limit_mb = cgroup_limits()
     facts.hub_cpu_limit, facts.hub_mem_limit_mb = hub_limits()
+    facts.environment, facts.kernels, facts.in_kernel = sys.prefix, kernels_of_this_python(), _in_a_kernel()
+    facts.server_environment = jupyter_server_environment()
     try:
         import psutil
 
@@ -614,6 +701,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
             check_start_method(facts.start_method),
             check_gpu(facts.gpus, facts.mps),
         ]
+    results.append(check_kernel(facts.environment, facts.kernels, facts.in_kernel, facts.server_environment))
     results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))
     results.append(

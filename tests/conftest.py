@@ -32,20 +32,25 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sampl
 TIERS = ("quick", "full")
 
 
-#: Notebooks whose kernels must not run at the same time, in one xdist group: mosaicml-streaming 0.13 names its
-#: /dev/shm segments by scanning for a free number and then creating it, so two kernels that build a
-#: StreamingDataset at the same moment can pick the same name, and the slower one fails with FileExistsError.
-SHARED_GROUPS = {"11": "notebooks-11-14-mds", "14": "notebooks-11-14-mds"}
+#: What must not run at the same time as anything else that builds an MDS StreamingDataset, in one xdist group:
+#: mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free number and then creating it, so two
+#: processes that build one at the same moment can pick the same name (the slower fails with FileExistsError), and a
+#: test that counts the segments it leaves sees the other's. Notebooks 11 and 14, both versions, and these files:
+MDS = "mds"
+MDS_NOTEBOOKS = {"11", "14"}
+MDS_TESTS = {"tests/test_alternatives.py", "tests/test_checks_nb11.py"}  # and tools/test_bench.py's formats test
 
 
 def xdist_group(item: pytest.Item, quick: bool) -> str | None:
     """The xdist group (``--dist loadgroup``, pyproject.toml) that runs ``item`` in one test process with the rest
-    of its group, in order: a notebook's cells (both versions of 11 and 14 in one group); in a full run, a test
-    module's tests, so that its module-scoped servers and clusters start once. None: spread test by test, as the
-    quick tier's tests are (about 5 % faster)."""
+    of its group, in order: a notebook's cells; everything that uses MDS; in a full run, a test module's tests, so
+    that its module-scoped servers and clusters start once. None: spread test by test, as the quick tier's other
+    tests are (about 5 % faster)."""
     path = item.nodeid.split("::")[0]
     if path.endswith(".ipynb"):
-        return SHARED_GROUPS.get(Path(path).name[:2], path)
+        return MDS if Path(path).name[:2] in MDS_NOTEBOOKS else path
+    if path in MDS_TESTS:
+        return MDS
     return None if quick else path
 
 

@@ -582,3 +582,26 @@ def test_shard_reader_without_nodesplitter_refuses_several_ranks(image_shards: s
     args = shard_reader._parse_args(["--urls", image_shards.urls, "--workers", "0", "--no-nodesplitter"])
     with shards.simulated_reader(0, 2), pytest.raises(ValueError, match="explicit nodesplitter"):
         next(iter(shard_reader.rank_webloader(args)))
+
+
+@pytest.mark.quick
+def test_a_read_only_data_folder_gets_one_line_saying_what_to_ask_for(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared course folder, prepared without --all and read-only for learners: writing notebook 09's shards there
+    raised PermissionError from deep in the writer (issue 49). Now one ShardError says what to ask for; nothing is
+    written."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o555)
+    if os.geteuid() == 0:  # root may write anywhere: judge by the mode bits, as a learner's process is judged
+        real = os.access
+        monkeypatch.setattr(
+            os, "access", lambda p, mode: real(p, mode) if mode != os.W_OK else bool(os.stat(p).st_mode & 0o222)
+        )
+    try:
+        with pytest.raises(shards.ShardError, match=r"not writable .*prepare --all.*COURSE_DATA_DIR") as info:
+            shards.write_image_shards(shared / "webdataset" / "train", "train", size="tiny", root=tiny_root)
+        assert "\n" not in str(info.value) and list(shared.iterdir()) == []
+    finally:
+        shared.chmod(0o755)

@@ -44,10 +44,12 @@ class FakeItem:
             True,
             "notebooks/solutions/01_map_style_datasets.ipynb",
         ),
-        ("notebooks/11_beyond_webdataset.ipynb::Cell 0", False, "notebooks-11-14-mds"),
-        ("notebooks/solutions/14_surviving_preemption.ipynb::Cell 9", False, "notebooks-11-14-mds"),
+        ("notebooks/11_beyond_webdataset.ipynb::Cell 0", False, "mds"),
+        ("notebooks/solutions/14_surviving_preemption.ipynb::Cell 9", False, "mds"),
         ("tests/test_slurm.py::test_requeue", False, "tests/test_slurm.py"),
         ("tests/test_slurm.py::test_requeue", True, None),
+        ("tests/test_alternatives.py::test_release_mds", True, "mds"),  # MDS tests, in either tier
+        ("tests/test_checks_nb11.py::test_mds_loader", False, "mds"),
     ],
 )
 def test_each_notebook_keeps_its_cells_in_one_group_and_mds_notebooks_share_one(

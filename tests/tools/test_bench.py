@@ -165,6 +165,7 @@ def test_bench_highrate_on_tensor_shards(tmp_path: Path, capsys: pytest.CaptureF
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.xdist_group("mds")  # it writes and reads MDS: tests/conftest.py, MDS
 def test_bench_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = bench.main(["formats", "--out", str(tmp_path / "f"), "--size", "small", "--rounds", "1", "--workers", "1"])
     out = capsys.readouterr().out

@@ -182,10 +182,46 @@ def test_check_s3_server() -> None:
     assert missing.status == FAIL and "requirements.txt" in missing.fix
 
 
+def test_check_kernel() -> None:
+    """Issue 49: on someone else's hub, JupyterLab runs from the hub's environment, which lacks the course."""
+    assert doctor.check_kernel("/c/venv", ["pytorch-data-course"], False, "/hub").status == doctor.OK
+    assert doctor.check_kernel("/c/venv", [], True, None).status == doctor.OK  # run from a notebook's code
+    assert doctor.check_kernel("/c/venv", [], False, "/c/venv").status == doctor.OK  # the admin's hub: one venv
+    plain = doctor.check_kernel("/c/venv", [], False, None)  # ssh, a job: no server above
+    assert plain.status == doctor.OK and "ipykernel install --user" in plain.finding
+    other = doctor.check_kernel("/c/venv", [], False, "/opt/hub")
+    assert other.status == doctor.WARN and "/opt/hub" in other.finding and "/c/venv" in other.finding
+    assert other.fix.startswith("with the course's environment active: python -m ipykernel install --user --name ")
+
+
+def test_the_kernel_reader_names_a_registered_kernel_of_this_python(tmp_path: Path, monkeypatch) -> None:
+    kernel = tmp_path / "kernels" / "pytorch-data-course"
+    kernel.mkdir(parents=True)
+    (kernel / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python (pytorch-data-course)",
+                "language": "python",
+            }
+        )
+    )
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    assert "pytorch-data-course" in doctor.kernels_of_this_python()
+
+
 def test_check_data() -> None:
     ready = doctor.check_data({"images": True, "shards": True}, None, False, "/shared", False)
     assert ready.status == OK  # a read-only folder is fine once prepared
     assert doctor.check_data({"images": True, "shards": False}, None, True, "/d", False).status == OK
+    # a shared, read-only folder prepared without --all: notebook 09 would fail writing the shards (issue 49)
+    partial = doctor.check_data({"images": True, "shards": False}, None, False, "/shared", False)
+    assert (
+        partial.status == doctor.FAIL
+        and "shards not prepared" in partial.finding
+        and "/shared is not writable" in partial.finding
+    )
+    assert "python -m course_lib prepare --all" in partial.fix
     todo = doctor.check_data({"images": False, "shards": False}, None, True, "/d", False)
     assert todo.status == WARN and todo.fix.endswith("python -m course_lib prepare --all")
     given = doctor.check_data({"images": False}, None, True, "/scratch/course", True)
@@ -245,6 +281,7 @@ def test_healthy_machine_is_all_ok() -> None:
         "open files",
         "start method",
         "GPU",
+        "kernel",
         "S3 server",
         "disk",
         "course data",
@@ -252,7 +289,7 @@ def test_healthy_machine_is_all_ok() -> None:
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("15 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("16 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -271,7 +308,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("11 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("12 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
@@ -428,6 +465,7 @@ def test_real_run_on_this_machine(tiny_root: Path) -> None:
         "open files",
         "start method",
         "GPU",
+        "kernel",
         "S3 server",
         "disk",
         "course data",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from urllib.parse import quote, urlencode, urlparse
 
 INTERFACES = {"lab": "lab/tree", "notebook": "tree"}  # where the hub opens the pulled notebook
@@ -38,8 +39,13 @@ def pull_link(
     branch: str = "main",
     notebook: str = "notebooks/01_map_style_datasets.ipynb",
     interface: str = "lab",
+    course: Path | None = None,
 ) -> str:
-    """The nbgitpuller link: ``HUB/hub/user-redirect/git-pull?repo=...&branch=...&targetpath=...&urlpath=...``."""
+    """The nbgitpuller link: ``HUB/hub/user-redirect/git-pull?repo=...&branch=...&targetpath=...&urlpath=...``.
+
+    ``notebook`` must be one of the course's notebooks, as this copy of the course (``course``, default: the one
+    this command runs from) has them: a link to a notebook that does not exist opens an error page for every
+    learner."""
     for name, url, schemes in (
         ("--hub", hub, ("http", "https")),
         ("--repo", repo, ("http", "https", "git", "ssh", "file")),
@@ -54,6 +60,13 @@ def pull_link(
         raise LinkError(f"--interface {interface!r}: choose one of {', '.join(INTERFACES)}")
     if not branch or any(c in branch for c in " ~^:?*["):
         raise LinkError(f"--branch {branch!r} is not a git branch name")
+    course = Path(__file__).resolve().parents[1] if course is None else course
+    if not notebook.endswith(".ipynb") or not (course / notebook.lstrip("/")).is_file():
+        known = sorted(p.relative_to(course).as_posix() for p in course.glob("notebooks/**/[0-9][0-9]_*.ipynb"))
+        raise LinkError(
+            f"--notebook {notebook!r} is not a notebook of this course: give its path relative to the course folder, "
+            f"e.g. {known[0] if known else 'notebooks/01_map_style_datasets.ipynb'} ({len(known)} notebooks there)"
+        )
     folder = clone_folder(repo)
     if not folder:
         raise LinkError(f"--repo {repo!r} names no repository (its path is empty)")

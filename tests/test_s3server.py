@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.quick, pytest.mark.timeout(120)]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     running = S3Server(tmp_path_factory.mktemp("s3")).start()
-    running.started_at = time.monotonic()  # type: ignore[attr-defined]  # for the log test below
+    running.started_at = time.monotonic()  # for the log test below
     yield running
     running.stop(graceful=False)
 

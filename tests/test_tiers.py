@@ -58,8 +58,8 @@ def test_each_notebook_keeps_its_cells_in_one_group_and_mds_notebooks_share_one(
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parent / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(conftest)  # type: ignore[union-attr]
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
     assert conftest.xdist_group(FakeItem(nodeid), quick) == group
 
 

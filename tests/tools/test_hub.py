@@ -55,6 +55,14 @@ def test_bad_arguments_say_what_to_give(args: tuple[str, str], words: str) -> No
         hub.pull_link("https://hub", "https://github.com/ws/c", "bad branch")
 
 
+@pytest.mark.parametrize(
+    "notebook", ["notebooks/99_no_such_notebook.ipynb", "notebooks/", "README.md", "notebooks/01_map_style.ipynb"]
+)
+def test_a_notebook_the_course_does_not_have_is_refused(notebook: str) -> None:
+    with pytest.raises(hub.LinkError, match=r"is not a notebook of this course.*notebooks/01_map_style_datasets"):
+        hub.pull_link("https://hub", "https://github.com/ws/c", "main", notebook)
+
+
 def test_the_command_prints_the_link_or_an_error() -> None:
     ok = subprocess.run(
         [

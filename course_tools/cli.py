@@ -36,6 +36,7 @@ COMMANDS = {
     "authoring": ("authoring", "learner notebooks from solutions; re-execute notebooks; renumber them to insert one"),
     "gpu": ("gpu", "the GPU checklist: run and measure every GPU path (reports 'not run' without a GPU)"),
     "hub": ("hub", "for instructors on a JupyterHub: the nbgitpuller link that hands out the course"),
+    "binder": ("binder", "for maintainers: binder/requirements.txt from requirements.txt, and the README's badge"),
     "changed": ("changed", "for CI: the notebooks a change touches (the notebook, its checks, the modules it uses)"),
 }
 

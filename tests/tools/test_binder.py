@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from course_lib import data
-from course_tools import preparation, versions
+from course_tools import binder, preparation, versions
 
 pytestmark = pytest.mark.quick
 
@@ -64,16 +64,57 @@ def test_parse_requirements_normalises(tmp_path: Path) -> None:
     )
 
 
-def test_binder_installs_the_same_packages_as_requirements_txt() -> None:
+def test_binder_installs_requirements_txt_less_the_tests_packages() -> None:
+    """binder/requirements.txt is generated (python -m course_lib binder requirements): the top-level packages and
+    ranges, less what only the tests use, so that a package added to requirements.txt reaches Binder."""
+    assert binder.main(["requirements", "--check"]) == 0, "run python -m course_lib binder requirements"
     top, top_local, _ = parse_requirements(REPO / "requirements.txt")
-    binder, binder_local, _ = parse_requirements(BINDER / "requirements.txt")
-    missing, extra = sorted(set(top) - set(binder)), sorted(set(binder) - set(top))
-    assert not missing and not extra, (
-        f"binder/requirements.txt is out of step with requirements.txt: add {missing}, remove {extra}"
+    image, image_local, _ = parse_requirements(BINDER / "requirements.txt")
+    assert image == {name: spec for name, spec in top.items() if name not in binder.TEST_ONLY}
+    assert binder.TEST_ONLY <= set(top), "every package left out is one requirements.txt installs"
+    assert image_local == top_local == ["-e ."], "both install course_lib itself with `-e .`"
+
+
+def test_no_notebook_imports_what_binder_leaves_out() -> None:
+    import json
+
+    imported = set()
+    for path in (REPO / "notebooks").rglob("[0-9][0-9]_*.ipynb"):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                source = "".join(cell["source"])
+                imported |= set(re.findall(r"^\s*(?:import|from)\s+([\w.]+)", source, re.M))
+    top = {normalise(name.split(".")[0]) for name in imported}
+    assert not top & binder.TEST_ONLY, f"a notebook imports {sorted(top & binder.TEST_ONLY)}: keep it for Binder"
+
+
+def test_a_new_package_flows_through_and_a_test_only_one_does_not() -> None:
+    text = (REPO / "requirements.txt").read_text().replace("\nspdl-core", "\nnewpkg>=1.0\nspdl-core")
+    text += "\n# more tests\npytest-cov>=5\npytest>=8\n"
+    made = binder.binder_requirements(text)
+    assert "\nnewpkg>=1.0\n" in made and "pytest-cov>=5" in made and "\npytest>=8" not in made
+
+
+def test_the_badge_comes_from_a_github_remote(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "README.md").write_text(
+        "# Course\n\n[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/OWNER/REPO/HEAD)\n"
     )
-    differ = {n: (top[n], binder[n]) for n in top if top[n] != binder[n]}
-    assert not differ, f"version ranges differ (requirements.txt, binder/requirements.txt): {differ}"
-    assert binder_local == top_local == ["-e ."], "both install course_lib itself with `-e .`"
+    assert binder.main(["badge"], root=tmp_path) == 2  # no remote: said, nothing written
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "https://gitlab.com/ws/course"], check=True)
+    assert binder.main(["badge", "--write"], root=tmp_path) == 2  # not GitHub: Binder's gh/ route cannot build it
+    assert "OWNER/REPO" in (tmp_path / "README.md").read_text()
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "remote", "set-url", "origin", "git@github.com:ws/pytorch-data-course.git"],
+        check=True,
+    )
+    assert binder.main(["badge", "--write"], root=tmp_path) == 0
+    assert (tmp_path / "README.md").read_text().splitlines()[2] == (
+        "[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/ws/pytorch-data-course/HEAD"
+        "?labpath=notebooks%2F01_map_style_datasets.ipynb)"
+    )
+    with pytest.raises(binder.BinderError, match="not a GitHub repository"):
+        binder.badge("https://example.org/ws/course.git")
 
 
 def test_torch_comes_from_the_cpu_index() -> None:

@@ -32,35 +32,6 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier rule on sampl
 TIERS = ("quick", "full")
 
 
-#: What must not run at the same time as anything else that builds an MDS StreamingDataset, in one xdist group:
-#: mosaicml-streaming 0.13 names its /dev/shm segments by scanning for a free number and then creating it, so two
-#: processes that build one at the same moment can pick the same name (the slower fails with FileExistsError), and a
-#: test that counts the segments it leaves sees the other's. Notebooks 11 and 14, both versions, and these files:
-MDS = "mds"
-MDS_NOTEBOOKS = {"11", "14"}
-MDS_TESTS = {"tests/test_alternatives.py", "tests/test_checks_nb11.py"}  # and tools/test_bench.py's formats test
-
-
-def xdist_group(item: pytest.Item, quick: bool) -> str | None:
-    """The xdist group (``--dist loadgroup``, pyproject.toml) that runs ``item`` in one test process with the rest
-    of its group, in order: a notebook's cells; everything that uses MDS; in a full run, a test module's tests, so
-    that its module-scoped servers and clusters start once. None: spread test by test, as the quick tier's other
-    tests are (about 5 % faster)."""
-    path = item.nodeid.split("::")[0]
-    if path.endswith(".ipynb"):
-        return MDS if Path(path).name[:2] in MDS_NOTEBOOKS else path
-    if path in MDS_TESTS:
-        return MDS
-    return None if quick else path
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Give every test its xdist group as it is collected, before xdist's own collection hook reads the groups."""
-    group = xdist_group(item, item.config.option.markexpr.strip() == "quick")
-    if group and not item.get_closest_marker("xdist_group"):
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m quick` deselects anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give nbval's cells the ``full`` marker; fail the collection where a test has no tier, or two."""

@@ -144,7 +144,8 @@ class Hub:
         )
         singleuser.chmod(0o755)
         subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "course_lib", "prepare", "--root", str(self.prefix / "data")],
+            # as the README's admin does: --all, or a learner's notebook 09 could not write the shards it reads
+            [str(venv / "bin" / "python"), "-m", "course_lib", "prepare", "--all", "--root", str(self.prefix / "data")],
             check=True,
             capture_output=True,
             timeout=600,

@@ -57,7 +57,7 @@ def test_each_notebook_keeps_its_cells_in_one_group_and_mds_notebooks_share_one(
 ) -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parent / "conftest.py")
+    spec = importlib.util.spec_from_file_location("top_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     assert conftest.xdist_group(FakeItem(nodeid), quick) == group
@@ -65,8 +65,12 @@ def test_each_notebook_keeps_its_cells_in_one_group_and_mds_notebooks_share_one(
 
 def test_the_groups_reach_xdist(pytester: pytest.Pytester) -> None:
     """Under ``--dist loadgroup`` a test's node id ends with its group: the marks are set before xdist reads them, and
-    this pytest and pytest-xdist still group by them (pytest 9.2 with xdist 3.8 does not: pytest-xdist#1386)."""
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_sample="import pytest\n\n@pytest.mark.full\ndef test_one():\n    pass\n")
-    result = pytester.runpytest("-p", "xdist", "-n", "1", "--dist", "loadgroup", "-v")
-    result.stdout.fnmatch_lines(["*PASSED test_sample.py::test_one@test_sample.py*"])
+    this pytest and pytest-xdist still group by them (pytest 9.2 with xdist 3.8 does not: pytest-xdist#1386). The
+    top-level conftest sets them, for a file in any folder, named alone on the command line (a notebook's cells were
+    once spread over both processes, when a hook of tests/conftest.py set them: it never reaches notebooks/)."""
+    pytester.makeconftest((Path(__file__).resolve().parents[1] / "conftest.py").read_text())  # the top-level one
+    pytester.mkdir("elsewhere")
+    sample = pytester.path / "elsewhere" / "test_sample.py"
+    sample.write_text("import pytest\n\n@pytest.mark.full\ndef test_one():\n    pass\n")
+    result = pytester.runpytest("-p", "xdist", "-n", "1", "--dist", "loadgroup", "-v", str(sample))
+    result.stdout.fnmatch_lines(["*PASSED elsewhere/test_sample.py::test_one@elsewhere/test_sample.py*"])

@@ -73,7 +73,7 @@ def library_imports(root: Path = ROOT) -> dict[str, frozenset[str]]:
     return graph
 
 
-def _cell_code(source: str) -> str:
+def cell_code(source: str) -> str:
     """A code cell as Python: a ``%%writefile`` cell is the file it writes; other magics and shell lines drop out."""
     lines = source.splitlines()
     if lines and lines[0].startswith("%%"):
@@ -89,7 +89,7 @@ def notebook_modules(number: str, root: Path = ROOT) -> frozenset[str]:
     for cell in json.loads(path.read_text())["cells"]:
         if cell["cell_type"] != "code":
             continue
-        code = _cell_code("".join(cell["source"]))
+        code = cell_code("".join(cell["source"]))
         direct |= set(_PROGRAM.findall(code)) | imported(ast.parse(code), "")
     graph, seen, todo = library_imports(root), set(), list(direct)
     while todo:

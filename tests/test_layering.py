@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from course_tools.changed import cell_code  # a notebook cell as Python, as the CI's notebook picker reads it
+
 pytestmark = pytest.mark.quick
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,14 +171,6 @@ def test_the_private_reach_reader_can_fail(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- public names, taught
-def _cell_code(source: str) -> str:
-    """A code cell as Python: a ``%%writefile`` cell is the file it writes; other magics and shell lines drop out."""
-    lines = source.splitlines()
-    if lines and lines[0].startswith("%%"):
-        return "\n".join(lines[1:]) if lines[0].startswith("%%writefile") else ""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
-
-
 @functools.cache
 def names_notebooks_use() -> frozenset[tuple[str, str]]:
     """``(module, name)`` for every lesson name that a notebook's code imports or reaches as a module attribute."""
@@ -186,7 +180,7 @@ def names_notebooks_use() -> frozenset[tuple[str, str]]:
         for cell in json.loads(path.read_text())["cells"]:
             if cell["cell_type"] != "code":
                 continue
-            tree = ast.parse(_cell_code("".join(cell["source"])))
+            tree = ast.parse(cell_code("".join(cell["source"])))
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "course_lib":
                     module = node.module.removeprefix("course_lib").lstrip(".")
@@ -322,7 +316,7 @@ def notebook_imports(path: Path) -> set[str]:
     found: set[str] = set()
     for cell in json.loads(path.read_text())["cells"]:
         if cell["cell_type"] == "code":
-            for node in ast.walk(ast.parse(_cell_code("".join(cell["source"])))):
+            for node in ast.walk(ast.parse(cell_code("".join(cell["source"])))):
                 if isinstance(node, ast.Import):
                     found |= {alias.name for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.module:

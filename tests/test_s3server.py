@@ -164,7 +164,10 @@ def test_a_killed_kernel_takes_its_server_along(tmp_path: Path, where: str) -> N
     with S3Server(tmp_path / "next"):
         left = {int(p.name.rsplit("-", 1)[1][:-5]) for p in Path("/tmp").glob("seaweedfs-*.sock")}
         assert not left & killed_ports, left & killed_ports
-        assert left <= live_ports() and s3server._remove_stale_sockets() == []
+        # other servers of this machine (another test process's, a notebook's) leave theirs when they stop, until the
+        # next start removes them: what is removed now is never a live server's
+        removed = {int(p.name.rsplit("-", 1)[1][:-5]) for p in s3server._remove_stale_sockets()}
+        assert not removed & live_ports(), removed & live_ports()
 
 
 def live_ports() -> set[int]:

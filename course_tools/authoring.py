@@ -18,7 +18,9 @@ Commands (run from the repository root)::
     python -m course_lib authoring build            # regenerate learner notebooks, execute all
     python -m course_lib authoring build 02_transforms --no-execute
     python -m course_lib authoring check            # are the learner notebooks up to date?
-    python -m course_lib authoring times            # state every notebook's time by the rule (headers, README)
+    python -m course_lib authoring times            # state every notebook's time by the rule (headers, documents)
+    python -m course_lib authoring docs             # the generated parts of README.md and INSTRUCTORS.md
+    python -m course_lib authoring runs 04          # Run All a solution notebook, record what it takes and starts
     python -m course_lib authoring renumber --insert 10 --dry-run   # make room for a new notebook 10
 
 ``renumber`` moves every notebook numbered NN or above up by one, with everything named after it
@@ -195,9 +197,10 @@ class Timing:
 
 
 def prose_words(nb: nbformat.NotebookNode) -> int:
-    """Words in a notebook's markdown cells, fenced code blocks and HTML comments left out."""
+    """Words in a notebook's markdown cells, fenced code blocks, HTML comments and the first cell's one-sentence
+    summary (the README's, read in seconds) left out."""
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    text = re.sub(r"```.*?```|<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"```.*?```|<!--.*?-->|^\*In one sentence:\*[^\n]*$", " ", text, flags=re.S | re.M)
     return len(re.findall(r"\w[\w'’.-]*", text))
 
 
@@ -218,11 +221,12 @@ def stated_time(nb: nbformat.NotebookNode) -> str | None:
 
 
 def write_times(root: Path, show: Callable[[str], None] = print) -> None:
-    """Set every notebook's stated time (first cell, both versions) and the README's time column by the rule.
+    """Set every notebook's stated time (first cell, both versions) by the rule, then the documents that show it
+    (README.md's course table, INSTRUCTORS.md's schedules: :mod:`course_tools.workshop`).
 
     Only markdown is touched: the stored outputs of both versions stay as they are."""
-    readme = root / "README.md"
-    text = readme.read_text()
+    from course_tools import workshop
+
     total = 0
     for solution, learner in pairs(root / "notebooks"):
         t = timing(nbformat.read(solution, as_version=4))
@@ -233,24 +237,11 @@ def write_times(root: Path, show: Callable[[str], None] = print) -> None:
                 raise SystemExit(f"{path}: its first cell states no time ('about N minutes'): add one")
             nb.cells[0].source = _HEADER_TIME.sub(t.header(), nb.cells[0].source, count=1)
             nbformat.write(nb, path)
-        row = re.compile(
-            rf"^(\| {solution.name[:2]} \| [1-5] \| \[[^\]]+\]\(notebooks/{re.escape(solution.name)}\) \| )"
-            r"\d+ min( \(\d+\))?( \|)",
-            re.M,
-        )
-        core = f" ({t.core_minutes})" if t.stretch else ""
-        text, n = row.subn(rf"\g<1>{t.minutes} min{core}\g<3>", text)
-        if n != 1:
-            raise SystemExit(f"README.md: no course-table row for {solution.name} with a 'N min' time column")
         show(
             f"{solution.name}: {t.words} words, {len(t.exercises)} exercises ({len(t.stretch)} stretch) -> {t.header()}"
         )
-    hours = f"{round(total / 30) / 2:g}"  # to the nearest half hour
-    text, n = re.subn(r"About \d+(\.\d+)? hours in all", f"About {hours} hours in all", text)
-    if n != 1:
-        raise SystemExit("README.md: no 'About N hours in all' sentence under the course table")
-    readme.write_text(text)
-    show(f"all notebooks: {total} minutes, about {hours} hours")
+    show(f"all notebooks: {total} minutes")
+    workshop.write(root, show)
 
 
 # --------------------------------------------------------------------------- renumbering
@@ -581,7 +572,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     b.add_argument("--no-execute", action="store_true", help="only regenerate the learner notebooks")
     sub.add_parser("check", help="exit 1 if a learner notebook is out of date")
-    sub.add_parser("times", help=f"set each notebook's stated time and the README's by the rule: {TIME_RULE}")
+    sub.add_parser("times", help=f"set each notebook's stated time, and the documents', by the rule: {TIME_RULE}")
+    d = sub.add_parser("docs", help="rewrite the generated parts of README.md and INSTRUCTORS.md")
+    d.add_argument("--check", action="store_true", help="change nothing; exit 1 if they are out of step")
+    runs = sub.add_parser("runs", help="Run All solution notebooks, recording what each takes and starts")
+    runs.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     r = sub.add_parser(
         "renumber",
         help="make room for a new notebook: move notebooks NN and above up by one, "
@@ -605,8 +600,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build(args.notebooks, args.names, run=not args.no_execute)
         return 0
+    root = args.notebooks.resolve().parent
     if args.command == "times":
-        write_times(args.notebooks.resolve().parent)
+        write_times(root)
+        return 0
+    if args.command in ("docs", "runs"):
+        from course_tools import workshop
+
+        try:
+            if args.command == "runs":
+                workshop.record(root, args.names)
+                workshop.write(root)
+            elif args.check:
+                stale = workshop.out_of_step(root)
+                print(
+                    "\n".join(f"{name}: out of step: run `python -m course_lib authoring docs`" for name in stale)
+                    or "README.md and INSTRUCTORS.md are up to date"
+                )
+                return 1 if stale else 0
+            else:
+                workshop.write(root)
+        except workshop.DocsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     problems = out_of_sync(args.notebooks)
     print("\n".join(problems) or "learner notebooks are up to date")

@@ -57,7 +57,8 @@ def test_ci_runs_the_readme_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     install = "python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt"
-    assert install + " && jupyter lab --allow-root notebooks/01_map_style_datasets.ipynb" in readme
+    # the `jupyter lab ...` part is run, as written, by tests/test_jupyterlab.py
+    assert re.search(rf"^{re.escape(install)} && jupyter lab .*notebooks/01_map_style_datasets\.ipynb$", readme, re.M)
     for step in install.split(" && "):
         assert step in ci, step
     assert re.search(r"^pytest$", ci, re.M) and re.search(r"^pytest$", readme, re.M)

@@ -144,17 +144,18 @@ def test_stretch_exercises_are_marked_in_their_heading_and_timed_apart() -> None
     assert one.header() == "about 30 minutes (20 without the stretch exercise)"
 
 
-def test_write_times_sets_headers_and_the_readme_and_keeps_outputs(tmp_path: Path) -> None:
+def test_write_times_sets_headers_and_the_documents_and_keeps_outputs(tmp_path: Path) -> None:
     (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
     nb = _course_notebook(1350, ["01.1 · A (build)", "01.2 · B (stretch)"])
+    nb.cells[0].source += "\n\n*In one sentence:* Things, said short."
     nb.cells.append(
         new_code_cell("print(1)", outputs=[new_output("stream", name="stdout", text="1\n")], execution_count=1)
     )
     for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
         nbformat.write(nb, path)
     (tmp_path / "README.md").write_text(
-        "| # | level | notebook | time | you learn |\n"
-        "| 01 | 1 | [x](notebooks/01_x.ipynb) | 10 min | things |\n\nAbout 9 hours in all.\n"
+        "<!-- BEGIN generated: course table -->\n| 01 | 1 | [x](notebooks/01_x.ipynb) | 10 min | things |\n"
+        "<!-- END generated: course table -->\n"
     )
     authoring.write_times(tmp_path, show=lambda line: None)
     for path in (tmp_path / "notebooks" / "solutions" / "01_x.ipynb", tmp_path / "notebooks" / "01_x.ipynb"):
@@ -162,7 +163,8 @@ def test_write_times_sets_headers_and_the_readme_and_keeps_outputs(tmp_path: Pat
         assert "about 30 minutes (20 without the stretch exercise) ·" in written.cells[0].source  # 1367 words
         assert written.cells[-1].outputs[0]["text"] == "1\n"
     readme = (tmp_path / "README.md").read_text()
-    assert "| [x](notebooks/01_x.ipynb) | 30 min (20) | things |" in readme and "About 0.5 hours in all" in readme
+    assert "| [X](notebooks/01_x.ipynb) | 30 min (20) | Things, said short. |" in readme
+    assert "About 0.5 hours in all" in readme
 
 
 def test_write_times_needs_a_stated_time(tmp_path: Path) -> None:

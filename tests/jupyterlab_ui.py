@@ -1,8 +1,10 @@
 """Drive the course's JupyterLab as a learner does, for tests/test_jupyterlab.py.
 
 :func:`readme_jupyter_command` reads the ``jupyter lab ...`` part of the README's command 1, and
-:class:`LabServer` starts it on a copy of the course's notebooks (127.0.0.1, a random port and
-token, private Jupyter folders) and stops it, its kernels included, by process id.
+:class:`LabServer` starts it on a copy of the course folder (:func:`copy_course`), from that copy's root as
+the README's runs from the repository root (127.0.0.1, a random port and token, private Jupyter folders),
+and stops it, its kernels included, by process id. Paths of notebooks are from the course folder, the
+server's root (``notebooks/01_map_style_datasets.ipynb``), as the README names them.
 :class:`Notebook` is one notebook open in its own page of a headless chromium (Playwright,
 Debian's browser: nothing is downloaded) and does what a person does there: menus, clicks and
 keys, never the application's JavaScript objects. It reads the page's DOM to tell what the person
@@ -16,6 +18,7 @@ say it; only a process and the server's HTTP API, which no browser sees, are pol
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -60,6 +63,12 @@ VIEWPORT = {"width": 1366, "height": 900}  # a laptop screen
 STDERR = "application/vnd.jupyter.stderr"  # JupyterLab shows error outputs (tracebacks) with this type too
 # A line of an error output: "ZeroDivisionError    Traceback (most recent call last)", "SyntaxError: ...".
 ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b", re.M)
+# What a copy of the course folder leaves out of the repository, so that it holds what a learner's clone does
+# (notebooks/, hpc/, the READMEs, ...): anywhere, hidden files and folders (.git, .venv, checkpoints: Lab's file
+# browser shows none), bytecode, and what notebooks write beside themselves (runs/, the learners' scratch/); at the
+# top, the other outputs .gitignore names there (the data, builds, the package's metadata, Slurm logs).
+LEFT_BEHIND = shutil.ignore_patterns(".*", "__pycache__", "runs", "scratch")
+TOP_LEVEL_OUTPUTS = shutil.ignore_patterns("data", "build", "dist", "*.egg-info", "course-train-*.out")
 
 
 class LabError(AssertionError):
@@ -91,11 +100,41 @@ def readme_jupyter_command(repo: Path) -> list[str]:
 
 
 def opened_notebook(command: list[str]) -> str:
-    """The notebook a ``jupyter lab`` command opens (its path from the repository root)."""
+    """The notebook a ``jupyter lab`` command opens (its path from the repository root, the course folder)."""
     found = [arg for arg in command if arg.endswith(".ipynb")]
     if len(found) != 1:
         raise LookupError(f"{shlex.join(command)} opens {len(found)} notebooks (the tests need one)")
     return found[0]
+
+
+def copy_course(repo: Path, folder: Path) -> Path:
+    """Copy the course folder (the repository, less :data:`LEFT_BEHIND` and :data:`TOP_LEVEL_OUTPUTS`) to ``folder``,
+    a new folder; returns ``folder``."""
+
+    def ignored(path: str, names: list[str]) -> set[str]:
+        top = TOP_LEVEL_OUTPUTS(path, names) if Path(path) == repo else set()
+        return set(LEFT_BEHIND(path, names)) | set(top)
+
+    shutil.copytree(repo, folder, ignore=ignored)
+    return folder
+
+
+def browser_open_file(runtime: Path) -> Path:
+    """The page a ``jupyter lab FILE`` server writes for the learner's browser to open (jupyter_server's
+    ``ServerApp.write_browser_open_files``: ``jpserver-file-to-run-<pid>-open.html`` in its runtime folder, written
+    with ``--no-browser`` too, removed when the server stops); :func:`opened_url` reads the page it leads to."""
+    found = sorted(runtime.glob("jpserver-file-to-run-*-open.html"))
+    if len(found) != 1:
+        raise LookupError(f"{runtime} holds {len(found)} pages for the browser to open (the tests need one): {found}")
+    return found[0]
+
+
+def opened_url(open_file: Path) -> str:
+    """The URL a :func:`browser_open_file` page leads to (its link, with the server's token)."""
+    found = re.search(r'<a href="([^"]*)"', open_file.read_text(encoding="utf-8"))
+    if found is None:
+        raise LookupError(f"{open_file} has no link")
+    return html.unescape(found.group(1))
 
 
 def find_chromium() -> str | None:
@@ -174,25 +213,21 @@ def wait_for_server(
 
 
 class LabServer:
-    """The README's ``jupyter lab ... <first notebook>`` on a copy of ``notebooks/``, with private Jupyter folders."""
+    """The README's ``jupyter lab ... <first notebook>`` on a copy of the course folder, run from its root (``root``)
+    as the README's runs from the repository root, with private Jupyter folders (beside the copy, in ``home``)."""
 
     def __init__(self, repo: Path, home: Path, env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
         self.home = home
-        self.notebooks = home / "notebooks"  # the copy: the repository's notebooks are never touched
-        shutil.copytree(
-            repo / "notebooks",
-            self.notebooks,
-            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"),
-        )
+        self.root = copy_course(repo, home / "course")  # the copy: the repository's files are never touched
+        self.notebooks = self.root / "notebooks"
         self.port, self.token = free_ports()[0], secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "jupyterlab.log"
-        readme = readme_jupyter_command(repo)  # e.g. jupyter lab --allow-root notebooks/01_....ipynb
-        self.first = Path(opened_notebook(readme)).name
+        readme = readme_jupyter_command(repo)  # e.g. jupyter lab --allow-root --ServerApp.root_dir=. notebooks/01_...
+        self.first = opened_notebook(readme)  # its path from the course folder: notebooks/01_....ipynb
         command = [
             str(Path(sys.executable).parent / readme[0]),
-            *readme[1:],  # this environment's jupyter; run from home,
-            # the copy's parent, as the README's from the repository root: the server's root is notebooks/
+            *readme[1:],  # this environment's jupyter, run from the copy's root as the README's from the repository's
             "--no-browser",
             "--ip=127.0.0.1",
             f"--port={self.port}",
@@ -220,11 +255,12 @@ class LabServer:
         )
         notification.parent.mkdir(parents=True)
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        self.runtime = private["JUPYTER_RUNTIME_DIR"]  # where the server writes the page for the browser to open
         self.env = {**os.environ, **{k: str(v) for k, v in private.items()}, **(env or {})}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 command,
-                cwd=home,
+                cwd=self.root,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -245,8 +281,28 @@ class LabServer:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def url(self, notebook: str, workspace: str) -> str:
-        """The notebook in a workspace of its own (``?reset``: a fresh layout, nothing else reopened)."""
+        """The notebook (its path from the course folder) in a workspace of its own (``?reset``: a fresh layout,
+        nothing else reopened)."""
         return f"{self.base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}"
+
+    def kernel_folders(self) -> dict[str, Path]:
+        """The working folder of each session's kernel, by the session's path (a notebook's, from the course folder):
+        the server's sessions, and its kernel processes found by their connection files (``kernel-<id>.json``)."""
+        status, body = request(f"{self.base}/api/sessions", self.token)
+        if status != 200:
+            raise LabError(f"/api/sessions answered {status}: {body[:300]!r}")
+        paths = {session["kernel"]["id"]: session["path"] for session in json.loads(body) if session.get("kernel")}
+        found = {}
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                args, cwd = child.cmdline(), child.cwd()
+            except psutil.NoSuchProcess:  # a kernel that ended meanwhile
+                continue
+            for arg in args:
+                kernel = re.search(r"kernel-([0-9a-f-]+)\.json$", arg)
+                if kernel and kernel.group(1) in paths:
+                    found[paths[kernel.group(1)]] = Path(cwd)
+        return found
 
     def remember_kernels(self) -> None:
         """Note the kernel processes now running (they start in sessions of their own)."""
@@ -324,12 +380,16 @@ OUTPUTS_JS = """(index) => {
 
 
 class Notebook:
-    """One notebook of the server's copy, open in a page of its own."""
+    """One notebook of the server's copy, open in a page of its own.
+
+    ``name`` is its path from the server's root, ``lab.root`` (:class:`LabServer`: the course folder,
+    ``notebooks/01_....ipynb``); a server without a ``root`` (tests/test_jupyterhub.py's ``HubLab``) names its
+    notebooks from its ``notebooks`` folder. ``lab.url(name, workspace)`` is the notebook's page."""
 
     def __init__(self, lab: LabServer, context: Any, name: str, shots: Path, label: str | None = None) -> None:
         self.lab, self.name, self.shots = lab, name, shots
-        self.label = label or name.split("_", 1)[0]
-        self.path = lab.notebooks / name
+        self.label = label or Path(name).name.split("_", 1)[0]
+        self.path = getattr(lab, "root", lab.notebooks) / name
         self.cells: list[dict] = json.loads(self.path.read_text(encoding="utf-8"))["cells"]
         self.page = context.new_page()
         self.page.set_default_timeout(30_000)
@@ -443,10 +503,11 @@ class Notebook:
 
     # -- doing what a learner does ---------------------------------------------------------------
 
-    def open(self, timeout: float = 90.0) -> None:
-        """Open the notebook and wait until every cell is shown and its kernel is idle."""
+    def open(self, timeout: float = 90.0, url: str | None = None) -> None:
+        """Open the notebook and wait until every cell is shown and its kernel is idle. ``url``: where the learner
+        goes, which leads to the notebook (``None``: :meth:`LabServer.url`, the notebook in a workspace of its own)."""
         deadline = time.monotonic() + timeout
-        self.page.goto(self.lab.url(self.name, f"test-{self.label}"), timeout=timeout * 1000)
+        self.page.goto(url or self.lab.url(self.name, f"test-{self.label}"), timeout=timeout * 1000)
         try:
             expect(self.page.locator(CELLS)).to_have_count(len(self.cells), timeout=_ms_left(deadline))
             # the kernel started: the status bar says "Python 3 (ipykernel) | Idle", the toolbar's indicator idle

@@ -1,13 +1,16 @@
 """The README's JupyterLab command, started for real: its REST API, then the course as a learner meets it.
 
-1. The ``jupyter lab ...`` part of the README's command 1, read from README.md (``jupyter lab
-   --allow-root notebooks/01_map_style_datasets.ipynb``), from the repository root, on 127.0.0.1
+1. The ``jupyter lab ...`` part of the README's command 1, read from README.md (``jupyter lab --allow-root
+   --ServerApp.root_dir=. notebooks/01_map_style_datasets.ipynb``), from the repository root, on 127.0.0.1
    with a random token, run twice: as root (most containers) and as an ordinary user (a laptop, a
-   hub; as root, a throwaway user the test adds and removes, on their own copy of ``notebooks/``).
-   The server answers, refuses requests without the token, lists every course notebook, serves the
-   JupyterLab page and shuts down on request (standard library only).
-2. The JupyterLab stage: the same command on a temporary copy of ``notebooks/`` (one server and one
-   headless chromium for the module, driven by Playwright), each notebook of ``RUN_ALL`` and ``RUN_ABOVE`` opened in
+   hub; as root, a throwaway user the test adds and removes, on their own copy of the course folder).
+   The server answers, refuses requests without the token, serves the course folder from its root
+   (``notebooks/`` with every course notebook, ``hpc/``, ``README.md``), would open notebook 01 in the
+   browser, serves the JupyterLab page and shuts down on request (standard library only).
+2. The JupyterLab stage: the same command on a temporary copy of the course folder (one server and one
+   headless chromium for the module, driven by Playwright). The page command 1 opens is notebook 01, its
+   kernel runs in ``notebooks/``, and the file browser reaches ``hpc/`` and the README. Each notebook of
+   ``RUN_ALL`` and ``RUN_ABOVE`` opened in
    its page and run with Run > Run All Cells. No cell may show an error or stay at ``[*]``;
    figures are images; a progress bar is a widget, not text; notebook 04's explorer is a live
    widget. Then the learner's paths of ``LEARNER_PATHS``: a wrong answer typed into an exercise cell
@@ -25,11 +28,12 @@ import json
 import os
 import re
 import secrets
+import posixpath
 import shlex
-import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,10 +49,13 @@ from jupyterlab_ui import (
     LabServer,
     Notebook,
     StuckCell,
+    browser_open_file,
+    copy_course,
     end_group,
     expect,
     find_chromium,
     opened_notebook,
+    opened_url,
     readme_jupyter_command,
     request,
     wait_for_server,
@@ -97,8 +104,8 @@ def learner(request: pytest.FixtureRequest) -> Iterator[User]:
 
 @pytest.mark.timeout(180)
 def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Path) -> None:
-    command = readme_jupyter_command(REPO)  # e.g. ["jupyter", "lab", "--allow-root", "notebooks/01_....ipynb"]
-    first = opened_notebook(command)
+    command = readme_jupyter_command(REPO)  # e.g. ["jupyter", "lab", "--allow-root", ..., "notebooks/01_....ipynb"]
+    first = opened_notebook(command)  # its path from the course folder
     bin_dir = Path(sys.executable).parent  # the venv's bin/, first on PATH as after `. .venv/bin/activate`
     assert (bin_dir / command[0]).exists(), (
         f"{command[0]} is not installed in this environment: pip install -r requirements.txt"
@@ -107,15 +114,12 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
     env = {"PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), "VIRTUAL_ENV": sys.prefix}
     if learner.uid == os.geteuid():
         root = REPO  # from the repository root, as the README says
-        env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")  # connection files in the test's folder, not the user's
+        runtime = tmp_path / "runtime"  # connection files in the test's folder, not the user's
     else:  # another user runs from their own copy (a clone is its owner's), with their own Jupyter folders
-        root = learner.home / "course"
-        shutil.copytree(
-            REPO / "notebooks",
-            root / "notebooks",
-            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "runs"),
-        )
+        root = copy_course(REPO, learner.home / "course")
         learner.give(root)
+        runtime = learner.home / "jupyter-runtime"  # theirs, named here to find the page for their browser
+    env["JUPYTER_RUNTIME_DIR"] = str(runtime)
     started = [
         *learner.prefix,
         *command,
@@ -155,17 +159,34 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
         wrong, _ = request(f"{base}/api/contents/notebooks", "not-the-token")
         assert wrong in (401, 403)
 
-        # Given a file, the server's root is that file's folder: notebooks/ (what Lab's file browser shows).
+        # The server's root is the course folder, where the command runs (what Lab's file browser shows at its
+        # root): notebooks/, and beside them hpc/ and the READMEs that hpc/README.md sends learners to.
         listing = get_json(f"{base}/api/contents?content=1", token)
         served = {item["name"]: item["type"] for item in listing["content"]}
+        assert {"notebooks": "directory", "hpc": "directory", "README.md": "file"}.items() <= served.items(), (
+            f"{who}: the server's root is not the course folder: {served}"
+        )
+        hpc = {item["name"] for item in get_json(f"{base}/api/contents/hpc?content=1", token)["content"]}
+        assert {"README.md", *(p.name for p in (REPO / "hpc").glob("*.sbatch"))} <= hpc, hpc
+        guide = get_json(f"{base}/api/contents/hpc/README.md", token)["content"]
+        for link in re.findall(r"\]\((?![a-z]+:|#)([^)#\s]+)", guide):  # hpc/README.md's links to the course's files
+            target = posixpath.normpath(f"hpc/{urllib.parse.unquote(link)}")
+            found, _ = request(f"{base}/api/contents/{urllib.parse.quote(target)}?content=0", token)
+            assert found == 200, f"{who}: hpc/README.md links to {link}, which the server does not serve ({found})"
+        notebooks = get_json(f"{base}/api/contents/notebooks?content=1", token)
+        served = {item["name"]: item["type"] for item in notebooks["content"]}
         expected = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
         assert expected and all(served.get(name) == "notebook" for name in expected), (expected, served)
         assert served.get("solutions") == "directory"
-        solutions = get_json(f"{base}/api/contents/solutions?content=1", token)
+        solutions = get_json(f"{base}/api/contents/notebooks/solutions?content=1", token)
         assert set(expected) <= {item["name"] for item in solutions["content"]}
 
-        opened = get_json(f"{base}/api/contents/{Path(first).name}", token)
+        opened = get_json(f"{base}/api/contents/{first}", token)
         assert opened["type"] == "notebook" and opened["content"]["cells"]
+        # ... and the page the command opens in the browser (here, with --no-browser, only writes for it) is that
+        # notebook, by its path from the course folder.
+        url = urllib.parse.urlsplit(opened_url(browser_open_file(runtime)))
+        assert (url.netloc, urllib.parse.unquote(url.path)) == (f"127.0.0.1:{port}", f"/lab/tree/{first}"), (who, url)
 
         page_status, page = request(f"{base}/lab", token)
         assert page_status == 200 and b"jupyter-config-data" in page  # the JupyterLab application page
@@ -350,9 +371,10 @@ def _ran_cells(notebook: Notebook, number: str) -> list[int]:
 
 
 def _notebook_file(number: str) -> str:
+    """Notebook ``number``'s path from the course folder: ``notebooks/NN_....ipynb``."""
     found = sorted(p.name for p in (REPO / "notebooks").glob(f"{number}_*.ipynb"))
     assert len(found) == 1, f"notebooks/{number}_*.ipynb: {found}"
-    return found[0]
+    return f"notebooks/{found[0]}"
 
 
 class Stage:
@@ -476,12 +498,70 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
         lab.stop()
 
 
+def _item(page: Any, name: str) -> Any:
+    """The file browser's entry ``name`` in the folder it shows."""
+    text = page.locator(".jp-DirListing-itemText", has_text=re.compile(f"^{re.escape(name)}$"))
+    return page.locator("#filebrowser .jp-DirListing-item", has=text)
+
+
+@pytest.mark.timeout(180)
+def test_command_1_opens_notebook_01_in_the_course_folder(stage: Stage) -> None:
+    """The page command 1 opens, reached as the learner's browser reaches it (the file the server writes for it, which
+    leads to the server): notebook 01 in front, its kernel in ``notebooks/`` (the notebooks' relative paths start
+    there), and the file browser's root the course folder: ``hpc/``, its scripts and README, and the README a click
+    away."""
+    lab = stage.lab
+    notebook = Notebook(lab, stage.context, lab.first, stage.shots, label="command-1")
+    try:
+        notebook.open(url=browser_open_file(lab.runtime).as_uri())  # every cell shown, the kernel idle
+        page = notebook.page
+        arrived = urllib.parse.urlsplit(page.url)
+        assert urllib.parse.unquote(arrived.path) == f"/lab/tree/{lab.first}", page.url
+        expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text(Path(lab.first).name)
+        folders = lab.kernel_folders()
+        assert folders.get(lab.first) == lab.notebooks, f"the kernel of {lab.first} runs in {folders}"
+        # The file browser starts in the notebook's folder, notebooks/; its home is the course folder.
+        expect(page.locator("#filebrowser .jp-BreadCrumbs-item")).to_have_text(["notebooks"])
+        expect(_item(page, Path(lab.first).name)).to_have_count(1)
+        notebook.screenshot("first-page")
+        page.locator("#filebrowser .jp-BreadCrumbs-home").click()
+        expect(page.locator("#filebrowser .jp-BreadCrumbs-item")).to_have_count(0)
+        for name in ("hpc", "notebooks", "README.md"):
+            expect(_item(page, name), f"the course folder shows no {name}").to_have_count(1)
+        notebook.screenshot("course-folder")
+        _item(page, "hpc").dblclick()
+        expect(page.locator("#filebrowser .jp-BreadCrumbs-item")).to_have_text(["hpc"])
+        for name in ["README.md", *sorted(p.name for p in (REPO / "hpc").glob("*.sbatch"))]:
+            expect(_item(page, name), f"hpc/ shows no {name}").to_have_count(1)
+        _item(page, "README.md").dblclick()  # opens hpc/README.md in a tab of its own
+        expect(page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")).to_have_text("README.md")
+        first_line = (REPO / "hpc" / "README.md").read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+        expect(page.locator("#jp-main-dock-panel .jp-Document:not(.lm-mod-hidden)")).to_contain_text(first_line)
+        notebook.screenshot("hpc-readme")
+    except LabError:  # it says what and where already
+        raise
+    except AssertionError as exc:
+        raise notebook.fail("\n".join(str(exc).strip().splitlines()[:6])) from None
+    finally:
+        notebook.close()
+
+
 @pytest.mark.timeout(STAGE_TIMEOUT)
 @pytest.mark.parametrize("number", OPENED)
 def test_run_all_shows_no_error(number: str, stage: Stage) -> None:
     """Run > Run All Cells (or Run All Above, for ``RUN_ABOVE``): every code cell run finishes and none shows an error
     output."""
     stage.ran(number)
+
+
+@pytest.mark.timeout(STAGE_TIMEOUT)
+@pytest.mark.parametrize("number", OPENED)
+def test_kernel_runs_in_the_notebooks_folder(number: str, stage: Stage) -> None:
+    """Each notebook's kernel runs in ``notebooks/``, the notebook's own folder (its relative paths, ``scratch/``
+    and ``runs/``, start there), though the server's root is the course folder."""
+    notebook = stage.ran(number)
+    folders = stage.lab.kernel_folders()
+    assert folders.get(notebook.name) == stage.lab.notebooks, f"the kernel of {notebook.name} runs in {folders}"
 
 
 @pytest.mark.timeout(STAGE_TIMEOUT)
@@ -684,7 +764,7 @@ def test_the_stage_sees_errors_and_stuck_cells(stage: Stage) -> None:
             }
         )
     )
-    notebook = stage.open(scratch.name, "scratch")
+    notebook = stage.open(scratch.relative_to(stage.lab.root).as_posix(), "scratch")
     try:
         notebook.run_all(60)
         with pytest.raises(LabError) as caught:

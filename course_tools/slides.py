@@ -9,6 +9,8 @@ the committed solution notebooks' own outputs::
 names the PNG figure stored in the output of cell ``c010`` of ``notebooks/solutions/04_*.ipynb``
 (``python -m course_lib slides figures 04`` lists them). A relative path (``images/x.svg``, next
 to the deck) works too. Web addresses are refused: the decks are shown in rooms without internet.
+A slide whose body is a heading and one picture, nothing else, is a *figure slide*: the picture gets
+most of the slide, so that a small figure's tick labels stay readable from the back of the room.
 
 The build writes one self-contained HTML file per deck (reveal.js, its CSS and every picture
 inlined), so a deck can be copied to a USB stick and opened in any browser::
@@ -40,12 +42,18 @@ from course_lib.support import write_atomic
 
 # The slide size reveal.js lays out at (and scales to the screen): a 16:9 projector.
 WIDTH, HEIGHT = 1280, 720
-# The largest a figure is drawn (CSS pixels of the slide): below a heading and a few lines of text.
-FIGURE_BOX = (1200, 400)
+# The largest a figure is drawn (CSS pixels of the slide): below a heading and a few lines of text,
+FIGURE_BOX = (1240, 400)
+# and on a figure slide, whose body is a heading and one picture, nothing else (course.css: .figure-slide).
+FIGURE_SLIDE_BOX = (1240, 560)
+# Figures are enlarged to at most this many CSS pixels per inch of the figure: 1.5x a 100-dpi PNG, 1.875x an 80-dpi one.
+MAX_PIXELS_PER_INCH = 150
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _SEPARATOR = re.compile(r"^---\s*$")
 _NOTES = re.compile(r"^Notes?:\s*", re.IGNORECASE)
+# A figure slide: an optional heading, then one picture on a line of its own, and nothing else.
+_FIGURE_ONLY = re.compile(r"\A(?:#{1,6}[ \t][^\n]*\n\s*)?!\[[^\]\n]*\]\([^)\n]+\)\Z")
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*):")
 # Anything in the output that a browser would fetch from a network.
 _NETWORK = re.compile(
@@ -178,19 +186,23 @@ class NotebookFigures:
         return rows
 
 
-def _pixel_size(data: bytes) -> tuple[int, int] | None:
-    """Width and height of a raster image (None for SVG and anything Pillow cannot read)."""
+def _raster_size(data: bytes) -> tuple[int, int, float | None] | None:
+    """Width, height and dpi (None when the file does not say) of a raster image; None for SVG and anything
+    Pillow cannot read. matplotlib writes the figure's dpi into a PNG's pHYs chunk, which Pillow reads."""
     try:
         with Image.open(io.BytesIO(data)) as image:
-            return image.size
+            dpi = image.info.get("dpi")
+            return image.size[0], image.size[1], float(dpi[0]) if dpi and dpi[0] > 0 else None
     except (UnidentifiedImageError, OSError):
         return None
 
 
-def _display_width(width: int, height: int) -> int:
-    """Notebook figures are drawn at 100 dpi, small for a projector: enlarge them (at most 1.5x)
-    to fill the room under a heading and two bullets; CSS still caps them to the slide."""
-    return round(width * min(1.5, FIGURE_BOX[0] / width, FIGURE_BOX[1] / height))
+def _display_width(width: int, height: int, dpi: float | None = None, box: tuple[int, int] = FIGURE_BOX) -> int:
+    """Notebook figures are drawn at 80 or 100 dpi, small for a projector: enlarge them to fill ``box``, but to
+    at most ``MAX_PIXELS_PER_INCH`` of the figure (a picture without a dpi counts as 100 dpi), so that a figure's
+    text comes out the same size whatever dpi it was drawn at; CSS still caps them to the slide."""
+    most = MAX_PIXELS_PER_INCH / (dpi or 100)
+    return round(width * min(most, box[0] / width, box[1] / height))
 
 
 def _data_url(mime: str, data: bytes) -> str:
@@ -205,16 +217,19 @@ class _SlideRenderer(HTMLRenderer):
         self.deck, self.figures = deck, figures
         self.problems: list[str] = []
         self.used: list[str] = []
+        self.box = FIGURE_BOX  # the room a picture has on the slide being rendered
 
     def image(self, text: str, url: str, title: str | None = None) -> str:
         src, size = self._resolve(url)
         alt = html.escape(text)
         caption = f'<span class="caption">{alt}</span>' if text else ""
-        width = f' style="width: {_display_width(*size)}px"' if size else ""
-        return f'<span class="figure"><img src="{src}" alt="{alt}"{width}>{caption}</span>'
+        width = f' style="width: {_display_width(*size, box=self.box)}px"' if size else ""
+        # data-figure names a notebook figure's reference: the browser test measures its tick labels by it
+        source = f' data-figure="{html.escape(url)}"' if url.startswith("notebook:") and src else ""
+        return f'<span class="figure"><img src="{src}" alt="{alt}"{source}{width}>{caption}</span>'
 
-    def _resolve(self, url: str) -> tuple[str, tuple[int, int] | None]:
-        """The picture as a data: URL, and its pixel size when it is a raster image."""
+    def _resolve(self, url: str) -> tuple[str, tuple[int, int, float | None] | None]:
+        """The picture as a data: URL, and its pixel size and dpi when it is a raster image."""
         scheme = _SCHEME.match(url)
         if url.startswith("notebook:"):
             name, _, cell_id = url.removeprefix("notebook:").partition("#")
@@ -227,7 +242,7 @@ class _SlideRenderer(HTMLRenderer):
                 self.problems.append(f"unresolved figure reference {url!r}: {err}")
                 return "", None
             self.used.append(url)
-            return _data_url("image/png", png), _pixel_size(png)
+            return _data_url("image/png", png), _raster_size(png)
         if scheme or url.startswith("//"):
             self.problems.append(
                 f"picture {url!r} is not local: decks must work offline; save it next to "
@@ -240,7 +255,7 @@ class _SlideRenderer(HTMLRenderer):
             return "", None
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         data = path.read_bytes()
-        return _data_url(mime, data), _pixel_size(data) if mime.startswith("image/") else None
+        return _data_url(mime, data), _raster_size(data) if mime.startswith("image/") else None
 
     def link(self, text: str, url: str, title: str | None = None) -> str:
         if _SCHEME.match(url) or url.startswith("//"):
@@ -334,11 +349,13 @@ def build_deck(source: Path, figures: NotebookFigures | None = None, slides_fold
     sections, problems = [], []
     for n, (body, notes) in enumerate(slides, 1):
         before = len(renderer.problems)
+        figure_slide = n > 1 and bool(_FIGURE_ONLY.match(body))  # a heading and one picture: the picture gets the room
+        renderer.box = FIGURE_SLIDE_BOX if figure_slide else FIGURE_BOX
         inner = markdown(body)
         if notes:
             inner += f'\n<aside class="notes">\n{markdown(notes)}</aside>'
         problems += [f"{source.name}, slide {n}: {p}" for p in renderer.problems[before:]]
-        css = ' class="title-slide"' if n == 1 else ""
+        css = ' class="title-slide"' if n == 1 else ' class="figure-slide"' if figure_slide else ""
         sections.append(f"<section{css}>\n{inner}</section>")
     heading = re.search(r"^#\s+(.+)$", slides[0][0], flags=re.M)
     if not heading:

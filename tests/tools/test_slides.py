@@ -5,6 +5,7 @@ Chrome DevTools Protocol on a pipe: no extra packages)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import io
 import json
@@ -81,6 +82,32 @@ def test_output_references_no_network(level: str, built: dict[str, tuple[slides.
     assert not re.search(r"""url\(\s*["']?(https?:)?//""", text, re.I)
     assert "@import" not in text and "@font-face" not in text, "no web fonts"
     assert not re.search(r"<(link|iframe)\b", text, re.I), "everything is inlined"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_slide_has_speaker_notes(level: str, built: dict[str, tuple[slides.Deck, Path]]) -> None:
+    """Every slide, the title slide too, has a `Note:` block with something in it: what to say, and what to demo live
+    (which notebook, section and cell), for the speaker view (`S`)."""
+    deck, path = built[level]
+    parts = slides.split_slides(deck.source.read_text(encoding="utf-8"))
+    bare = [n for n, (_, notes) in enumerate(parts, 1) if not notes.strip()]
+    assert bare == [], f"{level}: slides {bare} have no speaker notes: add a `Note:` block (slides/README.md)"
+    assert path.read_text(encoding="utf-8").count('<aside class="notes">') == deck.slides, "the notes reach the deck"
+
+
+def test_a_figure_slide_gives_its_figure_the_room(tmp_path: Path) -> None:
+    """A slide of a heading and one picture is a figure slide: the picture fills up to 1240×560 instead of 1240×400,
+    and is enlarged to at most 150 pixels per inch of the figure, whatever dpi its PNG was drawn at."""
+    Image.new("RGB", (500, 300), "white").save(tmp_path / "p80.png", dpi=(80, 80))
+    (tmp_path / "level1.md").write_text(
+        "# T\n\n---\n\n## Alone\n\n![a](p80.png)\n\n---\n\n## With a point\n\n- a point\n\n![a](p80.png)\n\n"
+        "---\n\n![a](p80.png)\n\nNote: no heading, still a figure slide\n",
+        encoding="utf-8",
+    )
+    sections = slides.build_deck(tmp_path / "level1.md").html.split("<section")[1:]
+    assert ['class="figure-slide"' in s for s in sections] == [False, True, False, True]
+    assert "width: 933px" in sections[1], "500 × min(150 / 80, 1240 / 500, 560 / 300)"
+    assert "width: 667px" in sections[2], "500 × min(150 / 80, 1240 / 500, 400 / 300)"
 
 
 def test_split_slides_keeps_code_fences_and_notes() -> None:
@@ -320,12 +347,10 @@ def _evaluate(b: Browser, session: str, expression: str) -> Any:
     return reply["result"].get("value")
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("level", LEVELS)
-def test_deck_works_in_a_headless_browser(
-    level: str, built: dict[str, tuple[slides.Deck, Path]], browser: Browser
-) -> None:
-    deck, path = built[level]
+@contextlib.contextmanager
+def opened_deck(browser: Browser, path: Path, level: str) -> Iterator[tuple[str, Callable[[str], list[dict]]]]:
+    """A new tab at the deck's size (1280×720) showing the built deck, once reveal.js is ready: its session, and
+    ``mine(method)``, the protocol events of that name the tab sent since it started loading. Closed at the end."""
     target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     try:
@@ -352,6 +377,18 @@ def test_deck_works_in_a_headless_browser(
         while not _evaluate(browser, session, "typeof Reveal !== 'undefined' && Reveal.isReady()"):
             assert time.monotonic() < deadline, f"{level}: reveal.js never became ready"
             time.sleep(0.1)
+        yield session, mine
+    finally:
+        browser.call("Target.closeTarget", {"targetId": target})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level", LEVELS)
+def test_deck_works_in_a_headless_browser(
+    level: str, built: dict[str, tuple[slides.Deck, Path]], browser: Browser
+) -> None:
+    deck, path = built[level]
+    with opened_deck(browser, path, level) as (session, mine):
         facts = json.loads(_evaluate(browser, session, FACTS))
         title = _screenshot(browser, session)
         if facts["firstFigure"] >= 0:  # a slide with a picture, for the eyes of whoever runs this
@@ -387,8 +424,94 @@ def test_deck_works_in_a_headless_browser(
             colours = shot.getcolors(maxcolors=1 << 16)
             assert colours is None or len(colours) >= 16, f"{level}: the screenshot is blank"
             assert max(ImageStat.Stat(shot).stddev) > 5, f"{level}: the screenshot is blank"
-    finally:
-        browser.call("Target.closeTarget", {"targetId": target})
+
+
+# The smallest tick label a room reads from the back: its font size in CSS pixels of the 1280×720 slide.
+MIN_TICK_PX = 14
+# Figures whose tick labels are not matplotlib's default size, in points; None: the figure has no tick labels.
+TICK_POINTS: dict[str, float | None] = {
+    "notebook:01#c018": None,  # course_lib.viz.show_images: a grid of pictures, axes off
+    "notebook:02#c020": None,  # show_images
+    "notebook:09#c009": None,  # show_images
+    "notebook:06#c029": 7,  # course_lib.samplers.plot_index_orders(class_names=...): the colour bar's class names
+}
+
+# Every notebook figure of the deck as the slide shows it: its reference, natural and laid-out size, slide number.
+FIGURES = """(() => {
+  const rows = [];
+  Reveal.getSlides().forEach((s, i) => {
+    Reveal.slide(i);
+    s.querySelectorAll('img[data-figure]').forEach(img => rows.push({slide: i + 1, figure: img.dataset.figure,
+      natural: [img.naturalWidth, img.naturalHeight], shown: [img.clientWidth, img.clientHeight]}));
+  });
+  Reveal.slide(0);
+  return JSON.stringify(rows);
+})()"""
+
+
+def default_tick_points() -> float:
+    """matplotlib's default tick label size in points, from the installed matplotlib (rcParams xtick.labelsize and
+    ytick.labelsize, "medium" of font.size: 10 pt). The notebooks draw with its defaults: matplotlib-inline sets no
+    rcParams of its own since 0.1.4, and the course changes none but figure.dpi, which the PNG records."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    defaults = matplotlib.rcParamsDefault
+
+    def points(size: Any) -> float:
+        return font_manager.font_scalings[size] * defaults["font.size"] if isinstance(size, str) else float(size)
+
+    return min(points(defaults["xtick.labelsize"]), points(defaults["ytick.labelsize"]))
+
+
+def test_tick_points_name_figures_of_the_decks() -> None:
+    used = {m for deck in DECKS for m in re.findall(r"\]\((notebook:[^)\s]+)\)", deck.read_text(encoding="utf-8"))}
+    assert set(TICK_POINTS) <= used, f"TICK_POINTS names figures no deck shows: {sorted(set(TICK_POINTS) - used)}"
+    assert 9 <= default_tick_points() <= 12
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level", LEVELS)
+def test_figure_tick_labels_are_readable(
+    level: str, built: dict[str, tuple[slides.Deck, Path]], browser: Browser
+) -> None:
+    """Every notebook figure of the deck, laid out on the 1280×720 slide, shows tick labels of MIN_TICK_PX or more.
+
+    A tick label of ``pt`` points in a PNG drawn at ``dpi`` is ``pt × dpi / 72`` pixels of the PNG (matplotlib
+    writes the figure's dpi into the PNG's pHYs chunk: 100, or 80 where a notebook asks for smaller pictures), and
+    the slide shows the PNG scaled by ``min(clientWidth / naturalWidth, clientHeight / naturalHeight)`` (course.css
+    draws it with ``object-fit: contain``). Pixels are CSS pixels of the 1280×720 slide, the unit of course.css's
+    font sizes, measured as a font size (the em, not the height of a digit); reveal.js then scales the whole slide
+    to the screen (by 0.96 in a 1280×720 window, its margin). Limits: the tick size is matplotlib's default unless
+    TICK_POINTS says otherwise, so a figure that sets its own (``tick_params``, ``set_yticklabels(fontsize=...)``,
+    rcParams) must be listed there, as must a figure without ticks; titles, legends and other text are not measured.
+    """
+    deck, path = built[level]
+    figures = slides.NotebookFigures()
+    default = default_tick_points()
+    with opened_deck(browser, path, level) as (session, _):
+        shown = json.loads(_evaluate(browser, session, FIGURES))
+    assert sorted(r["figure"] for r in shown) == sorted(deck.figures), "every notebook figure is measured"
+    small = []
+    for r in shown:
+        points = TICK_POINTS.get(r["figure"], default)
+        if points is None:
+            continue
+        name, _, cell = r["figure"].removeprefix("notebook:").partition("#")
+        with Image.open(io.BytesIO(figures.png(name, cell))) as png:
+            dpi = png.info.get("dpi")
+        assert dpi, f"{level}: {r['figure']} names no dpi (a PNG pHYs chunk): was it drawn by matplotlib?"
+        scale = min(r["shown"][0] / r["natural"][0], r["shown"][1] / r["natural"][1])
+        px = points * dpi[0] / 72 * scale
+        if px < MIN_TICK_PX:
+            small.append(
+                f"slide {r['slide']}, {r['figure']}: {px:.1f} px ({points:g} pt at {dpi[0]:.0f} dpi × {scale:.2f})"
+            )
+    assert small == [], (
+        f"{level}: tick labels under {MIN_TICK_PX} px at 1280×720: {'; '.join(small)}. Give the figure a slide of its "
+        "own (a heading and the picture, nothing else), or draw it larger in the notebook; a figure without tick "
+        "labels, or with its own tick size, goes in TICK_POINTS"
+    )
 
 
 def test_the_vendored_reveal_js_is_committed() -> None:

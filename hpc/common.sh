@@ -26,6 +26,9 @@
 #   STAGE_DATA        0                              1: stage_data copies the data to the local disk
 #   RUNS_DIR          $PWD/runs                      reports go to $RUNS_DIR/<job name>-<job id>/
 #   COURSE_VENV       ~/venvs/pytorch-data-course    empty: the python already on PATH
+#   TRAIN_DEVICE      auto                           the training's --device: auto (a GPU per rank where the job
+#                                                    sees GPUs, else the CPU and gloo), cpu (gloo, even where the
+#                                                    node's GPUs are visible: hpc/class_sbatch's CPU-only jobs)
 #   OMP_NUM_THREADS   1                              (exported) threads of each training process
 # and Slurm's SLURM_JOB_ID, SLURM_NNODES, SLURM_TMPDIR (or TMPDIR). stage_data sets (and exports)
 # COURSE_DATA_DIR, LOCAL_DIR and SET; torchrun_logs sets TORCHRUN_LOGS.
@@ -41,6 +44,9 @@ RUNS_DIR="${RUNS_DIR:-$PWD/runs}"     # on several nodes, a shared file system: 
 # A virtual environment with the course installed (pip install -r requirements.txt). Set
 # COURSE_VENV= (empty) to use the python already on PATH, e.g. after `module load pytorch`.
 COURSE_VENV="${COURSE_VENV-$HOME/venvs/pytorch-data-course}"
+# Slurm hides no GPU from a job that asked for none unless the site's cgroups do (ConstrainDevices): "auto" would
+# then train on GPUs other jobs were given. A job without GPUs says cpu (TRAIN_ARGS' own --device still wins).
+TRAIN_DEVICE="${TRAIN_DEVICE:-auto}"
 # one thread per training process (torchrun's default too): the DataLoader workers do the CPU work
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
@@ -150,7 +156,8 @@ clean_run_dir() {  # $1: the job's run folder
 show_versions() {
     # torch's version file, read without importing torch (which costs seconds, more on a shared file system)
     python -c 'import sys, runpy, importlib.util as u; v = runpy.run_path(u.find_spec("torch").submodule_search_locations[0] + "/version.py"); print("   python", sys.version.split()[0] + ", torch", v["__version__"], "built for CUDA", v["cuda"])'
-    echo "   GPUs: ${SLURM_GPUS_ON_NODE:-none} from Slurm, CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-(unset)}"
+    echo "   GPUs: ${SLURM_GPUS_ON_NODE:-none} from Slurm, CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-(unset)};" \
+         "training with --device $TRAIN_DEVICE"
     if command -v nvidia-smi > /dev/null; then nvidia-smi -L; fi
 }
 

@@ -13,7 +13,9 @@ Without cgroups: ``proctrack/linuxproc``, ``task/affinity`` (``--hint=nomultithr
 task plugin that binds CPUs), no accounting. Each node declares the machine's CPUs (the nodes share
 them); a node declaring more than the machine has cannot bind its tasks ("Unable to layout tasks
 on given cpus"), so jobs ask for what the machine has and the scripts' other settings come from
-the environment.
+the environment. Each node also declares ``gpus`` GPUs that are not GPUs (``gres.conf`` names
+``/dev/null`` and the like as their devices): Slurm counts them, checks ``--gres=gpu:N`` against them and
+hands them out as on a GPU node (``SLURM_GPUS_ON_NODE``, ``CUDA_VISIBLE_DEVICES``); nothing runs on them.
 
 Everything started here is stopped by its pid; processes the daemons started (slurmstepd, job
 steps) are found by the ``SLURM_CONF`` of this cluster in their environment, never by name. The
@@ -61,6 +63,9 @@ HOSTS_MARK = "# tests/slurm_cluster.py, pid"
 OWNER_VAR = "COURSE_SLURM_OWNER"
 _SBIN_PATH = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
+
+#: The devices of the nodes' pretend GPUs (gres.conf wants a device file for each).
+FAKE_GPU_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom")
 
 #: Job credential lifetime (slurm.conf AuthInfo cred_expire; Slurm's default is 120 s). It is also how long a requeued
 #: job is held before it may start again: a job started earlier is killed ("Job credential revoked").
@@ -218,6 +223,7 @@ class Cluster:
     nodes: int = 2
     cpus: int = 4  # per node
     memory_mb: int = 2048  # per node (declared only: no memory is enforced)
+    gpus: int = 2  # per node: pretend GPUs (FAKE_GPU_FILES), for jobs that ask for --gres=gpu:N
     partition: str = "course"
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
@@ -268,7 +274,8 @@ class Cluster:
         r = self.root
         nodes = "\n".join(
             f"NodeName={name} NodeAddr=127.0.0.1 NodeHostname={name} Port={port} CPUs={self.cpus} "
-            f"Sockets=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory={self.memory_mb} State=UNKNOWN"
+            f"Sockets=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory={self.memory_mb}"
+            f"{f' Gres=gpu:{self.gpus}' if self.gpus else ''} State=UNKNOWN"
             for name, port in zip(self.node_names, node_ports)
         )
         return f"""# Written by tests/slurm_cluster.py for one test session; private to {r}
@@ -296,6 +303,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
+GresTypes=gpu
 SchedulerType=sched/builtin
 ReturnToService=2
 MailProg=/bin/true
@@ -332,7 +340,13 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
                 raise SlurmError(f"node name {name} resolves to {addr}, not 127.0.0.1: check {HOSTS} and nsswitch.conf")
         self._start_munge(deadline)
         ctld_port, *node_ports = free_ports(1 + self.nodes)
+        if not 0 <= self.gpus <= len(FAKE_GPU_FILES):
+            raise SlurmError(f"gpus={self.gpus}: at most {len(FAKE_GPU_FILES)} pretend GPUs per node")
         self.conf.write_text(self.config_text(ctld_port, node_ports))
+        # slurmd reads gres.conf next to slurm.conf: the same pretend devices on every node (no cgroups to tell)
+        (self.conf.parent / "gres.conf").write_text(
+            "".join(f"Name=gpu File={device}\n" for device in FAKE_GPU_FILES[: self.gpus])
+        )
         self._spawn("slurmctld", [which("slurmctld"), "-D", "-i"])
         self._until(
             deadline,
@@ -416,17 +430,25 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=30 State=UP
         cwd: Path | str | None = None,
     ) -> int:
         """Submit ``script`` with command-line ``options`` (they win over its #SBATCH lines); its job id."""
+        return self.submit([which("sbatch"), "--parsable", *options, str(script)], env, cwd)[0]
+
+    def submit(
+        self, cmd: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | str | None = None
+    ) -> tuple[int, str]:
+        """Run ``cmd``, a command that runs ``sbatch --parsable`` (a wrapper, say); the job id and what it printed
+        on stderr."""
         job_env = dict(env if env is not None else self.env, SLURM_CONF=str(self.conf))
-        cmd = [which("sbatch"), "--parsable", *options, str(script)]
         try:
-            done = subprocess.run(cmd, env=job_env, cwd=cwd, capture_output=True, text=True, timeout=30)
+            done = subprocess.run(
+                [str(c) for c in cmd], env=job_env, cwd=cwd, capture_output=True, text=True, timeout=30
+            )
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"sbatch did not answer in 30 s\n{self.log_tails()}") from None
+            raise SlurmError(f"{' '.join(map(str, cmd))} did not answer in 30 s\n{self.log_tails()}") from None
         if done.returncode != 0:
-            raise SlurmError(f"sbatch {' '.join(options)} {script} failed: {done.stderr.strip()}")
-        job_id = int(done.stdout.strip().split(";")[0])
+            raise SlurmError(f"{' '.join(map(str, cmd))} failed: {done.stderr.strip()}")
+        job_id = int(done.stdout.strip().splitlines()[-1].split(";")[0])
         self.submitted[job_id] = time.monotonic()
-        return job_id
+        return job_id, done.stderr
 
     def jobs(self) -> dict[int, dict[str, str]]:
         """Every job slurmctld knows, as scontrol describes it (one line each with -o)."""

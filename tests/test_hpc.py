@@ -5,7 +5,8 @@ machine, one and two nodes). Here a fake ``srun`` and ``scontrol show hostnames`
 the variables sbatch would set are set by hand, and ``bash hpc/X.sbatch`` shows how a job stops
 early without data, when training fails, outside sbatch, and without hpc/common.sh (the steps all the scripts
 share), and how train_resumable.sbatch's trap answers the time-limit notice (a fake training step, a scontrol
-that records its arguments).
+that records its arguments). hpc/class_sbatch, which submits them with a learner's share for a class, runs against a
+fake ``sbatch`` that records what it was given.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.full
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "hpc").glob("*.sbatch"))
+CLASS_SBATCH = ROOT / "hpc" / "class_sbatch"  # a script's class variant (hpc/README.md, "For a class")
 COMMON = ROOT / "hpc" / "common.sh"  # sourced by every script: the steps they share
 JOB_ID = "4242"
 LIMIT = 40  # images of the tiny set's 80 used for training: 20 per rank
@@ -257,7 +259,15 @@ def test_common_file_says_what_it_does(tmp_path: Path) -> None:
     for name in functions:
         assert re.search(rf"^#\s+{name}\b", header, re.M), f"the header does not describe {name}"
     defaults = re.findall(r'^(?:export )?([A-Z_]+)="\$\{\1:?-', text, re.M)
-    assert set(defaults) == {"COURSE_DATA_DIR", "DATA_SIZE", "STAGE_DATA", "RUNS_DIR", "COURSE_VENV", "OMP_NUM_THREADS"}
+    assert set(defaults) == {
+        "COURSE_DATA_DIR",
+        "DATA_SIZE",
+        "STAGE_DATA",
+        "RUNS_DIR",
+        "COURSE_VENV",
+        "OMP_NUM_THREADS",
+        "TRAIN_DEVICE",
+    }
     for name in defaults:
         assert re.search(rf"^#\s+{name}\b", header, re.M), f"the header does not list the setting {name}"
 
@@ -267,7 +277,7 @@ def test_sourcing_the_common_file_sets_defaults_and_runs_nothing(tmp_path: Path)
     with no program on PATH, anything it ran would fail."""
     show = (
         'set -euo pipefail; source "$1"; for v in COURSE_DATA_DIR DATA_SIZE STAGE_DATA RUNS_DIR COURSE_VENV '
-        'OMP_NUM_THREADS; do echo "$v=${!v}"; done; for v in COURSE_DATA_DIR OMP_NUM_THREADS; do d=$(declare -p $v); echo "${d:0:10}"; done'
+        'OMP_NUM_THREADS TRAIN_DEVICE; do echo "$v=${!v}"; done; for v in COURSE_DATA_DIR OMP_NUM_THREADS; do d=$(declare -p $v); echo "${d:0:10}"; done'
     )
     nothing = tmp_path / "empty-bin"
     nothing.mkdir()
@@ -279,6 +289,7 @@ def test_sourcing_the_common_file_sets_defaults_and_runs_nothing(tmp_path: Path)
         RUNS_DIR="/runs",
         COURSE_VENV="",
         OMP_NUM_THREADS="4",
+        TRAIN_DEVICE="cpu",
     )
     for env, expected in [
         (
@@ -290,6 +301,7 @@ def test_sourcing_the_common_file_sets_defaults_and_runs_nothing(tmp_path: Path)
                 RUNS_DIR=f"{tmp_path}/runs",
                 COURSE_VENV=f"{tmp_path}/home/venvs/pytorch-data-course",
                 OMP_NUM_THREADS="1",
+                TRAIN_DEVICE="auto",
             ),
         ),
         ({**base, **given}, given),  # given at submission: kept (COURSE_VENV= empty included)
@@ -619,3 +631,135 @@ def test_staging_falls_back_from_slurm_tmpdir_to_tmpdir_to_tmp(tmp_path: Path, w
     assert f"COURSE_DATA_DIR={base}/course-data-{job}\n" in done.stdout
     assert "shapes-tiny-seed0" in done.stdout.splitlines()
     assert not (base / f"course-data-{job}").exists()  # removed when the script ended (its EXIT trap)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_trains_on_the_device_train_device_names(script: Path) -> None:
+    """TRAIN_DEVICE (hpc/common.sh: auto; hpc/class_sbatch's CPU-only jobs: cpu) reaches the training as --device,
+    before TRAIN_ARGS, whose own --device wins."""
+    code = " ".join(_code(script.read_text())).replace("\\ ", "")
+    assert re.search(r' --device "\$TRAIN_DEVICE" (--report "\$RUN_DIR" )?\$TRAIN_ARGS\b', code), script.name
+
+
+# --------------------------------------------------------------------------- hpc/class_sbatch: a class's share
+
+FAKE_SBATCH = (  # sh: its arguments, one a line, and the settings the job would get, then what sbatch says
+    'printf "%s\\n" "$@" > "$FAKE_SBATCH_LOG"; '
+    'echo "env GPUS_PER_NODE=$GPUS_PER_NODE TRAIN_DEVICE=$TRAIN_DEVICE" >> "$FAKE_SBATCH_LOG"; '
+    'echo "Submitted batch job 7"'
+)
+
+
+def class_sbatch(
+    tmp_path: Path, *args: str, cwd: Path = ROOT, **settings: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run hpc/class_sbatch with the class's ``settings`` against a fake sbatch; its result and sbatch's arguments."""
+    bin_dir = tmp_path / "fake-sbatch-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\n{FAKE_SBATCH}\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    log = tmp_path / "sbatch.log"
+    log.unlink(missing_ok=True)
+    env = clean_env()
+    env = {k: v for k, v in env.items() if not k.startswith("CLASS_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_SBATCH_LOG=str(log), **settings)
+    done = subprocess.run([str(CLASS_SBATCH), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=30)
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+#: What sbatch gets after --gres and --time for 4 cores: one task per node, for torchrun and the ranks it starts
+#: (GPUS_PER_NODE); train_tasks.sbatch's ranks are its tasks, with the cores split between them.
+ONE_TASK = ["--ntasks-per-node=1", "--cpus-per-task=4"]
+CLASS_SHARES = {("train_tasks.sbatch", 0): ["--ntasks-per-node=2", "--cpus-per-task=2"]}
+
+
+@pytest.mark.parametrize("gpus", [1, 0], ids=["one-GPU", "CPU-only"])
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_class_sbatch_gives_each_script_a_learners_share(tmp_path: Path, script: Path, gpus: int) -> None:
+    """One GPU and 4 cores (the defaults), or CPU only: 2 ranks with gloo. The class's options come first, the
+    learner's after them (they win), the script last; the job's settings go in the environment sbatch passes on.
+    What it ran is printed, ready to copy."""
+    settings = dict(CLASS_RESERVATION="pytorch-data-0512", CLASS_QOS="class", CLASS_ACCOUNT="proj42")
+    if not gpus:
+        settings["CLASS_GPUS"] = "0"
+    done, argv = class_sbatch(tmp_path, "--mem-per-cpu=2G", "-o", "my out/%j.out", f"hpc/{script.name}", **settings)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Submitted batch job 7\n"
+    ranks, device = (1, "auto") if gpus else (2, "cpu")
+    options = [
+        "--gres=gpu:1" if gpus else "--gres=none",
+        "--time=00:15:00",
+        *CLASS_SHARES.get((script.name, gpus), ONE_TASK),
+        "--account=proj42",
+        "--reservation=pytorch-data-0512",
+        "--qos=class",
+    ]
+    assert argv == [
+        *options,
+        "--mem-per-cpu=2G",
+        "-o",
+        "my out/%j.out",
+        f"hpc/{script.name}",
+        f"env GPUS_PER_NODE={ranks} TRAIN_DEVICE={device}",
+    ], argv
+    summary, command = done.stderr.splitlines()
+    workers = 4 // ranks - 1
+    assert summary == (
+        f"class job, per node: GPUs {gpus}, ranks {ranks} ({'a GPU each' if gpus else 'gloo on CPU'}), cores 4, "
+        f"DataLoader workers per rank {workers}; time limit 00:15:00"
+    ), summary
+    assert command == (
+        f"+ GPUS_PER_NODE={ranks} TRAIN_DEVICE={device} sbatch {' '.join(options)} --mem-per-cpu=2G -o my\\ out/%j.out "
+        f"hpc/{script.name}"
+    ), command
+
+
+def test_class_sbatch_follows_the_class_settings(tmp_path: Path) -> None:
+    """Two GPUs and 8 cores: 2 ranks of 3 workers; a partition and time limit; no reservation, QOS or account given:
+    none passed (the script's #SBATCH lines, or sbatch's SBATCH_* variables, stay)."""
+    done, argv = class_sbatch(
+        tmp_path, "hpc/train_tasks.sbatch", CLASS_GPUS="2", CLASS_CPUS="8", CLASS_TIME="30", CLASS_PARTITION="gpu"
+    )
+    assert done.returncode == 0, done.stderr
+    assert argv == [
+        "--gres=gpu:2",
+        "--time=30",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=4",
+        "--partition=gpu",
+        "hpc/train_tasks.sbatch",
+        "env GPUS_PER_NODE=2 TRAIN_DEVICE=auto",
+    ], argv
+    assert "ranks 2 (a GPU each), cores 8, DataLoader workers per rank 3; time limit 30" in done.stderr
+    done, argv = class_sbatch(tmp_path, "hpc/train_1node.sbatch", CLASS_GPUS="0", CLASS_CPUS="1")
+    assert argv[:4] == ["--gres=none", "--time=00:15:00", "--ntasks-per-node=1", "--cpus-per-task=1"], argv
+    assert argv[-1] == "env GPUS_PER_NODE=1 TRAIN_DEVICE=cpu" and "workers per rank 0" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, settings, message",
+    [
+        ((), {}, "usage: hpc/class_sbatch [sbatch options] hpc/<script>.sbatch"),
+        (("hpc/train_1node.sbatch", "--test-only"), {}, "no job script '--test-only' (the last argument)"),
+        (("hpc/common.sh",), {}, "hpc/common.sh: it knows the course's hpc/train_*.sbatch only"),
+        (("hpc/train_1node.sbatch",), {"CLASS_GPUS": "one"}, "CLASS_GPUS='one': a number of GPUs, 0 for CPU only"),
+        (("hpc/train_1node.sbatch",), {"CLASS_CPUS": "0"}, "CLASS_CPUS='0': a number of cores, at least 1"),
+        (
+            ("hpc/train_1node.sbatch",),
+            {"CLASS_GPUS": "5"},
+            "CLASS_CPUS=4 is less than one core for each of the 5 ranks",
+        ),
+    ],
+    ids=["no-script", "options-after-the-script", "not-a-job-script", "gpus", "cpus", "cores-per-rank"],
+)
+def test_class_sbatch_refuses_what_it_cannot_share(tmp_path: Path, args, settings, message) -> None:
+    done, argv = class_sbatch(tmp_path, *args, **settings)
+    assert done.returncode == 2 and argv == [], done
+    assert done.stderr.startswith("hpc/class_sbatch: ") and message in done.stderr, done.stderr
+
+
+def test_class_sbatch_runs_from_the_course_folder(tmp_path: Path) -> None:
+    """The jobs find hpc/common.sh in the folder they were submitted from: it says so before submitting."""
+    done, argv = class_sbatch(tmp_path, str(ROOT / "hpc" / "train_1node.sbatch"), cwd=tmp_path)
+    assert done.returncode == 2 and argv == [], done
+    assert f"run it from the course folder, where the jobs find hpc/common.sh ({tmp_path} has none)" in done.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import Callable, Iterator
 import pytest
 
 import slurm_cluster
+from documented_blocks import ELSEWHERE, blocks, entry
 from course_lib.distributed import expand_nodelist, read_reports
 from course_lib.samplers import coverage
 from slurm_cluster import Cluster, JobResult
@@ -49,6 +51,10 @@ SHARD_SIZE = 10  # samples per shard: the tiny set's 80 training images make 8 s
 MIN_MEMORY_MB = 3000  # two jobs at once: 4 ranks, their DataLoader workers, torchrun
 JOB_TIME_LIMIT = "5"  # minutes: Slurm itself ends a job that hangs
 WAIT_S = 300.0  # for all the jobs together, on a busy 2-core machine
+# hpc/README.md, "For a class": a learner's share, submitted with hpc/class_sbatch as the README says. The class's
+# CPU-only line; CLASS_CPUS (4 on a site) is what the machine has, up to 4: a node may not declare more.
+CLASS_COMMAND = "CLASS_GPUS=0 hpc/class_sbatch hpc/train_1node.sbatch"
+CLASS_TRAIN_ARGS = f"--limit {LIMIT} --epochs 1 --batch-size 8 --timeout 60"  # the workers and device: the class's
 #: torch.distributed's native threads, by the names torch and gloo give them
 DIST_THREADS = ("gloo", "pt_gloo", "pt_tcpstore", "pt_nccl")
 
@@ -91,6 +97,8 @@ class StageJob:
     options: list[str]
     env: dict[str, str]
     hold: Callable[[Path], None] | None = None  # called with the job's run folder before it is released
+    command: list[str] | None = None  # submitted with this command (options go before the script) instead of sbatch
+    submit_stderr: str = ""  # what the command printed when it submitted the job
     job_id: int = 0
     result: JobResult | None = None
     run_dir: Path = field(default=Path("/nonexistent"))
@@ -109,6 +117,7 @@ class Stage:
     node_local: Path  # SLURM_TMPDIR of every job: one folder that all the "nodes" share
     job_tmp: Path  # TMPDIR of every job: where torchrun without --log-dir leaves its torchelastic_* folders
     timings: dict[str, float]
+    reservation: str  # the class job's (hpc/README.md, "For a class"), on the cluster's last node
 
     def __getitem__(self, key: str) -> StageJob:
         return self.jobs[key]
@@ -249,7 +258,37 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
         text=True,
     )
     tasks = ["--ntasks-per-node=2", "-c", str(max(1, cpus // 2))]
-    jobs = [  # in the order the scheduler (first in, first out) starts them: the two-node jobs first
+    # The class's reservation, as a site's admins would make it: the last node, for this user, for a while. Its
+    # node is the class job's alone until the job has ended and the reservation is deleted (below).
+    reservation = f"course-class-{slurm.tag}"
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    slurm.run(
+        *("scontrol", "create", "reservation", f"ReservationName={reservation}", "StartTime=now", "Duration=30"),
+        *(f"Users={user}", f"Nodes={slurm.node_names[-1]}"),
+    )
+    class_env = dict(
+        env,
+        STAGE_DATA="0",
+        TRAIN_ARGS=CLASS_TRAIN_ARGS,
+        CLASS_ACCOUNT="course",
+        CLASS_PARTITION=slurm.partition,
+        CLASS_RESERVATION=reservation,
+        CLASS_QOS="normal",
+        CLASS_CPUS=str(min(4, cpus)),
+        CLASS_TIME=JOB_TIME_LIMIT,
+    )
+    variables, command = CLASS_COMMAND.split(" hpc/class_sbatch ")
+    class_env.update(v.split("=", 1) for v in variables.split())
+    jobs = [  # in the order the scheduler (first in, first out) starts them: the class job first, on its
+        # reserved node (it ends soon and frees the node), then the two-node jobs
+        StageJob(
+            "class",
+            HPC / "train_1node.sbatch",
+            "course-train-1node",
+            [],
+            class_env,
+            command=[str(HPC / "class_sbatch"), "--parsable", "-o", f"{out}/%x-%j.out", command],
+        ),
         StageJob(
             "multinode",
             HPC / "train_multinode.sbatch",
@@ -317,22 +356,28 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
                     time_limit="00:05:00",
                 )
             options = common + job.options + (["--hold"] if job.hold else [])
-            job.job_id = slurm.sbatch(job.script, options, job.env, cwd=ROOT)
+            if job.command:
+                job.job_id, job.submit_stderr = slurm.submit(job.command, job.env, cwd=ROOT)
+            else:
+                job.job_id = slurm.sbatch(job.script, options, job.env, cwd=ROOT)
             job.run_dir = runs / f"{job.job_name}-{job.job_id}"
             if job.hold:  # what an earlier job of this name and id left in its folder
                 job.hold(job.run_dir)
                 slurm.run("scontrol", "release", str(job.job_id))
+        # the class job first: then its reservation goes, and its node serves the other jobs
+        results = slurm.wait([jobs[0].job_id], timeout=WAIT_S)
     finally:
         if writing.poll() is None:
             writing.kill()
             writing.wait()
-    results = slurm.wait([job.job_id for job in jobs], timeout=WAIT_S)
+        slurm.run("scontrol", "delete", "reservation", reservation, check=False)
+    results.update(slurm.wait([job.job_id for job in jobs[1:]], timeout=WAIT_S))
     for job in jobs:
         job.result = results[job.job_id]
     timings = {"cluster_start_s": slurm.start_s, "stage_s": time.monotonic() - start}
     for job in jobs:
         timings[f"{job.key}_s"] = job.result.waited_s
-    return Stage(slurm, {job.key: job for job in jobs}, node_local, job_tmp, timings)
+    return Stage(slurm, {job.key: job for job in jobs}, node_local, job_tmp, timings, reservation)
 
 
 def check_reports(folder: Path, world_size: int, source: str) -> list[dict]:
@@ -365,6 +410,98 @@ def test_train_1node_runs_torchrun_under_slurm(stage: Stage) -> None:
     assert out.count("exit-check:") == 2, out  # the hook ran in both ranks (test_no_threads_outlive_the_ranks)
     check_reports(job.run_dir, 2, "torchrun")
     assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
+
+
+# --------------------------------------------------------------------------- for a class
+
+
+def _readme_class_section() -> str:
+    text = (HPC / "README.md").read_text()
+    start = text.index("\n## For a class\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def test_class_job_runs_with_a_learners_share(stage: Stage) -> None:
+    """hpc/README.md, "For a class": ``CLASS_GPUS=0 hpc/class_sbatch hpc/train_1node.sbatch`` submits the unchanged
+    script with a learner's share, in the class's reservation: no GPU, CLASS_CPUS cores instead of 32, the class's time
+    limit. The script's own settings follow: 2 ranks (GPUS_PER_NODE), gloo on CPU (TRAIN_DEVICE=cpu), one worker
+    fewer per rank than its cores. The cluster has no accounting database: the QOS is passed and accepted, not
+    enforced."""
+    assert CLASS_COMMAND in _readme_class_section()
+    job = stage["class"]
+    r = job.ok()
+    out, info = r.output(), r.info
+    cpus, partition = min(4, stage.cluster.cpus), stage.cluster.partition
+    # what hpc/class_sbatch ran: the class's options, then the learner's (they win over the script's #SBATCH lines)
+    ran = (
+        f"+ GPUS_PER_NODE=2 TRAIN_DEVICE=cpu sbatch --gres=none --time={JOB_TIME_LIMIT} --ntasks-per-node=1 "
+        f"--cpus-per-task={cpus} --account=course --partition={partition} --reservation={stage.reservation} "
+        "--qos=normal --parsable -o "
+    )
+    assert ran in job.submit_stderr, job.submit_stderr
+    # what Slurm gave it: the reserved node, the class's cores and time limit, no GPU
+    assert info.get("Reservation") == stage.reservation and r.nodes == stage.cluster.node_names[-1], info
+    assert (info.get("NumCPUs"), info.get("TimeLimit"), info.get("TresPerNode")) == (
+        str(cpus),
+        f"00:{int(JOB_TIME_LIMIT):02d}:00",
+        None,
+    ), info
+    assert (info.get("Account"), info.get("Partition")) == ("course", partition), info
+    # what the script made of it
+    assert f"2 ranks on 1 node, {cpus} CPUs, {cpus // 2 - 1} DataLoader workers per rank" in out, out
+    assert "GPUs: none from Slurm" in out and "training with --device cpu" in out, out
+    assert "check: 2 rank reports; last epoch: 40 of 40 samples seen" in out, out
+    assert out.count("exit-check:") == 2, out
+    check_reports(job.run_dir, 2, "torchrun")
+
+
+def test_class_sbatch_test_only_checks_the_request_with_slurm(slurm: Cluster) -> None:
+    """The README's check before the class, ``hpc/class_sbatch --test-only hpc/train_1node.sbatch``: Slurm says
+    where and when the class's default (one GPU: the test cluster's pretend ones) would start, inside the
+    reservation, and submits nothing. A reservation that does not exist, or more GPUs than a node has, is refused."""
+    reservation = f"course-check-{slurm.tag}"
+    node = slurm.node_names[0]
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    slurm.run(
+        *("scontrol", "create", "reservation", f"ReservationName={reservation}", "StartTime=now", "Duration=30"),
+        *(f"Users={user}", f"Nodes={node}", "Flags=IGNORE_JOBS"),  # whatever runs there now
+    )
+    cpus = min(4, slurm.cpus)
+    env = dict(
+        clean_env(),
+        SLURM_CONF=str(slurm.conf),
+        CLASS_ACCOUNT="course",
+        CLASS_PARTITION=slurm.partition,
+        CLASS_RESERVATION=reservation,
+        CLASS_CPUS=str(cpus),
+    )
+    command = [str(HPC / "class_sbatch"), "--test-only", "hpc/train_1node.sbatch"]
+    assert "hpc/class_sbatch --test-only hpc/train_1node.sbatch" in _readme_class_section()
+    try:
+        checks = {
+            name: subprocess.run(command, env=dict(env, **more), cwd=ROOT, capture_output=True, text=True, timeout=30)
+            for name, more in [
+                ("default", {}),
+                ("no such reservation", {"CLASS_RESERVATION": "no-such-reservation"}),
+                ("too many GPUs", {"CLASS_GPUS": str(slurm.gpus + 1), "CLASS_CPUS": str(slurm.gpus + 1)}),
+            ]
+        }
+        jobs = slurm.jobs()
+    finally:
+        slurm.run("scontrol", "delete", "reservation", reservation, check=False)
+    ok = checks["default"]
+    assert ok.returncode == 0 and "+ GPUS_PER_NODE=1 TRAIN_DEVICE=auto sbatch --gres=gpu:1 " in ok.stderr, ok.stderr
+    assert re.search(rf"Job \d+ to start at \S+ using {cpus} processors on nodes {node} in partition ", ok.stderr), (
+        ok.stderr
+    )
+    assert ok.stdout == "", ok.stdout  # no job id: nothing submitted
+    assert max(jobs, default=0) == max(slurm.submitted, default=0), "--test-only submitted a job"
+    refused = checks["no such reservation"]
+    assert refused.returncode != 0 and "Requested reservation is invalid" in refused.stderr, refused.stderr
+    refused = checks["too many GPUs"]
+    assert refused.returncode != 0 and "--gres=gpu:3 " in refused.stderr, refused.stderr
+    assert "Requested node configuration is not available" in refused.stderr, refused.stderr
 
 
 def test_train_tasks_replaces_an_earlier_jobs_reports(stage: Stage) -> None:
@@ -454,7 +591,7 @@ def test_no_threads_outlive_the_ranks(stage: Stage) -> None:
     """Every rank of every job: its process group destroyed and its threads joined before Python shuts
     down. The rare abort at exit ("terminate called without an active exception") needs such threads."""
     left = {}
-    for key in ("1node", "tasks1", "capstone", "multinode", "tasks2"):
+    for key in ("1node", "tasks1", "capstone", "multinode", "tasks2", "class"):
         lines = [line for line in stage[key].result.output().splitlines() if "exit-check:" in line]
         left[key] = [line for line in lines if not line.endswith(": []")]
     assert not any(left.values()), left
@@ -855,3 +992,72 @@ def test_capstone_script_is_requeued_and_resumes_at_its_last_finished_epoch(
     resumed = {tuple(r["resumed_at"]) for r in reports}
     assert len(resumed) == 1 and len(next(iter(resumed))) == 1 and 1 <= next(iter(resumed))[0] < 3, resumed
     assert len({r["weights_sha256"] for r in reports}) == 1
+
+
+# --------------------------------------------------------------------------- hpc/README.md's blocks, run here
+
+#: The stand-in for ``sbatch`` on this cluster: Slurm checks each request (``--test-only``: nothing is submitted, the
+#: stage's own jobs run the scripts) after the options the block and the script give, with this machine's resources
+#: in place of a GPU node's (the scripts ask for 4 GPUs and 32 cores), and the cluster's partition for the README's.
+SBATCH_STAND_IN = """#!/usr/bin/env bash
+set -euo pipefail
+args=("$@"); i=0
+while [ "$i" -lt "${#args[@]}" ] && [[ "${args[$i]}" != *.sbatch ]]; do i=$((i + 1)); done
+fit=(--partition={partition} --cpus-per-task={cpus} --ntasks-per-node=1)
+[[ " ${args[*]:0:$i} " == *" --gres="* ]] || fit+=(--gres=gpu:1)
+exec {sbatch} --test-only "${args[@]:0:$i}" "${fit[@]}" "${args[@]:$i}"
+"""
+
+
+def test_hpc_readme_blocks_run_on_the_test_cluster(stage: Stage, tiny_root: Path, tmp_path: Path) -> None:
+    """Every hpc/README.md block that tests/documented_blocks.py sends here runs, as written, on this cluster, with
+    ``sbatch`` replaced by :data:`SBATCH_STAND_IN` (Slurm still reads each script's ``#SBATCH`` lines and the block's
+    own options), the class's settings an instructor hands out (with a reservation made for the test), and the check
+    by hand reading the reports of the stage's train_1node job instead of job 123456's."""
+    here = "tests/test_slurm.py::test_hpc_readme_blocks_run_on_the_test_cluster"
+    mine = [b for b in blocks() if here in (entry(ELSEWHERE, b) or "")]
+    assert len(mine) >= 5, [b.name for b in mine]
+    cluster = stage.cluster
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        SBATCH_STAND_IN.replace("{partition}", cluster.partition)
+        .replace("{cpus}", str(cluster.cpus))
+        .replace("{sbatch}", str(slurm_cluster.which("sbatch")))
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    reservation = f"course-readme-{cluster.tag}"
+    cluster.run(
+        *("scontrol", "create", "reservation", f"ReservationName={reservation}", "StartTime=now", "Duration=30"),
+        *(f"Users={pwd.getpwuid(os.geteuid()).pw_name}", f"Nodes={cluster.node_names[0]}", "Flags=IGNORE_JOBS"),
+    )
+    env = dict(
+        clean_env(),
+        SLURM_CONF=str(cluster.conf),
+        COURSE_DATA_DIR=str(tiny_root),
+        DATA_SIZE="tiny",
+        CLASS_ACCOUNT="course",
+        CLASS_PARTITION=cluster.partition,
+        CLASS_RESERVATION=reservation,
+        CLASS_CPUS=str(min(4, cluster.cpus)),
+    )
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    failures = []
+    try:
+        for block in mine:
+            code = block.code.replace("runs/course-train-1node-123456", str(stage["1node"].run_dir))
+            command = ["bash", "-e", "-o", "pipefail", "-c", code] if block.language == "bash" else [sys.executable]
+            done = subprocess.run(
+                command,
+                input=code if block.language == "python" else None,
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if done.returncode != 0:
+                failures.append(f"{block.name}: exit {done.returncode}\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
+    finally:
+        cluster.run("scontrol", "delete", "reservation", reservation, check=False)
+    assert not failures, "\n\n".join(failures)

@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 import psutil
 
 from .distributed import SLURM_NODELIST_VARS, SLURM_VARS, TORCHRUN_VARS
+from .support import when_this_process_dies
 
 __all__ = ["LaunchError", "launch"]
 
@@ -205,6 +206,7 @@ def launch(
                 env=child_env,
                 start_new_session=True,
             )
+            when_this_process_dies(kill=proc.pid, remove=logs)  # a killed kernel leaves no job, no logs
             timed_out = False
             try:
                 out, _ = proc.communicate(timeout=timeout)
@@ -290,6 +292,8 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
             )
             for r, log in enumerate(logs)
         ]
+        for p in procs:
+            when_this_process_dies(kill=p.pid, remove=folder)
         timed_out = False
         while None in (codes := [p.poll() for p in procs]):  # every task polled, each time
             failed = any(code not in (None, 0) for code in codes)

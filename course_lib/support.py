@@ -12,6 +12,8 @@ import operator
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -87,20 +89,129 @@ def _remove_dead_temps(final: Path) -> None:
 
 def scratch_folder(notebook: str) -> Path:
     """Notebooks 07-13: this kernel's scratch folder in the temporary directory, removed when the kernel exits or
-    calls again for the same notebook. A killed kernel (nbval, a JupyterHub) cannot remove its own: each call first
-    removes the folders of this host's dead kernels, found by the owner file that only this function writes."""
+    calls again for the same notebook. A killed kernel cannot remove its own: :func:`when_this_process_dies` does,
+    and each call first removes the folders of this host's dead kernels, found by the owner file that only this
+    function writes."""
     if notebook in _SCRATCH:  # the notebook's first cell, run again: start afresh
-        shutil.rmtree(_SCRATCH.pop(notebook), ignore_errors=True)
+        _remove_scratch(_SCRATCH.pop(notebook))
     for old in Path(tempfile.gettempdir()).glob("course*-*"):
         with contextlib.suppress(OSError, ValueError):  # another user's folder, or not one of ours
             host, pid = (old / _SCRATCH_OWNER).read_text().split()
             if _process_gone(host, int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
+                _remove_scratch(old)
     folder = Path(tempfile.mkdtemp(prefix=f"course{notebook}-"))
     (folder / _SCRATCH_OWNER).write_text(f"{_host()} {os.getpid()}")
-    atexit.register(shutil.rmtree, folder, True)
+    atexit.register(_remove_scratch, folder)
+    when_this_process_dies(remove=folder)
     _SCRATCH[notebook] = folder
     return folder
+
+
+def _remove_scratch(folder: Path) -> None:
+    """Remove a scratch folder, its owner file last: a removal cut short (a kernel ended mid-way) leaves a folder
+    that the next notebook still recognises as a dead kernel's, keys and all."""
+    for entry in list(folder.iterdir()) if folder.is_dir() else []:
+        if entry.name != _SCRATCH_OWNER:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- what a killed process leaves
+
+#: The watcher :func:`when_this_process_dies` starts: a process of its own (not a child of the kernel, so that neither
+#: ipykernel's SIGTERM to its children at a shutdown nor an interrupt reaches it) that reads what to clean up from a
+#: pipe and, once the process that started it is gone (killed or not), kills the processes and removes the folders
+#: still there. It needs only the standard library and psutil.
+_WATCHER = r"""
+import os, select, shutil, sys, time
+import psutil
+if os.fork():  # the parent returns at once: the watcher is no child of the kernel
+    os._exit(0)
+os.setsid()
+watched, born = int(sys.argv[1]), float(sys.argv[2])
+kill, remove, pipe = [], [], sys.stdin.fileno()
+
+def alive():
+    try:
+        p = psutil.Process(watched)
+        return p.create_time() == born and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+buffer, ended = b"", False
+
+
+def read(timeout):
+    global buffer, ended
+    ready, _, _ = select.select([pipe], [], [], timeout)
+    chunk = os.read(pipe, 65536) if ready else b""
+    ended = ended or bool(ready and not chunk)  # the other end closed: the process has ended, or is ending
+    buffer += chunk
+    *lines, buffer = buffer.split(b"\n")
+    for line in lines:
+        verb, _, arg = line.decode().partition(" ")
+        (kill if verb == "kill" else remove).append(arg)
+    return bool(chunk)
+
+
+while alive():
+    if ended:
+        time.sleep(0.25)
+    else:
+        read(0.25)
+while not ended and read(0):  # what it wrote just before it died
+    pass
+for entry in kill:  # the processes first: they may hold files in the folders
+    pid, created = entry.split()
+    try:
+        p = psutil.Process(int(pid))
+        if p.create_time() == float(created):
+            for q in [p, *p.children(recursive=True)]:
+                q.kill()
+    except psutil.Error:
+        pass
+for path in remove:
+    shutil.rmtree(path, ignore_errors=True)
+"""
+_WATCHERS: dict[int, int] = {}  # pid of the process watched -> write end of its watcher's pipe
+
+
+def when_this_process_dies(*, remove: str | os.PathLike[str] | None = None, kill: int | None = None) -> None:
+    """Make sure that the folder ``remove`` is removed, and the process ``kill`` with its children killed, once this
+    process has ended, however it ends: killed by SIGKILL, by SIGTERM (no ``atexit`` handler runs), or normally, if
+    its own clean-up left them. Kernels ended by Jupyter, nbval or a hub leave nothing behind this way. A watcher
+    process (one per process that calls this) does it; where it cannot start, nothing changes."""
+    import psutil
+
+    me = os.getpid()
+    if me not in _WATCHERS:
+        read, write = os.pipe()
+        try:
+            starter = subprocess.Popen(
+                [sys.executable, "-I", "-c", _WATCHER, str(me), repr(psutil.Process(me).create_time())],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            starter.wait(timeout=30)  # the watcher itself forked and goes on
+        except (OSError, subprocess.SubprocessError):
+            os.close(write)
+            return
+        finally:
+            os.close(read)
+        _WATCHERS[me] = write
+    lines = []
+    if remove is not None:
+        lines.append(f"remove {os.fspath(remove)}\n")
+    if kill is not None:
+        with contextlib.suppress(psutil.Error):
+            lines.append(f"kill {kill} {psutil.Process(kill).create_time()!r}\n")
+    with contextlib.suppress(OSError):  # the watcher ended: nothing more can be done
+        os.write(_WATCHERS[me], "".join(lines).encode())
 
 
 @contextlib.contextmanager

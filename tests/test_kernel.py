@@ -5,6 +5,7 @@ tracker lacks the private attributes the hook needs, it says so once and hooks n
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -125,3 +126,82 @@ def test_a_kernel_with_workers_and_shared_memory_exits_by_itself_when_asked(tmp_
     assert kernel.returncode == 0, f"the kernel was ended by signal {-kernel.returncode} after {seconds:.1f} s"
     assert ran.read_text() == "atexit ran"
     assert not segment.exists(), "the resource tracker did not unlink the segment the kernel left"
+
+
+KILLED_CELL = """
+import sys, time
+from course_lib import kernel
+from course_lib.data import scratch_folder
+from course_lib.jobs import launch
+from course_lib.s3server import local_server
+
+kernel.let_the_kernel_exit()
+server = local_server()  # notebook 10: a SeaweedFS server, its keys in its folder
+folder = scratch_folder("10")
+script = folder / "sleeper.py"
+script.write_text("import time\\ntime.sleep(300)\\n")
+print("server", server.pid, server.folder, "scratch", folder, flush=True)
+launch(str(script), nproc=2, timeout=300)  # a 2-rank torchrun job, still running when the kernel is ended
+"""
+
+
+@pytest.mark.full
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_kernel_ended_mid_job_leaves_no_process_folder_or_key(tmp_path: Path, how: str) -> None:
+    """Notebook 10's kernel, with its S3 server and a 2-rank torchrun job running, ended as Jupyter ends a kernel that
+    does not exit (SIGTERM: no atexit handler runs) or as an out-of-memory killer does (SIGKILL): within seconds no
+    process it started runs, and no folder it made (the server's, with its keys, and the notebook's scratch) is left."""
+    import os
+    import signal
+
+    import psutil
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        kc.execute(KILLED_CELL)
+        kernel_process = psutil.Process(km.provisioner.process.pid)
+        printed = ""
+        deadline = time.monotonic() + 120
+        ranks: list[psutil.Process] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                msg = kc.get_iopub_msg(timeout=0.2)
+                if msg["msg_type"] == "stream":
+                    printed += msg["content"]["text"]
+                if msg["msg_type"] == "error":
+                    pytest.fail("\n".join(msg["content"]["traceback"]))
+            started = kernel_process.children(recursive=True)
+            ranks = [p for p in started if _command(p).endswith("sleeper.py") and "distributed.run" not in _command(p)]
+            if len(ranks) == 2 and "scratch" in printed:
+                break
+        words = printed.split()
+        assert len(ranks) == 2, (printed, [_command(p) for p in kernel_process.children(recursive=True)])
+        everything = kernel_process.children(recursive=True)
+        folders = [Path(words[2]), Path(words[4])]
+        assert all(f.exists() for f in folders) and any(folders[0].glob("*")), folders
+        os.kill(kernel_process.pid, getattr(signal, how))
+        kernel_process.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if not left and not any(f.exists() for f in folders):
+                break
+            time.sleep(0.2)
+        assert not left, [(p.pid, _command(p)) for p in left]
+        assert not any(f.exists() for f in folders), [f for f in folders if f.exists()]
+        assert not list(tmp_path.glob("course*-*")), list(tmp_path.glob("course*-*"))
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
+def _command(process) -> str:
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""

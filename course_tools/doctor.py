@@ -21,6 +21,7 @@ import platform
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ _UNLIMITED_BYTES = 2**60
 #: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
 DISK_FAIL_MB = 200
 DISK_WARN_MB = 1024
+#: Free space in the temporary directory ($TMPDIR, else /tmp), where notebooks 07 and 09-14 write their experiments:
+#: the most a Run All held there (course_tools/notebook_runs.json: notebook 12's raw files) and room to spare.
+TMP_NEEDED_MB = 1536
 #: The fix for anything missing from the environment.
 INSTALL = "pip install -r requirements.txt (from the course folder, in the course's environment)"
 
@@ -80,6 +84,8 @@ class Facts:
     shm_free_mb: float | None = None
     data_folder: str = ""
     disk_free_mb: float | None = None
+    tmp_folder: str = ""
+    tmp_free_mb: float | None = None
     data_writable: bool = True
     data_ready: dict[str, bool] = field(default_factory=dict)
     data_error: str | None = None
@@ -205,7 +211,7 @@ def check_cpu_limit(quota: float | None, hub_limit: float | None, cpus: int | No
         f"{cores:g} cores ({where}{seen}) for {workers} workers: the workers take turns, and "
         "os.cpu_count() does not show it",
         f"use num_workers={max(0, int(cores) - 1)} here, or ask the hub admin for c.Spawner.cpu_limit = "
-        f"{workers + 1} (workers + the main process)",
+        f"{max(2, workers)} (INSTRUCTORS.md's setting: one core per worker; the main process mostly waits)",
     )
 
 
@@ -324,6 +330,25 @@ def check_disk(free_mb: float | None, folder: str) -> Result:
             fix,
         )
     return Result(name, OK, f"{free_mb:,.0f} MB free at the data folder")
+
+
+def check_tmp(free_mb: float | None, folder: str) -> Result:
+    """Room in the temporary directory for the notebooks' experiments (scratch folders, the S3 server's objects)."""
+    name = "temp folder"
+    fix = (
+        f"free space there, or point TMPDIR at a folder with {TMP_NEEDED_MB:,} MB free (on a cluster, the node's "
+        "local disk or your scratch) before starting JupyterLab"
+    )
+    if free_mb is None:
+        return Result(name, WARN, f"could not read the free space at {folder}", fix)
+    if free_mb < TMP_NEEDED_MB:
+        return Result(
+            name,
+            WARN,
+            f"{free_mb:,.0f} MB free at {folder}: notebooks 10-12 write up to {TMP_NEEDED_MB:,} MB there",
+            fix,
+        )
+    return Result(name, OK, f"{free_mb:,.0f} MB free at {folder} (the notebooks' experiments)")
 
 
 def check_gpu(gpus: list[str], mps: bool) -> Result:
@@ -651,8 +676,6 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         folder = Path(root or ".")
         facts.data_folder = str(folder)
     try:  # a real server, started and stopped: what the object-storage notebook will do
-        import tempfile
-
         from course_lib import s3server
 
         with tempfile.TemporaryDirectory(prefix="doctor-s3-") as where, s3server.S3Server(where) as server:
@@ -667,6 +690,11 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         facts.disk_free_mb = shutil.disk_usage(existing).free / 2**20
     except OSError:
         facts.disk_free_mb = None
+    facts.tmp_folder = tempfile.gettempdir()
+    try:
+        facts.tmp_free_mb = shutil.disk_usage(facts.tmp_folder).free / 2**20
+    except OSError:
+        facts.tmp_free_mb = None
     return facts
 
 
@@ -704,6 +732,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
     results.append(check_kernel(facts.environment, facts.kernels, facts.in_kernel, facts.server_environment))
     results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))
+    results.append(check_tmp(facts.tmp_free_mb, facts.tmp_folder))
     results.append(
         check_data(
             facts.data_ready, facts.data_error, facts.data_writable, facts.data_folder, root_given, facts.data_damaged

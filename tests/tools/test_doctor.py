@@ -153,6 +153,17 @@ def test_check_start_method() -> None:
     assert doctor.check_start_method(None).status == WARN
 
 
+def test_check_tmp_needs_what_a_notebook_held_there() -> None:
+    import json
+
+    runs = json.loads((REPO / "course_tools" / "notebook_runs.json").read_text())["notebooks"]
+    assert doctor.TMP_NEEDED_MB >= 1.2 * max(r["scratch_mb"] for r in runs.values())
+    assert doctor.check_tmp(50_000, "/tmp").status == OK
+    low = doctor.check_tmp(500, "/tmp")
+    assert low.status == WARN and "TMPDIR" in low.fix
+    assert doctor.check_tmp(None, "/tmp").status == WARN
+
+
 def test_check_disk() -> None:
     assert doctor.check_disk(50_000, "/data").status == OK
     assert doctor.check_disk(500, "/data").status == WARN
@@ -255,6 +266,8 @@ def healthy(**changes: object) -> Facts:
         shm_free_mb=8000,
         data_folder="/data",
         disk_free_mb=50_000,
+        tmp_folder="/tmp",
+        tmp_free_mb=50_000,
         data_ready={"images": True, "shards": True},
         system="Linux x86_64",
         s3_seconds=1.1,
@@ -284,12 +297,13 @@ def test_healthy_machine_is_all_ok() -> None:
         "kernel",
         "S3 server",
         "disk",
+        "temp folder",
         "course data",
     ]
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("16 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("17 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -308,7 +322,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("12 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("13 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
@@ -386,7 +400,8 @@ def test_check_cpu_limit() -> None:
     assert doctor.check_cpu_limit(4.0, None, 64, 2).status == OK
     low = doctor.check_cpu_limit(2.0, 1.0, 64, 2)  # the hub asked for 1 core; the node has 64
     assert low.status == WARN and "1 cores (the hub's CPU_LIMIT; 64 CPUs visible)" in low.finding
-    assert "num_workers=0" in low.fix and "c.Spawner.cpu_limit = 3" in low.fix
+    assert "num_workers=0" in low.fix and "c.Spawner.cpu_limit = 2" in low.fix
+    assert "c.Spawner.cpu_limit = 2" in (REPO / "INSTRUCTORS.md").read_text(), "one rule: the doctor's and the guide's"
     assert doctor.check_cpu_limit(0.5, None, 2, 0).status == OK  # no workers: nothing takes turns
 
 
@@ -468,6 +483,7 @@ def test_real_run_on_this_machine(tiny_root: Path) -> None:
         "kernel",
         "S3 server",
         "disk",
+        "temp folder",
         "course data",
     ):
         assert f"  {name} " in done.stdout

@@ -10,9 +10,8 @@ import pytest
 
 from course_tools import hub
 
-pytestmark = pytest.mark.quick
 
-
+@pytest.mark.quick
 def test_the_link_pulls_the_repository_and_opens_the_notebook() -> None:
     link = hub.pull_link("https://hub.example.edu/", "https://github.com/ws/pytorch-data-course.git", "main")
     parts = urlparse(link)
@@ -26,6 +25,7 @@ def test_the_link_pulls_the_repository_and_opens_the_notebook() -> None:
     assert "%2F" in parts.query and "/" not in parts.query  # every value escaped: the hub sees four parameters
 
 
+@pytest.mark.quick
 def test_the_classic_interface_and_another_notebook() -> None:
     link = hub.pull_link(
         "http://127.0.0.1:8000",
@@ -48,6 +48,7 @@ def test_the_classic_interface_and_another_notebook() -> None:
         (("https://hub", "https://github.com/"), "names no repository"),
     ],
 )
+@pytest.mark.quick
 def test_bad_arguments_say_what_to_give(args: tuple[str, str], words: str) -> None:
     with pytest.raises(hub.LinkError, match=words.replace("(", r"\(")):
         hub.pull_link(*args)
@@ -58,11 +59,13 @@ def test_bad_arguments_say_what_to_give(args: tuple[str, str], words: str) -> No
 @pytest.mark.parametrize(
     "notebook", ["notebooks/99_no_such_notebook.ipynb", "notebooks/", "README.md", "notebooks/01_map_style.ipynb"]
 )
+@pytest.mark.quick
 def test_a_notebook_the_course_does_not_have_is_refused(notebook: str) -> None:
     with pytest.raises(hub.LinkError, match=r"is not a notebook of this course.*notebooks/01_map_style_datasets"):
         hub.pull_link("https://hub", "https://github.com/ws/c", "main", notebook)
 
 
+@pytest.mark.quick
 def test_the_command_prints_the_link_or_an_error() -> None:
     ok = subprocess.run(
         [
@@ -90,3 +93,17 @@ def test_the_command_prints_the_link_or_an_error() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: --hub 'hub' is not a URL")
+
+
+@pytest.mark.full
+@pytest.mark.timeout(180)
+def test_a_class_of_servers_starts_on_distinct_ports_and_stops(capsys: pytest.CaptureFixture[str]) -> None:
+    import psutil
+
+    before = {p.pid for p in psutil.process_iter() if p.name() == "weed"}
+    rows = hub.simulate_class(3)
+    assert [r.get("error") for r in rows] == [None, None, None]
+    ports = [port for r in rows for port in r["ports"]]
+    assert len(ports) == len(set(ports)) and all(r["pss_mb"] > 0 and r["seconds"] > 0 for r in rows)
+    assert "3 of 3 servers started at once" in capsys.readouterr().out
+    assert {p.pid for p in psutil.process_iter() if p.name() == "weed"} <= before, "a server outlived the simulation"

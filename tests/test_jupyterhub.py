@@ -5,10 +5,11 @@ The hub (tests/jupyterhub_stage.py) is set up as the README tells an admin: a sh
 ``LocalProcessSpawner``. In headless chromium each learner logs in, follows the course's nbgitpuller link (made by
 ``python -m course_lib hub link``), runs notebook 01's learner version (Run All), answers exercise 01.1 and sees ✅.
 Then: the second learner cannot read or write the first one's notebooks (through the hub, through the server's
-contents API, through a kernel), while a home made with ``useradd -m`` is readable; a new commit of the course,
-pulled by the same link, keeps the learner's answer, and a notebook that needs a newer ``course_lib`` than the
-shared environment has says so on its first cell; and the doctor, run in a learner's server, reports the hub's
-limits.
+contents API, through a kernel), while a home made with ``useradd -m`` is readable; nor read, upload or delete
+through any port or socket of the first one's S3 server (notebook 10's, started in a kernel of the first learner's);
+a new commit of the course, pulled by the same link, keeps the learner's answer, and a notebook that needs a newer
+``course_lib`` than the shared environment has says so on its first cell; and the doctor, run in a learner's server,
+reports the hub's limits.
 
 Needs root (accounts, /opt), ``configurable-http-proxy`` (``.ci/run`` installs it from the npm registry),
 Playwright and Debian's chromium: skipped without them, except under CI, where it fails. Screenshots go to
@@ -17,21 +18,26 @@ Playwright and Debian's chromium: skipped without them, except under CI, where i
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
 import stat
+import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 import course_lib
+from course_lib.jobs import free_ports
 from course_tools.hub import pull_link
 
-from jupyterhub_stage import Hub, chp_command, create_user, http, remove_user, run_code
+from jupyterhub_stage import Hub, Kernel, chp_command, create_user, http, remove_user, run_code
 from jupyterlab_ui import CHROMIUM_FLAGS, VIEWPORT, Notebook, expect, find_chromium, poll_until
+from test_s3server import knock
 
 pytestmark = [pytest.mark.full, pytest.mark.stage]
 
@@ -229,6 +235,95 @@ def test_one_learner_cannot_read_or_write_anothers_notebooks(stage: Stage) -> No
         assert out["stdout"].split()[:2] == ["read", "ALLOWED"], out  # the isolation check fails here, as it should
     finally:
         remove_user("pdcopen")
+
+
+# What a learner's notebook 10 does first (its first cells): its own S3 server, a shard put into the bucket `course`
+# as the writer identity, then the learner identity in use. It prints what the test needs: the server's pid, folder
+# and the object's key (the listeners are read from the process itself).
+S3_SERVER = """
+import json, os
+from course_lib import data, s3server
+server = s3server.local_server()
+shard = data.scratch_folder("10") / "shard-000000.tar"
+shard.write_bytes(os.urandom(300_000))
+s3server.upload(server, [shard], "course", "shards/")
+print(json.dumps({"pid": server.pid, "folder": str(server.folder), "key": "shards/shard-000000.tar"}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_no_learner_reaches_anothers_s3_server(stage: Stage) -> None:
+    """Notebook 10's S3 server, started in a kernel of ada's server, listens on 127.0.0.1, which bob shares. From a
+    kernel of his own server, bob tries to read, upload and delete on every port and Unix socket the live server
+    process listens on (read here, as root, from the operating system), without a certificate and with one of his own
+    server's kind, and to read ada's server's folder: all fail. Ada's S3, with her keys, still works."""
+    import psutil
+
+    ada, bob = list(LEARNERS)
+    started = time.monotonic()
+    for user in (ada, bob):
+        stage.hub.ensure_server(user)
+    with Kernel(stage.hub, ada, stage.hub.user_token(ada)) as kernel:
+        out = kernel.run(S3_SERVER, timeout=180)
+        assert not out["error"], out
+        server = json.loads(out["stdout"].strip().splitlines()[-1])
+        process = psutil.Process(server["pid"])
+        assert process.username() == ada and "mini" in process.cmdline()
+        deadline = time.monotonic() + 20  # S3 answers before the admin server and the gRPC ports listen
+        while True:
+            listening = {
+                (c.laddr.ip, c.laddr.port)
+                for each in [process, *process.children(recursive=True)]
+                for c in each.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            }
+            if len(listening) >= 10 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(listening) >= 10 and {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+        unix = sorted({c.laddr for c in process.net_connections(kind="unix") if c.laddr})
+        assert len(unix) >= 7, unix  # weed's five gRPC sockets in /tmp, the filer's and S3's in its folder
+        doors = [port for _, port in sorted(listening)] + unix
+        folder = server["folder"]
+        probe = inspect.getsource(knock) + textwrap.dedent(f"""
+            import json, tempfile
+            from pathlib import Path
+            from course_lib import s3server
+
+            doors = {doors!r}
+            tried = knock(doors, "course", {server["key"]!r})
+            own = Path(tempfile.mkdtemp())
+            s3server._write_certificates(own)  # what bob's own notebook 10 server presents
+            tried.update({{(door, "with bob's certificate: " + what): outcome for (door, what), outcome in knock(
+                doors, "course", {server["key"]!r}, certificate=(str(own / "tls-cert.pem"), str(own / "tls-key.pem"))
+            ).items()}})
+            for name in ("credentials", "s3.json", "security.toml", "tls-key.pem", "weed.log", "data"):
+                try:
+                    path = Path({folder!r}) / name
+                    list(path.iterdir()) if name == "data" else path.read_bytes()
+                    tried[name, "read the file"] = "SERVED"
+                except OSError as error:
+                    tried[name, "read the file"] = "refused: " + type(error).__name__
+            print(json.dumps([[str(door), what, outcome] for (door, what), outcome in tried.items()]))
+        """)
+        out = run_code(stage.hub, bob, stage.hub.user_token(bob), probe, timeout=180)
+        assert not out["error"], out
+        tried = json.loads(out["stdout"].strip().splitlines()[-1])
+        assert {door for door, _, _ in tried} >= {str(door) for door in doors}
+        opened = [f"{door} {what}: {outcome}" for door, what, outcome in tried if outcome.startswith("SERVED")]
+        assert not opened, "\n".join(opened)
+        every = len(knock(free_ports(1), "course", server["key"]))  # the attempts at one door (here a closed one)
+        attempts = Counter(door for door, _, _ in tried)
+        assert all(attempts[str(door)] == 2 * every for door in doors), attempts  # each, and with bob's certificate
+        # ada's S3, with her keys: the object is whole, and nothing was added or removed
+        out = kernel.run(
+            "print(sorted(o['Key'] for o in server.client('writer').list_objects_v2(Bucket='course')['Contents']),"
+            f" server.client('learner').get_object(Bucket='course', Key={server['key']!r})['Body'].read() =="
+            " shard.read_bytes())"
+        )
+        assert out["stdout"].split("]")[-1].strip() == "True" and f"['{server['key']}']" in out["stdout"], out
+    assert poll_until(lambda: not psutil.pid_exists(server["pid"]), 30), "the server outlived ada's kernel"
+    stage.seconds["bob knocks on ada's S3 server"] = round(time.monotonic() - started, 1)
 
 
 @pytest.mark.timeout(300)

@@ -152,6 +152,23 @@ def test_01_split_from_the_global_seed(tiny_set: Path) -> None:
     assert "reseeds or draws from torch's global generator" in status(check, reseeds_global, train)[1]
 
 
+def test_01_split_with_a_generator_made_outside(tiny_set: Path) -> None:
+    """issue 51: a generator made once outside the function is used up by the first call; the hint says so, and does
+    not blame torch's global generator."""
+    train = ImageFileDataset(tiny_set, "train")
+    outside = torch.Generator().manual_seed(42)
+
+    def split_holdout(ds):
+        idx = random_split(range(len(ds)), [0.8, 0.2], generator=outside)
+        return Subset(ImageFileDataset(ds.root, "train"), idx[0].indices), Subset(
+            ImageFileDataset(ds.root, "train"), idx[1].indices
+        )
+
+    message = status(nb01.seeded_split, split_holdout, train)[1]
+    assert "lives on between calls (made once, outside the function)" in message, message
+    assert "global generator: random_split drew from it" not in message
+
+
 def class_counts(ds):
     """The notebook's solution."""
     return {name: int((ds.targets == label).sum()) for label, name in enumerate(ds.classes)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import torch
@@ -112,6 +113,20 @@ def test_02_is_round() -> None:
 
     assert status(check, is_round, classes)[0] is Status.SOLVED
     assert status(check, lambda y, c=classes: torch.tensor(is_round(y, c)), classes)[0] is Status.SOLVED
+    # a NumPy integer is a number 0 or 1 too (issue 51: np.int64(0) was rejected)
+    assert status(check, lambda y, c=classes: np.int64(is_round(y, c)), classes)[0] is Status.SOLVED
+    assert status(check, lambda y, c=classes: np.array(is_round(y, c)), classes)[0] is Status.SOLVED
+    assert "the number 0 or 1, got False" in status(check, lambda y, c=classes: np.bool_(is_round(y, c)), classes)[1]
+
+    def keyword_only(label, *, classes=classes):  # issue 51: a keyword-only `classes` is as good
+        return int(classes[label] in ("circle", "ring", "crescent"))
+
+    assert status(check, keyword_only, classes)[0] is Status.SOLVED
+
+    def keyword_only_numbers(label, *, classes=classes):
+        return int(label in (1, 2, 6))
+
+    assert "still answers from label numbers" in status(check, keyword_only_numbers, classes)[1]
     assert "did you forget `return`" in status(check, lambda y, c=classes: None, classes)[1]
     assert "(ring) should be 1" in status(check, lambda y, c=classes: int(c[y] == "circle" or y == 2), classes)[1]
     assert "the number 0 or 1, got 'other'" in status(check, lambda y, c=classes: "other", classes)[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import torch
@@ -23,6 +24,10 @@ def test_03_count() -> None:
     assert "a tuple of two numbers" in status(nb03.count_batches, 16)[1]
     assert status(nb03.count_batches, [16, 15])[0] is Status.SOLVED
     assert "whole numbers (int), got '16' and '15'" in status(nb03.count_batches, ("16", "15"))[1]
+    # issue 51: NumPy integers are whole numbers too (np.ceil(1000 / 64).astype(int), 1000 // np.int64(64))
+    assert status(nb03.count_batches, (np.int64(16), np.int64(15)))[0] is Status.SOLVED
+    assert "partial batch" in status(nb03.count_batches, (np.int64(15), np.int64(15)))[1]
+    assert "whole numbers (int), got np.float64(16.0)" in status(nb03.count_batches, (np.float64(16.0), 15))[1]
 
 
 def test_03_loader() -> None:

@@ -112,6 +112,10 @@ def test_06_train_val_samplers() -> None:
         train, val = _split(n, f, seed)
         return train, SequentialSampler(val)
 
+    def first_block(n, f, seed):  # issue 51: validation = the first k indices, a plain list: a block, not positions
+        n_val = round(n * f)
+        return SubsetRandomSampler(range(n_val, n), generator=torch.Generator().manual_seed(seed)), list(range(n_val))
+
     def wrong_size(n, f, seed):
         g = torch.Generator().manual_seed(seed)
         order = torch.randperm(n, generator=g).tolist()
@@ -122,6 +126,8 @@ def test_06_train_val_samplers() -> None:
     message = status(nb06.train_val_samplers, sequential_sampler_val)[1]
     assert "validation sampler yields 0, 1, ..., 19: positions, not the indices you chose" in message
     assert "in both parts" not in message
+    message = status(nb06.train_val_samplers, first_block)[1]
+    assert "one block (0..19)" in message and "positions" not in message, message
     assert "increasing order: use SubsetRandomSampler" in status(nb06.train_val_samplers, sequential_train)[1]
     assert "validation order changes" in status(nb06.train_val_samplers, shuffled_val)[1]
     assert "global generator" in status(nb06.train_val_samplers, global_rng)[1]
@@ -293,6 +299,24 @@ class NoBatchShuffleLongFirst(MyBucketSampler):  # the same, each bucket long to
             yield from (b.tolist() for b in by_length.split(self.batch_size))
 
 
+class ZigZag(MyBucketSampler):  # issue 51: buckets in turn short to long and long to short, never shuffled
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator)
+        for k, bucket in enumerate(order.split(self.bucket_size)):
+            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True, descending=k % 2 == 1)]
+            yield from (b.tolist() for b in by_length.split(self.batch_size))
+
+
+class ShuffledWithinBucket(MyBucketSampler):  # issue 51: each bucket's batches shuffled, the buckets one after another
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator)
+        for bucket in order.split(self.bucket_size):
+            by_length = bucket[torch.argsort(self.lengths[bucket], stable=True)]
+            batches = by_length.split(self.batch_size)
+            for k in torch.randperm(len(batches), generator=self.generator).tolist():
+                yield batches[k].tolist()
+
+
 class WrongLength(MyBucketSampler):
     def __len__(self):
         return len(self.lengths)
@@ -312,7 +336,7 @@ def test_06_bucket_sampler() -> None:
     assert "sort only within each bucket" in status(check, FullSort)[1]
     assert "sort each bucket by length" in status(check, NoSort)[1]
     assert "run from short to long" in status(check, BatchesInOrder)[1]
-    for no_step_4 in (NoBatchShuffle, NoBatchShuffleLongFirst):
+    for no_step_4 in (NoBatchShuffle, NoBatchShuffleLongFirst, ZigZag, ShuffledWithinBucket):
         assert "Step 4: collect the batches of all buckets" in status(check, no_step_4)[1], no_step_4
     assert "__len__ is the number of batches" in status(check, WrongLength)[1]
     assert "draw every random choice from self.generator" in status(check, GlobalShuffle)[1]

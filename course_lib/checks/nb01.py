@@ -410,6 +410,14 @@ def seeded_split(fn: Any, dataset: Any) -> None:
     )
     a, b = set(train_part.indices), set(holdout.indices)
     require(not a & b, f"{len(a & b)} samples are in both parts: each sample must land in exactly one.")
+    repeat, _ = _split_under(fn, dataset, global_seed=0)
+    require(
+        list(repeat[0].indices) == list(train_part.indices),
+        "two calls of split_holdout gave two different splits, with torch's global generator in the same state "
+        "both times: the generator random_split draws from lives on between calls (made once, outside the "
+        "function), and each call goes on from where the last one stopped. Make it inside the function, "
+        "generator=torch.Generator().manual_seed(42), so that every call starts from seed 42.",
+    )
     again, _ = _split_under(fn, dataset, global_seed=1)
     require(
         list(again[0].indices) == list(train_part.indices),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -23,7 +24,7 @@ def count_batches(answer: Any) -> None:
     )
     keep, drop = answer
     require(
-        all(isinstance(v, int) and not isinstance(v, bool) for v in (keep, drop)),
+        all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (keep, drop)),  # np.int64 too
         f"both counts should be whole numbers (int), got {keep!r} and {drop!r}.",
     )
     require(keep == 16, f"without drop_last: {keep!r} is not right. 1000 / 64 = 15.6; does the partial batch count?")

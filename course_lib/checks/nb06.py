@@ -99,9 +99,10 @@ def train_val_samplers(fn: Callable[[int, float, int], Any]) -> None:
             len(v1) == n_val, f"{call}: validation should get round({n} * {fraction}) = {n_val} indices, got {len(v1)}."
         )
         require(len(t1) == n - n_val, f"{call}: training should get the other {n - n_val} indices, got {len(t1)}.")
+        split_ok = sorted(t1 + v1) == list(range(n))  # then 0..k-1 are indices chosen (a block), not positions
         for part, indices, epoch in (("validation", n_val, v1), ("training", n - n_val, t1)):
             require(
-                epoch != list(range(indices)),
+                split_ok or epoch != list(range(indices)),
                 f"{call}: the {part} sampler yields 0, 1, ..., {indices - 1}: positions, not the indices you chose. "
                 f"SequentialSampler(indices) uses only len(indices) and counts 0..len-1 (it was made for a data set). "
                 "A plain list of the indices is a sampler that yields them in order.",
@@ -273,6 +274,12 @@ def class_then_sample(sampler_cls: Any) -> None:
 # ----------------------------------------------------------------- 06.6: a bucketing batch sampler
 
 
+def _one_bucket(batches: list[list[int]], lengths: list[int]) -> bool:
+    """Whether ``batches`` look like the slices of one bucket sorted by length: their length ranges do not overlap."""
+    spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
+    return all(high <= next_low for (_, high), (next_low, _) in zip(spans, spans[1:]))
+
+
 @exercise("06.6", "your bucketing sampler pads little, and draws new buckets and a new batch order every epoch.")
 def bucket_sampler(sampler_cls: Any) -> None:
     """``sampler_cls(lengths, batch_size, bucket_size, generator)``: a batch sampler that buckets, sorts, reshuffles."""
@@ -310,14 +317,6 @@ def bucket_sampler(sampler_cls: Any) -> None:
         longest != sorted(longest) and longest != sorted(longest, reverse=True),
         f"{call}: the batches run from short to long: shuffle the order of the batches with the generator.",
     )
-    per_bucket = 64 // 16
-    runs = [longest[k : k + per_bucket] for k in range(0, len(longest), per_bucket)]
-    require(
-        not all(run == sorted(run) for run in runs) and not all(run == sorted(run, reverse=True) for run in runs),
-        f"{call}: the batches come bucket by bucket, each bucket's from short to long: every {per_bucket} batches "
-        "the length starts over. Step 4: collect the batches of all buckets, then yield them in a random order "
-        "(torch.randperm(len(batches), generator=self.generator)).",
-    )
     epoch2 = _batches(list(s), call)
     require(
         epoch2 != epoch1,
@@ -329,6 +328,15 @@ def bucket_sampler(sampler_cls: Any) -> None:
         kept < 0.5,
         f"{kept:.0%} of batch-mates share a batch again next epoch: shuffle all indices before cutting "
         "them into buckets, and sort only within each bucket (a full sort fixes who shares a batch).",
+    )
+    per_bucket = 64 // 16
+    runs = [epoch1[k : k + per_bucket] for k in range(0, len(epoch1), per_bucket)]
+    require(
+        not all(_one_bucket(run, lengths) for run in runs),
+        f"{call}: the batches come bucket by bucket: every {per_bucket} batches in a row are the slices of one "
+        "sorted bucket (their lengths never overlap), whatever order you give them within it. Step 4: collect the "
+        "batches of all buckets, then yield them in a random order (torch.randperm(len(batches), "
+        "generator=self.generator)).",
     )
     twin = sampler_cls(lengths, 16, 64, torch.Generator().manual_seed(0))
     require(

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
+import re
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,6 +39,19 @@ def _proxy(proxy: Any, latency_s: float = 0.0) -> Iterator[Any]:
         proxy.cut_next(0)
 
 
+@contextlib.contextmanager
+def _on_client(event: str, handler: Callable[..., Any]) -> Iterator[None]:
+    """``handler`` on ``event`` (botocore's event names, e.g. ``before-parameter-build.s3.GetObject``) of the client
+    ``object_store.s3_client()`` gives in this process now: the one the learner's code gets too, in the block."""
+    events = object_store.s3_client().meta.events
+    unique = f"course-check-{id(handler)}"
+    events.register(event, handler, unique_id=unique)
+    try:
+        yield
+    finally:
+        events.unregister(event, handler, unique_id=unique)
+
+
 def _client_error(exc: BaseException) -> str | None:
     response = getattr(exc, "response", None)
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
@@ -47,8 +64,10 @@ def open_s3(fn: Callable[..., Any], urls: list[str], keys: list[str]) -> None:
     import webdataset as wds
 
     attempted(fn)
+    asked: list[str] = []
     try:
-        stream = fn(urls[0], mode="rb", bufsize=8192)
+        with _on_client("before-parameter-build.s3.GetObject", lambda params, **_: asked.append(params.get("Key"))):
+            stream = fn(urls[0], mode="rb", bufsize=8192)
     except TypeError as exc:
         raise Hint(
             f"webdataset calls the handler as handler(url, mode='rb', bufsize=8192): give your function "
@@ -62,6 +81,13 @@ def open_s3(fn: Callable[..., Any], urls: list[str], keys: list[str]) -> None:
                 f"s3://) and the key (everything after it), e.g. object_store.split_url(url)."
             ) from None
         raise
+    slashed = [key for key in asked if isinstance(key, str) and key.startswith("/")]
+    require(
+        not slashed,
+        f"your handler asked for the key {slashed[0] if slashed else ''!r}, with a leading slash: this server "
+        "forgives it, AWS answers NoSuchKey. The key is everything after s3://bucket/, without the slash, "
+        "e.g. object_store.split_url(url).",
+    )
     require(stream is not None, 'open_s3 returned None: return the object\'s stream, response["Body"].')
     require(
         not isinstance(stream, dict),
@@ -75,6 +101,12 @@ def open_s3(fn: Callable[..., Any], urls: list[str], keys: list[str]) -> None:
     require(
         hasattr(stream, "read"),
         f'open_s3 returned a {type(stream).__name__}, which has no read(): return response["Body"].',
+    )
+    require(
+        not isinstance(stream, io.BytesIO) and not hasattr(stream, "getvalue"),
+        f"open_s3 returned an in-memory {type(stream).__name__}: io.BytesIO(body.read()) reads the whole object "
+        'into memory before webdataset sees a byte. Return the stream itself, response["Body"], so that the '
+        "shard is read piece by piece as it arrives.",
     )
     with contextlib.suppress(Exception):
         stream.close()
@@ -181,38 +213,124 @@ def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: A
         f"{len(whole):,} bytes: a short body is a failed attempt (read it inside the try, and "
         'compare its length with response["ContentLength"]).',
     )
-    with _proxy(proxy) as p:
+    attempts, backoff_s = 9, 0.002  # waits of at most 2, 4, 8, ..., 256 ms: 0.5 s in all, half that with jitter
+    sends: list[float] = []
+    with _proxy(proxy) as p, _waits() as waits:
         p.fail_next(100)
-        began = time.monotonic()
-        try:
-            fn(url, 3, 0.05)
-        except Exception as exc:  # what the learner raises is theirs to choose
-            message = str(exc)
-        else:
-            raise Hint(
-                "every request failed, yet your function returned: after the last attempt, raise an error "
-                "(e.g. object_store.ObjectReadError(url, attempts, error))."
-            )
-        elapsed = time.monotonic() - began
+        with _on_client("before-send.s3.GetObject", lambda **_: sends.append(time.monotonic())):
+            try:
+                fn(url, attempts, backoff_s)
+            except Exception as exc:  # what the learner raises is theirs to choose
+                message = str(exc)
+            else:
+                raise Hint(
+                    "every request failed, yet your function returned: after the last attempt, raise an error "
+                    "(e.g. object_store.ObjectReadError(url, attempts, error))."
+                )
         sent = p.requests
     require(
-        sent <= 3,
-        f"with attempts=3 the proxy saw {sent} requests: your client retries by itself (boto3's "
-        "default does, up to 5 tries a request). Use object_store.s3_client(), which tries once, so that "
-        "your loop counts every attempt.",
-    )
-    require(sent == 3, f"with attempts=3 the proxy saw {sent} requests: try exactly `attempts` times in all.")
-    require(
-        url in message and "3" in message,
-        f"the error says {message[:160]!r}: name the object ({url}) and the number of attempts (3) in it, so the "
-        "log says which shard failed and how hard it was tried.",
+        sent != attempts + 1,
+        f"with attempts={attempts} the proxy saw {sent} requests, one too many: try exactly `attempts` times in all, "
+        "for attempt in range(1, attempts + 1).",
     )
     require(
-        elapsed >= 0.14,
-        f"three attempts with backoff_s=0.05 took {elapsed:.2f} s: wait backoff_s after the "
-        "first failure and twice that after the second (0.05 + 0.1 s), time.sleep(backoff_s * "
-        "2 ** (attempt - 1)).",
+        sent <= attempts,
+        f"with attempts={attempts} the proxy saw {sent} requests: your client retries by itself (boto3's "
+        "default does, up to 5 tries a request). Use object_store.s3_client(), which tries once, so that your loop "
+        "counts every attempt.",
     )
+    require(sent == attempts, f"with attempts={attempts} the proxy saw {sent} requests: try exactly `attempts` times.")
+    rest = message.replace(url, " ")
+    require(
+        url in message and re.search(rf"(?<![\w.]){attempts}(?![\w.])", rest) is not None,
+        f"the error says {message[:160]!r}: name the object ({url}) and the number of attempts ({attempts}) in it, "
+        "so the log says which shard failed and how hard it was tried.",
+    )
+    if not waits:  # no time.sleep: it waited another way, or not at all; the gaps between its requests tell
+        if len(sends) != attempts:  # nor did it use object_store.s3_client(): its waits cannot be seen
+            return
+        gaps = [b - a for a, b in zip(sends, sends[1:])]
+        require(
+            sum(gaps[-3:]) > sum(gaps[:3]) + 3.5 * backoff_s,
+            f"with backoff_s={backoff_s} the gaps between your requests were "
+            f"{', '.join(f'{g * 1000:.1f}' for g in gaps)} ms: they do not grow, so your function did not wait, "
+            "or not longer each time. Wait backoff_s after the first failure, twice that after the second, and so "
+            "on, time.sleep(backoff_s * 2 ** (attempt - 1)).",
+        )
+        return
+    require(
+        len(waits) in (attempts - 1, attempts),  # a wait after the last failure too costs time, no more
+        f"{attempts} attempts, {attempts - 1} failures before the last one, but your function waited {len(waits)} "
+        "time(s): wait after every failed attempt but the last, time.sleep(backoff_s * 2 ** (attempt - 1)).",
+    )
+    early, late = sum(waits[:3]), sum(waits[-3:])
+    require(
+        late > early + 3.5 * backoff_s,
+        f"with backoff_s={backoff_s} your waits were {', '.join(f'{w * 1000:.1f}' for w in waits)} ms: they do not "
+        "grow. Wait backoff_s after the first failure, twice that after the second, and so on, "
+        "time.sleep(backoff_s * 2 ** (attempt - 1)) (a random share of it, full jitter, is fine too): a throttled "
+        "server needs the requests to thin out.",
+    )
+
+
+@contextlib.contextmanager
+def _waits() -> Iterator[list[float]]:
+    """The seconds each ``time.sleep`` of this thread asked for in the block (it still sleeps them)."""
+    real, me, seen = time.sleep, threading.get_ident(), []
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == me:
+            seen.append(float(seconds))
+        real(seconds)
+
+    time.sleep = sleep  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        time.sleep = real  # type: ignore[assignment]
+
+
+_watched: list[dict[str, Any]] = []  # what the audit hook watches now: a cache folder, its budget, what it saw
+_hooked: list[bool] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook (PEP 578; once added it stays, so it does nothing unless 10.3's check watches a folder): a file
+    opened for writing in the watched folder while the files already there plus the object being fetched exceed the
+    budget, i.e. written before the eviction."""
+    if event != "open" or not _watched or _watched[-1]["busy"]:
+        return
+    watch = _watched[-1]
+    watch["busy"] = True
+    try:
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & (os.O_WRONLY | os.O_RDWR))
+        target = os.path.abspath(os.fsdecode(os.fspath(path)))
+        if not writes or os.path.dirname(target) != watch["folder"]:
+            return
+        with os.scandir(watch["folder"]) as entries:
+            kept = sum(e.stat().st_size for e in entries if e.is_file() and e.path != target)
+        if kept + watch["incoming"] > watch["budget"]:
+            watch["over"] = max(watch["over"], kept + watch["incoming"])
+    except Exception:  # an audit hook must never break the open it watches
+        pass
+    finally:
+        watch["busy"] = False
+
+
+@contextlib.contextmanager
+def _watch_writes(folder: Path, budget: int) -> Iterator[dict[str, Any]]:
+    if not _hooked:
+        sys.addaudithook(_audit)
+        _hooked.append(True)
+    watch = {"folder": os.path.abspath(folder), "budget": budget, "incoming": 0, "over": 0, "busy": False}
+    _watched.append(watch)
+    try:
+        yield watch
+    finally:
+        _watched.remove(watch)
 
 
 @exercise("10.3", "a cache within its budget: least recently used shards go first, files and counts agree.")
@@ -221,7 +339,12 @@ def shard_cache(cache_class: Callable[[Path, int], Any], urls: list[str], folder
     bytes, fetching it on a miss and evicting the least recently used files beyond the budget; it counts ``hits``,
     ``misses`` and ``evicted``."""
     attempted(cache_class)
-    urls = list(urls)[:4]
+    with contextlib.ExitStack() as stack:
+        _check_cache(cache_class, list(urls), Path(folder), stack)
+
+
+def _check_cache(cache_class: Callable[[Path, int], Any], all_urls: list[str], folder: Path, stack: Any) -> None:
+    urls = all_urls[:4]
     payloads = {url: object_store.read_object(url) for url in urls}
     budget = 3 * max(len(p) for p in payloads.values())
     folder = Path(folder)
@@ -230,8 +353,10 @@ def shard_cache(cache_class: Callable[[Path, int], Any], urls: list[str], folder
         if old.is_file():
             old.unlink()
     cache = cache_class(folder, budget)
+    watch = stack.enter_context(_watch_writes(folder, budget))
 
     def fetch(url: str) -> None:
+        watch["incoming"], watch["over"] = len(payloads[url]), 0
         local = cache.path(url)
         require(local is not None, "path(url) returned None: return the local file's path.")
         local = Path(local)
@@ -249,6 +374,13 @@ def shard_cache(cache_class: Callable[[Path, int], Any], urls: list[str], folder
             used <= budget,
             f"the cache folder holds {used:,} bytes, over its budget of {budget:,}: evict the "
             "least recently used files before you write a new one.",
+        )
+        require(
+            not watch["over"],
+            f"the folder ends within its budget, but while the new shard was written it held {watch['over']:,} "
+            f"bytes, over the budget of {budget:,}: you write the new file first and evict afterwards, and a full "
+            "disk fails right there. Evict first (while the kept files plus the new one exceed the budget), then "
+            "write.",
         )
 
     a, b, c, d = urls
@@ -287,6 +419,44 @@ def shard_cache(cache_class: Callable[[Path, int], Any], urls: list[str], folder
         f"after a b c a d a b: hits={cache.hits}, misses={cache.misses}, evicted={cache.evicted}; expected 2, 5, "
         "2. Count every path() call as one hit or one miss.",
     )
+    _two_evictions(cache_class, all_urls, folder, stack)
+
+
+def _two_evictions(cache_class: Callable[[Path, int], Any], urls: list[str], folder: Path, stack: Any) -> None:
+    """A shard that needs two others to go: a small x and some y are kept, then the largest z comes, with a budget
+    that holds y + z less one byte. (Needs shards of two sizes; with all of one size one eviction always does.)"""
+    sizes = {url: size for url, size in object_store.list_objects(urls[0].rsplit("/", 1)[0] + "/") if url in urls}
+    if len(sizes) < 3 or len(set(sizes.values())) < 2:
+        return
+    z = max(sizes, key=sizes.get)
+    x = min(sizes, key=sizes.get)
+    y = next(url for url in sizes if url not in (x, z))
+    budget = sizes[y] + sizes[z] - 1
+    for old in folder.iterdir():
+        if old.is_file():
+            old.unlink()
+    cache = cache_class(folder, budget)
+    watch = stack.enter_context(_watch_writes(folder, budget))
+    for url in (x, y, z):
+        watch["incoming"], watch["over"] = sizes[url], 0
+        cache.path(url)
+    left = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
+    used = sum(left.values())
+    if used > budget and cache.evicted == 1:
+        raise Hint(
+            f"with a budget of {budget:,} bytes, two kept shards of {sizes[x]:,} and {sizes[y]:,} bytes and a new one "
+            f"of {sizes[z]:,}, both old ones must go, but your cache evicted one and now holds {used:,} bytes: evict "
+            "in a `while` loop, as long as the kept files plus the new one exceed the budget (an `if` evicts one).",
+        )
+    require(
+        used <= budget and not watch["over"],
+        f"with a budget of {budget:,} bytes and shards of {sizes[x]:,}, {sizes[y]:,} and {sizes[z]:,}, the folder "
+        f"held {max(used, watch['over']):,} bytes: evict until the kept files plus the new one fit, then write.",
+    )
+    require(
+        cache.evicted == 2,
+        f"two shards had to go for the largest one, and your cache counted evicted={cache.evicted}: count each.",
+    )
 
 
 @exercise(
@@ -300,32 +470,37 @@ def epoch_shards(fn: Callable[[str, int, int], list[str]], prefix: str, add_shar
     attempted(fn)
     listed = [url for url, _ in object_store.list_objects(prefix)]
     tars = sorted(url for url in listed if url.endswith(".tar"))
-    got = fn(prefix, 0, 0)
-    require(got is not None, "epoch_shards returned None: return the list of shard URLs.")
-    got = list(got)
-    require(
-        all(isinstance(u, str) and u.startswith("s3://") for u in got),
-        f"epoch_shards returned {got[:2]!r}...: return s3:// URLs, as object_store.list_objects gives them "
-        "(its items are (url, size) pairs).",
-    )
+
+    def pages_of_two(params: dict[str, Any], **_: Any) -> None:  # a bucket of a few shards, listed 2 keys a page
+        params["MaxKeys"] = min(int(params.get("MaxKeys") or 1000), 2)
+
+    with _on_client("before-parameter-build.s3.ListObjectsV2", pages_of_two):
+        got = _shard_list(fn(prefix, 0, 0))
     require(
         not any(not u.endswith(".tar") for u in got),
         "the list has objects that are not shards (e.g. the producer's index.json): keep only keys ending in .tar.",
     )
+    if len(got) < len(tars) and len(got) <= 2 and set(got) <= set(tars):
+        raise Hint(
+            f"{len(got)} shards returned, the bucket lists {len(tars)} under {prefix}: you read only the first "
+            "page of the listing. One list_objects_v2 call returns at most 1,000 keys (the check makes it 2, to see "
+            "it here): follow NextContinuationToken, use a paginator (client.get_paginator('list_objects_v2')), or "
+            "object_store.list_objects(prefix), which does."
+        )
     require(
         sorted(got) == tars,
         f"{len(got)} shards returned, the bucket lists {len(tars)} under {prefix}: list "
         "the prefix every time, and keep each shard once.",
     )
     require(
-        fn(prefix, 0, 0) == got,
+        _shard_list(fn(prefix, 0, 0)) == got,
         "two calls with the same (seed, epoch) gave different orders: draw the order "
         "from np.random.default_rng([seed, epoch]), not from global random state.",
     )
     rank = os.environ.get("RANK")
     os.environ["RANK"] = "1"
     try:
-        other_rank = fn(prefix, 0, 0)
+        other_rank = _shard_list(fn(prefix, 0, 0))
     finally:
         if rank is None:
             os.environ.pop("RANK", None)
@@ -336,16 +511,47 @@ def epoch_shards(fn: Callable[[str, int, int], list[str]], prefix: str, add_shar
         "rank 1 got another order than rank 0: every rank must see the same list, so that "
         "split_by_node gives each its own shards. Do not put the rank into the seed.",
     )
-    orders = {tuple(fn(prefix, epoch, 0)) for epoch in range(6)}
+    orders = {tuple(_shard_list(fn(prefix, epoch, 0))) for epoch in range(6)}
     require(
         len(orders) >= 3,
         f"six epochs gave {len(orders)} different order(s) of {len(got)} shards: put the epoch into the seed.",
     )
+    swapped = [((0, 1), (1, 0)), ((0, 2), (2, 0)), ((1, 2), (2, 1)), ((0, 3), (3, 0)), ((2, 3), (3, 2))]
+    require(
+        not all(_shard_list(fn(prefix, e1, s1)) == _shard_list(fn(prefix, e2, s2)) for (s1, e1), (s2, e2) in swapped),
+        "seed 0 at epoch 1 gives the same order as seed 1 at epoch 0 (and so on for every seed + epoch): the "
+        "seed you draw from adds them up, so two runs with neighbouring seeds replay each other's epochs. Give both "
+        "to the generator, np.random.default_rng([seed, epoch]).",
+    )
     new = add_shard()
-    grown = fn(prefix, 3, 0)
+    for _ in range(4):  # the cell run again: its add_shard starts over, at shards the first try put there already
+        if new not in tars:
+            break
+        try:
+            new = add_shard()
+        except StopIteration:  # every shard it has is in the bucket already
+            break
+    now = sorted(url for url, _ in object_store.list_objects(prefix) if url.endswith(".tar"))
+    grown = _shard_list(fn(prefix, 3, 0))
     require(
         new in grown,
         "a shard put into the bucket after the first call is missing from the next epoch: list "
         "the bucket inside the function, at every epoch, not once outside it.",
     )
-    require(sorted(grown) == sorted(tars + [new]), "the next epoch's list is not the grown bucket's shards.")
+    require(sorted(grown) == now, "the next epoch's list is not the grown bucket's shards.")
+
+
+def _shard_list(out: Any) -> list[str]:
+    """What epoch_shards returned as a list of URLs (a NumPy array of them too), or a :class:`Hint`."""
+    require(out is not None, "epoch_shards returned None: return the list of shard URLs.")
+    require(
+        not isinstance(out, (str, bytes)) and hasattr(out, "__iter__"),
+        f"epoch_shards returned {out!r:.80}: return the list of shard URLs.",
+    )
+    got = list(out)
+    require(
+        all(isinstance(u, str) and u.startswith("s3://") for u in got),
+        f"epoch_shards returned {got[:2]!r}...: return s3:// URLs, as object_store.list_objects gives them "
+        "(its items are (url, size) pairs).",
+    )
+    return [str(u) for u in got]

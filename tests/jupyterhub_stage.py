@@ -12,6 +12,10 @@ afterwards:
 * the learners' system accounts, made with the README's command (``adduser``: private homes), and removed;
 * the course's git remote, which the nbgitpuller link pulls from: a bare repository served by ``git daemon`` on
   127.0.0.1 (a clone over ``file://`` of a repository another user owns is refused by git's ownership check);
+* for the learners named in ``own_env``, the environment of a hub that is not the course's ("a JupyterHub, on your
+  own" in the README): a venv of the system's Python with only JupyterLab and ``jupyterhub-singleuser`` (of the test
+  run's JupyterHub version), installed from PyPI while the rest goes on (:meth:`Hub.finish_hub_env` waits for it and
+  says how it went), from which their servers run (``pre_spawn_hook``);
 * JupyterHub with ``configurable-http-proxy`` (from the npm registry), a password authenticator with the test's
   passwords, and ``LocalProcessSpawner``: each learner's server runs as that learner. Hub, proxy and servers
   listen on 127.0.0.1, on free ports; everything is stopped by process id.
@@ -28,6 +32,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,7 +42,7 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from course_lib.jobs import free_ports
 
@@ -97,8 +102,9 @@ def http(
 class Hub:
     """The admin's shared environment, the learners, the course's remote, and the hub (see the module docstring)."""
 
-    def __init__(self, learners: dict[str, str], work: Path) -> None:
+    def __init__(self, learners: dict[str, str], work: Path, own_env: Collection[str] = ()) -> None:
         self.learners = learners  # name -> password
+        self.own_env = set(own_env)  # learners whose server runs from a hub's environment without the course
         self.work = work  # the test's own files (hub database, logs): root only
         self.prefix = Path(f"/opt/pytorch-data-course-hubtest-{os.getpid()}")
         self.users: list[str] = []
@@ -107,12 +113,16 @@ class Hub:
         self.port, self.hub_port, self.api_port, self.git_port = free_ports(4)
         self.url = f"http://127.0.0.1:{self.port}"
         self.remote = f"git://127.0.0.1:{self.git_port}/course.git"
+        self.hub_env = self.prefix / "hub-env"
+        self.hub_env_install: dict[str, Any] = {}  # seconds, error: see :meth:`finish_hub_env`
 
     # -- what an admin does once ------------------------------------------------------------------
 
     def install(self) -> None:
         """The shared, read-only environment: the admin's clone, a venv of the system's Python, the data."""
         self.prefix.mkdir(mode=0o755)
+        if self.own_env:
+            self.start_hub_env()  # meanwhile (until a test needs it): from PyPI, mostly waiting on the network
         subprocess.run(["git", "clone", "-q", str(REPO), str(self.prefix / "course")], check=True, timeout=120)
         venv = self.prefix / "venv"
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -136,21 +146,12 @@ class Hub:
         for editable in site.glob("__editable__*pytorch_data_course*"):  # pip install -e of the test run's checkout
             editable.unlink()
         (site / "pytorch_data_course.pth").write_text(str(self.prefix / "course") + "\n")  # -e of the admin's clone
-        # for every learner: no "Would you like to get notified about official Jupyter news?" over the notebook
-        overrides = venv / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
-        overrides.parent.mkdir(parents=True, exist_ok=True)
-        if overrides.exists():
-            overrides.unlink()  # a hard link into the test run's venv: never write through it
-        overrides.write_text(
-            json.dumps(
-                {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
-            )
-        )
         singleuser = venv / "bin" / "jupyterhub-singleuser"
         singleuser.write_text(
             f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom jupyterhub.singleuser import main\nsys.exit(main())\n"
         )
         singleuser.chmod(0o755)
+        _no_news(venv)  # for every learner
         subprocess.run(
             # as the README's admin does: --all, or a learner's notebook 09 could not write the shards it reads
             [str(venv / "bin" / "python"), "-m", "course_lib", "prepare", "--all", "--root", str(self.prefix / "data")],
@@ -159,6 +160,59 @@ class Hub:
             timeout=600,
             cwd="/",
         )
+
+    def start_hub_env(self) -> None:
+        """Start making the hub's own environment: ``python3 -m venv``, then ``pip install jupyterlab
+        jupyterhub==<the test run's version>`` (a learner's server must match the hub's major version). :meth:`finish_hub_env` waits for it."""
+        from jupyterhub import __version__ as hub_version
+
+        env, python = self.hub_env, SYSTEM_PYTHON
+        script = (
+            f"{python} -m venv {env} && start=$(date +%s.%N) && {env}/bin/pip install --disable-pip-version-check "
+            f'--progress-bar off -q jupyterlab jupyterhub=={hub_version} && echo "pip install: $start $(date +%s.%N)"'
+        )
+        self.procs["hub env install"] = subprocess.Popen(
+            ["bash", "-c", script],
+            stdout=open(self.work / "hub-env.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
+
+    def finish_hub_env(self, timeout: float = 600) -> None:
+        """Wait for :meth:`start_hub_env` (once); ``hub_env_install`` then holds ``seconds`` (pip install alone, while the
+        stage's other work went on beside it) and ``waited`` (the wait for it here, which the stage adds), or
+        ``error`` (the log's end) and ``offline`` (whether pip could not reach PyPI)."""
+        if "hub env install" not in self.procs:
+            return  # done already
+        proc = self.procs.pop("hub env install")
+        waited = time.monotonic()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+        log = (self.work / "hub-env.log").read_text(errors="replace")
+        done = [line.split() for line in log.splitlines() if line.startswith("pip install: ")]
+        if proc.returncode == 0 and done:
+            _, _, start, end = done[-1]
+            self.hub_env_install = {
+                "seconds": round(float(end) - float(start), 1),
+                "waited": round(time.monotonic() - waited, 1),  # what it added to the set-up
+            }
+            _no_news(self.hub_env)
+        else:
+            offline = any(
+                sign in log
+                for sign in (
+                    "NewConnectionError",
+                    "Temporary failure in name resolution",
+                    "Network is unreachable",
+                    "No matching distribution found",
+                    "Could not fetch URL",
+                    "ConnectTimeout",
+                )
+            )
+            self.hub_env_install = {"error": "\n".join(log.splitlines()[-15:]), "offline": offline}
 
     def add_learners(self) -> None:
         for name in self.learners:
@@ -237,6 +291,15 @@ class Hub:
             c.Spawner.ip = "127.0.0.1"
             c.Spawner.cmd = ["{venv / "bin" / "jupyterhub-singleuser"}"]
             c.Spawner.default_url = "/lab"
+
+            def from_the_hubs_own_environment(spawner):
+                # a hub whose JupyterLab is not the course's: its own venv runs the server, first on its PATH
+                if spawner.user.name in {sorted(self.own_env)!r}:
+                    spawner.cmd = ["{self.hub_env / "bin" / "jupyterhub-singleuser"}"]
+                    spawner.environment = {{**spawner.environment, "VIRTUAL_ENV": "{self.hub_env}",
+                                            "PATH": "{self.hub_env / "bin"}:/usr/local/bin:/usr/bin:/bin"}}
+
+            c.Spawner.pre_spawn_hook = from_the_hubs_own_environment
             c.Spawner.notebook_dir = "~"
             c.Spawner.environment = {{"COURSE_DATA_DIR": "{self.prefix / "data"}"}}
             c.Spawner.cpu_limit = 2
@@ -312,6 +375,8 @@ class Hub:
         if "hub" in self.procs and self.procs["hub"].poll() is None:
             for name in self.users:
                 self.api("DELETE", f"/users/{name}/server")
+        if "hub env install" in self.procs:  # pip outlives a SIGTERM to its shell: the whole group, at once
+            _kill_group(self.procs.pop("hub env install"))
         for name, proc in self.procs.items():
             if proc.poll() is None:
                 end_group(proc.pid, proc)
@@ -319,6 +384,25 @@ class Hub:
             remove_user(name)
         if self.prefix.exists() and self.prefix.name.startswith("pytorch-data-course-hubtest-"):
             shutil.rmtree(self.prefix, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def _no_news(venv: Path) -> None:
+    """For every learner: no "Would you like to get notified about official Jupyter news?" over the notebook."""
+    overrides = venv / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    overrides.parent.mkdir(parents=True, exist_ok=True)
+    if overrides.exists():
+        overrides.unlink()  # a hard link into the test run's venv: never write through it
+    overrides.write_text(
+        json.dumps({"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}})
+    )
 
 
 def _is_binary(path: Path) -> bool:
@@ -387,10 +471,10 @@ class Kernel:
     next (a server it started keeps running) until it is closed: shut down through the server's API, as JupyterLab's
     Shut Down Kernel does."""
 
-    def __init__(self, hub: Hub, name: str, token: str) -> None:
+    def __init__(self, hub: Hub, name: str, token: str, kernel_name: str = "python3") -> None:
         self.base = f"{hub.url}/user/{name}/api"
         self.token = token
-        status, kernel = http(f"{self.base}/kernels", token, "POST", {"name": "python3"})
+        status, kernel = http(f"{self.base}/kernels", token, "POST", {"name": kernel_name})
         assert status == 201, (status, kernel)
         self.id = kernel["id"]
         self.ws = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{self.id}/channels"
@@ -411,7 +495,10 @@ class Kernel:
         self.close()
 
 
-def run_code(hub: Hub, name: str, token: str, code: str, timeout: float = 120) -> dict[str, str]:
-    """Run ``code`` in a new kernel of ``name``'s server, with ``token``; its stdout, stderr and error."""
-    with Kernel(hub, name, token) as kernel:
+def run_code(
+    hub: Hub, name: str, token: str, code: str, timeout: float = 120, kernel_name: str = "python3"
+) -> dict[str, str]:
+    """Run ``code`` in a new kernel (of ``kernel_name``) of ``name``'s server, with ``token``; its stdout, stderr and
+    error."""
+    with Kernel(hub, name, token, kernel_name) as kernel:
         return kernel.run(code, timeout)

@@ -528,6 +528,23 @@ class Notebook:
         self.page.locator(".lm-MenuBar-item", has_text=re.compile(f"^{re.escape(menu)}$")).click()
         self.page.locator(f'.lm-Menu-item[data-command="{command}"]').click()
 
+    def change_kernel(self, display_name: str, timeout: float = 90.0) -> None:
+        """Kernel > Change Kernel…, pick the kernel shown as ``display_name`` in the dialog's list, Select; wait until
+        the status bar shows it idle."""
+        self.menu("Kernel", "kernelmenu:change")
+        dialog = self.page.locator(DIALOG)
+        dialog.locator("select").select_option(label=display_name)
+        dialog.locator(".jp-mod-accept").click()
+        try:
+            expect(self.page.locator("#jp-main-statusbar")).to_contain_text(
+                re.compile(rf"{re.escape(display_name)}\s*\| Idle"), timeout=timeout * 1000
+            )
+        except Exception as exc:
+            raise self.fail(
+                f"the kernel {display_name!r} is not idle after {timeout:.0f} s\n{_first_lines(exc)}"
+            ) from None
+        self.lab.remember_kernels()
+
     def run_all(self, timeout: float) -> float:
         """Run > Run All Cells; wait until every cell has finished. Returns the seconds it took."""
         start = self.start_run_all()

@@ -9,7 +9,10 @@ contents API, through a kernel), while a home made with ``useradd -m`` is readab
 through any port or socket of the first one's S3 server (notebook 10's, started in a kernel of the first learner's);
 a new commit of the course, pulled by the same link, keeps the learner's answer, and a notebook that needs a newer
 ``course_lib`` than the shared environment has says so on its first cell; and the doctor, run in a learner's server,
-reports the hub's limits.
+reports the hub's limits. A third learner is on a hub that is not the course's ("a JupyterHub, on your own"): the
+server runs from a venv with only JupyterLab and ``jupyterhub-singleuser``; the learner clones the course, registers
+the course's venv as a kernel with the README's commands, meets notebook 01's first cell failing in the server's own
+kernel, changes the kernel as the README says, runs all and solves exercise 01.1.
 
 Needs root (accounts, /opt), ``configurable-http-proxy`` (``.ci/run`` installs it from the npm registry),
 Playwright and Debian's chromium: skipped without them, except under CI, where it fails. Screenshots go to
@@ -43,6 +46,7 @@ pytestmark = [pytest.mark.full, pytest.mark.stage]
 
 REPO = Path(__file__).resolve().parents[1]
 LEARNERS = {"pdcada": "ada-Lovelace-1815", "pdcbob": "bob-Babbage-1791"}  # accounts the test makes and removes
+ON_THEIR_OWN = {"pdccat": "cat-Hopper-1906"}  # a learner whose server runs from a hub environment without the course
 FIRST = "01_map_style_datasets.ipynb"
 SECOND = "02_transforms.ipynb"
 ANSWER = """class Squares(Dataset):
@@ -141,7 +145,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
     shots.mkdir(parents=True, exist_ok=True)
     work = tmp_path_factory.mktemp("jupyterhub")
     work.chmod(0o700)
-    hub = Hub(LEARNERS, work)
+    hub = Hub({**LEARNERS, **ON_THEIR_OWN}, work, own_env=ON_THEIR_OWN)
     try:
         start = time.monotonic()
         hub.install()
@@ -392,3 +396,90 @@ def test_the_doctor_in_a_learners_server_reports_the_hubs_limits(stage: Stage) -
     assert facts["data_folder"] == str(stage.hub.prefix / "data") and by_name["course data"]["status"] == "ok", by_name[
         "course data"
     ]
+
+
+def readme_kernel_block() -> str:
+    """The README's commands that register the course's venv as a kernel ("Registering the venv as a kernel")."""
+    text = (REPO / "README.md").read_text()
+    found = re.search(r"^Registering the venv as a kernel.*?\n```bash\n(.*?)```", text, re.S | re.M)
+    assert found, "README.md: no ```bash block after 'Registering the venv as a kernel'"
+    return found.group(1)
+
+
+@pytest.mark.timeout(600)
+def test_on_their_own_hub_a_learner_registers_the_course_kernel_and_runs_notebook_01(stage: Stage) -> None:
+    """The README's "A JupyterHub, on your own": the server runs from the hub's environment, which lacks the course.
+    The learner clones the course in it and runs the README's kernel block in the clone; the course's venv is the
+    shared one (a symbolic link ``.venv``, standing for command 1's ``python3 -m venv .venv && pip install ...``)."""
+    hub, user = stage.hub, next(iter(ON_THEIR_OWN))
+    hub.finish_hub_env()  # installed from PyPI meanwhile
+    stage.seconds.update({f"hub env install: {k}": v for k, v in hub.hub_env_install.items() if k != "error"})
+    if "error" in hub.hub_env_install:
+        reason = "the hub's own environment (pip install jupyterlab jupyterhub) could not be installed"
+        if hub.hub_env_install.get("offline"):
+            skip_unless_ci(f"{reason}: PyPI is out of reach\n{hub.hub_env_install['error']}")
+        pytest.fail(f"{reason}:\n{hub.hub_env_install['error']}")
+    start = time.monotonic()
+    hub.ensure_server(user)
+    server = Path(f"/proc/{hub.server_pid(user)}/cmdline").read_text()
+    assert str(hub.hub_env / "bin") in server, f"the server runs from the hub's environment: {server}"
+    token = hub.user_token(user)
+    block = readme_kernel_block()
+    venv = hub.prefix / "venv"
+    # what the learner types in a terminal of the server (here: a shell the server's own kernel starts, as the learner,
+    # with the server's PATH: the hub's environment first)
+    terminal = f"cd ~ && git clone -q {hub.remote} course && cd course && ln -s {venv} .venv\n{block}"
+    out = run_code(
+        hub,
+        user,
+        token,
+        "import subprocess, sys\n"
+        "print(sys.prefix)\n"
+        "try:\n    import course_lib\nexcept ImportError as error:\n    print(repr(error))\n"
+        f"done = subprocess.run(['bash', '-c', {terminal!r}], capture_output=True, text=True, timeout=240)\n"
+        "print(done.stdout, done.stderr)",
+        timeout=300,
+    )
+    said = out["stdout"]
+    assert said.splitlines()[0] == str(hub.hub_env), out  # the server's own kernel: the hub's environment
+    assert "No module named 'course_lib'" in said, said[:2000]
+    assert "Installed kernelspec pytorch-data-course" in said, said[-3000:]
+    kernel_row = re.search(r"^ +(?:\[[^]]*\]|\S+) +kernel +(.*)$", said, re.M)  # the doctor's row: mark, name, finding
+    assert kernel_row and "pytorch-data-course" in kernel_row[1] and str(venv) in kernel_row[1], said[-3000:]
+
+    stage.login(user)
+    notebook = Notebook(HubLab(hub, user), stage.contexts[user], FIRST, stage.shots, label=f"{user}-01")
+    notebook.open()
+    code = [i for i, c in enumerate(notebook.cells) if c["cell_type"] == "code"]
+    notebook.run_cells(code[0])  # in the server's own kernel, as a learner who skipped the README's last step
+    errors = notebook.errors([code[0]])
+    notebook.screenshot("1-no-course-in-the-hubs-kernel", code[0])
+    assert errors and "ModuleNotFoundError: No module named 'course_lib'" in errors[0][1], errors
+    notebook.change_kernel("Python (pytorch-data-course)")
+    notebook.run_all(RUN_ALL_TIMEOUT)
+    notebook.check_ran(code)
+    notebook.screenshot("2-ran-in-the-course-kernel", code[0])
+    answer = notebook.index("class Squares(Dataset):", "code")
+    check = notebook.index("check.squares_dataset(Squares)", "code")
+    notebook.type_source(answer, ANSWER)
+    notebook.run_cells(answer)
+    notebook.run_cells(check)
+    verdict = notebook.output_text(check)
+    notebook.screenshot("3-solved", check)
+    assert "✅ Exercise 01.1" in verdict, verdict[-500:]
+    # the doctor, run in that kernel, names the course's environment
+    out = run_code(
+        hub,
+        user,
+        token,
+        "import subprocess, sys\n"
+        "print(subprocess.run([sys.executable, '-m', 'course_lib', 'doctor', '--json'], capture_output=True,"
+        " text=True, timeout=120).stdout)",
+        timeout=180,
+        kernel_name="pytorch-data-course",
+    )
+    report = json.loads(out["stdout"])
+    kernel = {r["name"]: r for r in report["results"]}["kernel"]
+    assert report["facts"]["environment"] == str(venv), report["facts"]
+    assert kernel["status"] == "ok" and str(venv) in kernel["finding"], kernel
+    stage.seconds[f"{user}: on their own: clone, register, Run All, solve"] = round(time.monotonic() - start, 1)

@@ -369,6 +369,7 @@ class _Watcher(threading.Thread):
         self.s3 = False
         self.scratch = self.shm = 0
         self.shm_base = self._shm_used()
+        self.before = set(Path(tempfile.gettempdir()).glob("course*-*"))
 
     @staticmethod
     def _shm_used() -> int:
@@ -378,8 +379,10 @@ class _Watcher(threading.Thread):
             return 0
 
     def _scratch_bytes(self) -> int:
+        """The bytes in the course's folders in the temporary directory that appeared while the notebook ran (its
+        scratch folder, its S3 server's, its torchrun jobs' logs)."""
         total = 0
-        for folder in Path(tempfile.gettempdir()).glob(f"course{self.number}-*"):
+        for folder in set(Path(tempfile.gettempdir()).glob("course*-*")) - self.before:
             for dirpath, _, files in os.walk(folder):
                 for f in files:
                     try:

@@ -103,12 +103,15 @@ class ResumableStream(IterableDataset):
     each worker's position in its share saved and restored by the ``StatefulDataLoader``, in that worker."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.done = n, 0
+        self.n, self.done, self.start = n, 0, 0
 
     def __iter__(self) -> Iterator[int]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         share = range(worker, self.n, workers)
+        # a restored position serves one pass only: the next pass (the same object without workers, or with
+        # persistent ones) starts its share from the beginning again
+        self.done, self.start = self.start, 0
         for index in share[self.done :]:  # skip what was yielded before the checkpoint, without reading it
             self.done += 1  # before the yield: a checkpoint taken at this point already counts this sample
             yield self.load(index)
@@ -120,7 +123,7 @@ class ResumableStream(IterableDataset):
         return {"done": self.done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.done = state["done"]
+        self.start = state["done"]
 
 
 class EpochKeys(Sampler):

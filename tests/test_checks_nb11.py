@@ -180,16 +180,30 @@ def test_rank_env() -> None:
             return {
                 "RANK": environ["SLURM_PROCID"],
                 "WORLD_SIZE": environ["SLURM_NTASKS"],
-                "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"],
+                "LOCAL_WORLD_SIZE": environ["SLURM_TASKS_PER_NODE"].split("(")[0].split(",")[0],  # "4(x2)": 4
             }
         return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+
+    def ntasks_per_node(environ):  # the course's first solution: a KeyError under a plain srun -n 8
+        if "SLURM_PROCID" in environ and "RANK" not in environ:
+            return {
+                "RANK": environ["SLURM_PROCID"],
+                "WORLD_SIZE": environ["SLURM_NTASKS"],
+                "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"],
+            }
+        return right(environ)
+
+    def tasks_per_node_as_is(environ):
+        if "SLURM_PROCID" in environ and "RANK" not in environ:
+            return {**right(environ), "LOCAL_WORLD_SIZE": environ["SLURM_TASKS_PER_NODE"]}
+        return right(environ)
 
     def slurm_first(environ):
         if "SLURM_PROCID" in environ:
             return {
                 "RANK": environ["SLURM_PROCID"],
                 "WORLD_SIZE": environ["SLURM_NTASKS"],
-                "LOCAL_WORLD_SIZE": environ["SLURM_NTASKS_PER_NODE"],
+                "LOCAL_WORLD_SIZE": environ["SLURM_TASKS_PER_NODE"].split("(")[0],
             }
         return right(environ)
 
@@ -202,6 +216,11 @@ def test_rank_env() -> None:
     right_and_stubs(nb11.rank_env, right, stub)
     assert "srun's task number" in status(nb11.rank_env, slurm_first)[1]
     assert "strings" in status(nb11.rank_env, ints)[1]
+    outcome, message = status(nb11.rank_env, ntasks_per_node)
+    assert outcome is Status.WRONG and "Slurm sets it only when the job asks for --ntasks-per-node" in message, message
+    assert "a plain srun -n 8 over 2 nodes" in message and "SLURM_TASKS_PER_NODE is always set" in message, message
+    outcome, message = status(nb11.rank_env, tasks_per_node_as_is)
+    assert outcome is Status.WRONG and "LOCAL_WORLD_SIZE='4(x2)'" in message, message
     assert (
         "no variables"
         in status(

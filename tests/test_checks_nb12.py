@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import numpy as np
 import torch
 
 from course_lib import highrate, threads
@@ -61,7 +62,10 @@ class _Mapped:
 
     def __init__(self, path, record_bytes, batch_size, shuffle=True, seed=0, wrong=""):
         self.n, self.len = os.path.getsize(path) // record_bytes, record_bytes // 4
-        self.records = torch.from_file(str(path), size=self.n * self.len).view(self.n, self.len)
+        if wrong == "fromfile":  # the whole file read into memory, not mapped
+            self.records = torch.from_numpy(np.fromfile(path, dtype=np.float32)).view(self.n, self.len)
+        else:
+            self.records = torch.from_file(str(path), size=self.n * self.len).view(self.n, self.len)
         self.buffer = torch.empty(batch_size, self.len)
         self.batch_size, self.shuffle, self.seed, self.epoch, self.wrong = batch_size, shuffle, seed, 0, wrong
 
@@ -70,13 +74,19 @@ class _Mapped:
 
     def __iter__(self):
         seed = self.seed if self.wrong == "same_order" else self.seed + self.epoch
-        g = torch.Generator().manual_seed(seed)
+        if self.wrong == "global_seed":  # reproducible, but it resets torch's global generator every epoch
+            torch.manual_seed(seed)
+            g = None
+        else:
+            g = torch.Generator().manual_seed(seed)
         order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
         self.epoch += 1
         for start in range(0, self.n, self.batch_size):
             rows = order[start : start + self.batch_size]
             if self.wrong == "fresh":
                 yield self.records[rows]
+            elif self.wrong == "fresh_copy":  # one buffer, but a fresh gather copied into it
+                yield self.buffer[: len(rows)].copy_(self.records[rows])
             elif self.wrong == "numpy":
                 yield self.records[rows].numpy()
             elif self.wrong == "offset":
@@ -107,6 +117,9 @@ def test_mapped_batches() -> None:
         "offset": "file order",
         "drop_last": "len() is 6",
         "resized": "out=buffer[:len(rows)]",
+        "global_seed": "changed torch's global random state",
+        "fresh_copy": "first gathered into a new tensor (index)",
+        "fromfile": "np.fromfile and f.read() copy the whole file",
     }
     for kind, words in expected.items():
         outcome, message = status(nb12.mapped_batches, wrong_mapped(kind))
@@ -151,7 +164,23 @@ def test_measure() -> None:
     assert status(nb12.measure, measure_right, raw_read_right)[0] is Status.SOLVED
     for stubs in ((..., raw_read_right), (measure_right, ...), (stub, raw_read_right)):
         assert status(nb12.measure, *stubs)[0] is Status.NOT_ATTEMPTED
-    expected = {gib: "GiB/s", wall_for_cpu: "process_time", no_step: "step ran 0 times", unchecked: "no error"}
+
+    def thread_time(make_batches, nbytes, step):
+        start, start_cpu, seen = time.perf_counter(), time.thread_time(), 0
+        for batch in make_batches():
+            step(batch)
+            seen += batch.numel() * batch.element_size()
+        if seen != nbytes:
+            raise RuntimeError(f"{seen} bytes delivered, {nbytes} expected")
+        return nbytes / (time.perf_counter() - start) / 1e9, (time.thread_time() - start_cpu) / (nbytes / 1e9)
+
+    expected = {
+        gib: "GiB/s",
+        wall_for_cpu: "process_time",
+        no_step: "step ran 0 times",
+        unchecked: "no error",
+        thread_time: "time.thread_time() counts the calling thread only",
+    }
     for wrong, words in expected.items():
         outcome, message = status(nb12.measure, wrong, raw_read_right)
         assert outcome is Status.WRONG and words in message, (wrong.__name__, message)
@@ -210,7 +239,16 @@ class _Threads:
 
     def __iter__(self):
         fd = os.open(self.raw.path, os.O_RDONLY)
+        if self.wrong == "leaks_fd":  # never closed
+            yield from self._batches(fd)
+            return
         try:
+            yield from self._batches(fd)
+        finally:
+            os.close(fd)
+
+    def _batches(self, fd):
+        if True:
             with ThreadPoolExecutor(self.threads) as pool:
                 pending = collections.deque()
                 if self.wrong == "unbounded":  # every read submitted at once, each into its own buffer
@@ -221,12 +259,11 @@ class _Threads:
                 for number in range(0 if self.wrong == "unbounded" else len(self)):
                     buffer = self.buffers[number % len(self.buffers)]
                     pending.append(pool.submit(self._read, fd, number, buffer))
-                    if len(pending) > self.in_flight + (self.wrong == "one_ahead"):
+                    limit = self.in_flight + (self.wrong == "one_ahead") - (self.wrong == "early")
+                    if len(pending) > limit:  # "early": `>=` for `>`
                         yield pending.popleft().result()
                 while pending:
                     yield pending.popleft().result()
-        finally:
-            os.close(fd)
 
 
 def wrong_threads(kind):
@@ -248,12 +285,19 @@ def test_thread_batches() -> None:
         "too_few_buffers": "in_flight + 1 buffers",
         "one_ahead": "ran 3 batches ahead",
         "unsliced": "only 2 samples are left",
+        "early": "only 1 batch(es) were read ahead",
+        "leaks_fd": "after 2 passes over your reader, 2 more files are open",
     }
     for kind, words in expected.items():
         outcome, message = status(nb12.thread_batches, wrong_threads(kind))
         assert outcome is Status.WRONG and words in message, (kind, message)
+    # a file opened for each read may seek: its position is its own (judged by the data, not by the word seek)
+    assert status(nb12.thread_batches, _SeekingOwnFile)[0] is Status.SOLVED, status(
+        nb12.thread_batches, _SeekingOwnFile
+    )
+    # one file object shared by threads that seek: a race, caught when it mixes a batch up (not every time)
     outcome, message = status(nb12.thread_batches, _Seeking)
-    assert outcome is Status.WRONG and "your reader seeks" in message, message
+    assert outcome is Status.SOLVED or "mix batches up" in message or "out of order" in message, message
 
 
 class _Seeking(_Threads):
@@ -274,6 +318,17 @@ class _Seeking(_Threads):
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
+
+
+class _SeekingOwnFile(_Threads):
+    """Right: each read opens the file, seeks and reads; nothing is shared between threads."""
+
+    def _read(self, fd, number, buffer):
+        batch = buffer[: min(self.batch_size, self.raw.n - number * self.batch_size)]
+        with open(self.raw.path, "rb", buffering=0) as f:
+            f.seek(number * self.batch_size * self.raw.sample_bytes)
+            f.readinto(memoryview(batch.numpy()).cast("B"))
+        return batch
 
 
 def test_solved_remembers_the_last_check_in_this_process(capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,6 +71,8 @@ def pipeline(
     fields=("jpg", "cls", "__key__"),
     simulate=True,
     fixed_seed=False,
+    stage_seed=None,
+    tuple_first=False,
     rotate="course",
     buffer=None,
 ):
@@ -98,6 +100,8 @@ def pipeline(
 
     def fn(urls, seed, decode_ms):
         seed = 0 if fixed_seed else seed
+        cycle_seed = 0 if stage_seed == "cycle" else seed
+        buffer_seed = 0 if stage_seed == "buffer" else seed
         source = {
             "course": capstone.RotatingShardList(urls, seed),
             None: wds.SimpleShardList(urls),
@@ -105,7 +109,7 @@ def pipeline(
         }[rotate]
         stages = [source] + ([wds.split_by_node] if node else []) + ([wds.split_by_worker] if worker else [])
         stages += {
-            "course": [capstone.EndlessShardCycle(seed)],
+            "course": [capstone.EndlessShardCycle(cycle_seed)],
             None: [],
             "same order": [lambda src: itertools.cycle(list(src))],
             "with replacement": [with_replacement],
@@ -113,11 +117,12 @@ def pipeline(
         stages += [wds.tarfile_to_samples()]
         stages += {
             None: [],
-            "course": [capstone.ShuffleBuffer(capstone.SHUFFLE_BUFFER, seed)],
-            "small": [capstone.ShuffleBuffer(5, seed)],
+            "course": [capstone.ShuffleBuffer(capstone.SHUFFLE_BUFFER, buffer_seed)],
+            "small": [capstone.ShuffleBuffer(5, buffer_seed)],
             "unseeded": [wds.shuffle(100)],
         }[buffer]
-        stages += ([wds.decode("torchrgb")] if decode else []) + [wds.to_tuple(*fields)]
+        decoding = [wds.decode("torchrgb")] if decode else []
+        stages += [wds.to_tuple(*fields)] + decoding if tuple_first else decoding + [wds.to_tuple(*fields)]
         stages += [wds.map(capstone.SimulatedDecode(decode_ms))] if simulate else []
         return wds.DataPipeline(*stages)
 
@@ -129,7 +134,7 @@ def test_13_build_dataset_right_answers() -> None:
         raise NotImplementedError
 
     right_and_stubs(nb13.build_dataset, pipeline(buffer="course"), stub)
-    for right in (pipeline(), pipeline(buffer="small"), capstone.build_dataset):  # without a buffer; the course's own
+    for right in (pipeline(buffer="small"), capstone.build_dataset):  # a small buffer; the course's own
         assert status(nb13.build_dataset, right)[0] is Status.SOLVED, status(nb13.build_dataset, right)[1]
 
 
@@ -138,18 +143,20 @@ def test_13_build_dataset_right_answers() -> None:
     [
         (dict(node=False), "wds.split_by_node"),
         (dict(worker=False), "wds.split_by_worker"),
-        (dict(cycle=None), "EndlessShardCycle(seed) after the splitters"),
+        (dict(cycle=None, buffer="course"), "EndlessShardCycle(seed) after the splitters"),
+        (dict(), "got its samples shard by shard"),  # no shuffle buffer
+        (dict(buffer="course", stage_seed="cycle"), "capstone.EndlessShardCycle has seed 0"),
+        (dict(buffer="course", stage_seed="buffer"), "ShuffleBuffer(capstone.SHUFFLE_BUFFER, seed)"),
+        (dict(buffer="course", tuple_first=True), "it decodes a sample dict's fields by their extension"),
         (dict(cycle="same order"), "same order every pass"),
         (dict(cycle="with replacement"), "do not draw shards with replacement"),
-        (dict(rotate=None), "in place of wds.SimpleShardList(urls)"),
         (dict(rotate=None, buffer="course"), "in place of wds.SimpleShardList(urls)"),
-        (dict(rotate="by rank"), "shuffled alike on every rank and worker"),
+        (dict(rotate="by rank", buffer="course"), "shuffled alike on every rank and worker"),
         (dict(decode=False), "float tensor"),
         (dict(fields=("cls", "jpg", "__key__")), "float tensor"),
-        (dict(fixed_seed=True), "seeds 0 and 1"),
         (dict(fixed_seed=True, buffer="course"), "seeds 0 and 1"),
         (dict(buffer="unseeded"), "capstone.ShuffleBuffer(size, seed)"),
-        (dict(simulate=False), "SimulatedDecode"),
+        (dict(simulate=False, buffer="course"), "SimulatedDecode"),
     ],
 )
 def test_13_build_dataset_wrong_answers(wrong, hint) -> None:
@@ -247,7 +254,15 @@ def test_tuned_workers_on_a_real_measurement(tmp_path, tiny_root) -> None:
 
 
 def audit(
-    reports, shard_of, stall_target, across_epochs=False, weights=True, every_epoch_stall=False, stall=True, idle=True
+    reports,
+    shard_of,
+    stall_target,
+    across_epochs=False,
+    weights=True,
+    every_epoch_stall=False,
+    stall=True,
+    idle=True,
+    stall_of=lambda stalls: stalls[-1],
 ):
     """Exercise 13.3's answer (the notebook's solution with the defaults), and its wrong forms through the keywords."""
     problems = []
@@ -275,8 +290,9 @@ def audit(
     if weights and len({r["weights_sha256"] for r in reports}) > 1:
         problems.append("the ranks' weights differ")
     for r in reports if stall and not every_epoch_stall else []:
-        if r["epochs"][-1]["steady_stall"] >= stall_target:
-            problems.append(f"rank {r['rank']} waits {r['epochs'][-1]['steady_stall']:.0%} of the time")
+        waits = stall_of([e["steady_stall"] for e in r["epochs"]])
+        if waits >= stall_target:
+            problems.append(f"rank {r['rank']} waits {waits:.0%} of the time")
     return problems
 
 
@@ -288,8 +304,13 @@ def test_audit_job() -> None:
     wrong = {
         "within one epoch": lambda *a: audit(*a, across_epochs=True),
         "weights differ passed": lambda *a: audit(*a, weights=False),
-        "Report each fault once": lambda *a: audit(*a, every_epoch_stall=True),
-        "waits 40 % of the time in the last epoch passed": lambda *a: audit(*a, stall=False),
+        "Report each fault once": lambda *a: audit(*a) * 2,
+        "stall on the last epoch only": lambda *a: audit(*a, every_epoch_stall=True),
+        "waits 25 % of the time in the last epoch (2 % in epoch 0, 13.5 % on average) passed your audit with no "
+        "problem: judge the stall on the last epoch": lambda *a: audit(*a, stall=False),
+        "waited 40 % of the time in epoch 0 but 5 %": lambda *a: audit(*a, stall_of=lambda s: sum(s) / len(s)),
+        "in epoch 0 but 5 % in the last epoch": lambda *a: audit(*a, stall_of=lambda s: s[0]),
+        "Judge each rank's stall on the last epoch only": lambda *a: audit(*a, stall_of=max),
         "read nothing in epoch 0 passed": lambda *a: audit(*a, idle=False),
         "return a list": lambda *a: "; ".join(audit(*a)) or None,
     }
@@ -315,6 +336,8 @@ def test_cpus_per_task_right_answer() -> None:
         (lambda r, w: 32, "cpus_per_task(1, 0) = 32, expected 1: 1 rank, "),
         (lambda r, w: r * (w + 1) / 3, "a number of CPUs is a whole number"),
         (lambda r, w: "32", "whole number"),
+        (lambda r, w: float(r * (w + 1)), "cpus_per_task(4, 7) returned 32.0, a float"),
+        (lambda r, w: r * (w + 1.0), "sbatch refuses --cpus-per-task=32.0"),
     ],
 )
 def test_cpus_per_task_wrong_answers(fn, hint) -> None:

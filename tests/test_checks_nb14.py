@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,17 @@ class SkipsEveryPass(MyResumableShuffle):
             yield index
 
 
+class CountsFromTheResume(MyResumableShuffle):
+    """Skips the restored count, then counts from 0: a second resume in the same epoch skips too few."""
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        skip, self.skip, self.yielded = self.skip, 0, 0
+        for index in order[skip:]:
+            self.yielded += 1
+            yield index
+
+
 class IgnoresLoad(MyResumableShuffle):
     def load_state_dict(self, state):
         pass
@@ -251,7 +263,11 @@ def test_14_resumable_sampler_right_and_stubs() -> None:
         (CountsAfterYield, [f"{[order(1)[11:15], order(1)[15:19]]}... came next", "count before each yield"]),
         (IgnoresLoad, [f"{[order(0)[0:4], order(0)[4:8]]}... came next", "stopped after 3 batches"]),
         (AlwaysFromTheStart, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "skip that many of the epoch's order"]),
-        (SkipsEveryPass, ["it had 28 indices", "skip only once"]),
+        (SkipsEveryPass, ["it had 20 indices", "skip only once"]),
+        (
+            CountsFromTheResume,  # the second state says 8 yielded: epoch 1's order from its 9th index again
+            [f"{[order(1)[8:12], order(1)[12:16]]}... came next", "since the epoch began, the skipped ones included"],
+        ),
         (GlobalRng, ["two samplers with the same seed and epoch gave different orders", "not the global random state"]),
         (
             GeneratorInInit,
@@ -274,7 +290,31 @@ def test_14_resumable_sampler_wants_the_class() -> None:
 
 
 class MyResumableStream(IterableDataset):
-    """The notebook's solution."""
+    """The notebook's solution: a restored position serves one pass only."""
+
+    def __init__(self, n):
+        self.n, self.done, self.start = n, 0, 0
+
+    def load(self, i):
+        return i
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        self.done, self.start = self.start, 0
+        for i in range(worker, self.n, workers)[self.done :]:
+            self.done += 1
+            yield self.load(i)
+
+    def state_dict(self):
+        return {"done": self.done}
+
+    def load_state_dict(self, state):
+        self.start = state["done"]
+
+
+class ResetsAfterThePass(IterableDataset):
+    """Another right answer: one count, set back to 0 when the share is exhausted."""
 
     def __init__(self, n):
         self.n, self.done = n, 0
@@ -288,12 +328,24 @@ class MyResumableStream(IterableDataset):
         for i in range(worker, self.n, workers)[self.done :]:
             self.done += 1
             yield self.load(i)
+        self.done = 0
 
     def state_dict(self):
         return {"done": self.done}
 
     def load_state_dict(self, state):
         self.done = state["done"]
+
+
+class NeverResetsItsCount(ResetsAfterThePass):
+    """The course's first solution: the count outlives the pass, and the next epoch of the same object is empty."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(worker, self.n, workers)[self.done :]:
+            self.done += 1
+            yield self.load(i)
 
 
 class StreamStub(IterableDataset):
@@ -319,6 +371,7 @@ class NoWorkerSplit(MyResumableStream):
     """Every worker yields all of range(n)."""
 
     def __iter__(self):
+        self.done, self.start = self.start, 0
         for i in range(self.n)[self.done :]:
             self.done += 1
             yield self.load(i)
@@ -326,6 +379,7 @@ class NoWorkerSplit(MyResumableStream):
 
 class StreamCountsAfterYield(MyResumableStream):
     def __iter__(self):
+        self.done, self.start = self.start, 0
         for i in _share(self)[self.done :]:
             yield self.load(i)
             self.done += 1
@@ -335,7 +389,7 @@ class LoadsAndDiscards(MyResumableStream):
     """Right batches, but it reads every skipped sample and throws it away."""
 
     def __iter__(self):
-        skip, self.done = self.done, 0
+        skip, self.start, self.done = self.start, 0, 0
         for k, i in enumerate(_share(self)):
             sample = self.load(i)
             if k < skip:
@@ -350,7 +404,7 @@ class StreamIgnoresLoad(MyResumableStream):
 
 
 class StreamRestartsItsCount(MyResumableStream):
-    """``self.done = 0`` at the top of ``__iter__``: the restored position is overwritten before it is used."""
+    """``self.done = 0`` at the top of ``__iter__``: the restored position is never used."""
 
     def __iter__(self):
         self.done = 0
@@ -363,9 +417,20 @@ class SkipsByGlobalIndex(MyResumableStream):
     """Compares the count of its share with the global index: skips about half of what it should."""
 
     def __iter__(self):
+        self.done, self.start = self.start, 0
         for i in _share(self):
             if i < self.done:
                 continue
+            self.done += 1
+            yield self.load(i)
+
+
+class SkipsEveryPassStream(MyResumableStream):
+    """The restored position is kept for every pass: the epoch after a resumed one is short."""
+
+    def __iter__(self):
+        self.done = self.start
+        for i in _share(self)[self.done :]:
             self.done += 1
             yield self.load(i)
 
@@ -387,7 +452,8 @@ def stop_leaked_workers() -> None:
 
 def test_14_resumable_stream_right_and_stubs() -> None:
     check = nb14.resumable_stream
-    assert status(check, MyResumableStream)[0] is Status.SOLVED, status(check, MyResumableStream)[1]
+    for right in (MyResumableStream, ResetsAfterThePass, resume.ResumableStream):
+        assert status(check, right)[0] is Status.SOLVED, (right, status(check, right)[1])
     assert status(check, ...)[0] is Status.NOT_ATTEMPTED
     try:
         outcome, message = status(check, StreamStub)
@@ -400,8 +466,16 @@ def test_14_resumable_stream_right_and_stubs() -> None:
     "cls, hints",
     [
         (NoWorkerSplit, ["got 60 samples", "range(info.id, n, info.num_workers)"]),
+        (
+            NeverResetsItsCount,  # fresh workers hide it: each epoch gets new copies of the stream
+            ["with 2 persistent workers (persistent_workers=True) the second epoch yielded 0 samples", "one pass only"],
+        ),
+        (
+            SkipsEveryPassStream,
+            ["with 2 persistent workers", "the epoch after a resumed one should be whole, but it had 18"],
+        ),
         (StreamCountsAfterYield, ["stopped after 4 batches and resumed", "Count a sample before you yield it"]),
-        (StreamIgnoresLoad, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
+        (StreamIgnoresLoad, ["with 2 workers, stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came"]),
         (StreamRestartsItsCount, ["stopped after 4 batches and resumed: [[0, 2, 4], [1, 3, 5]]... came next"]),
         (SkipsByGlobalIndex, ["stopped after 4 batches and resumed", "skip that many of this worker's share"]),
         (
@@ -492,6 +566,46 @@ def save_leaving_tmp(path, model, optimizer, loader, step):
     os.replace(tmp, path)
 
 
+def save_in_system_temp(path, model, optimizer, loader, step):
+    """Atomic on one file system only: the temporary file is in the system's temporary folder."""
+    fd, tmp = tempfile.mkstemp(suffix=".pt")
+    os.close(fd)
+    try:
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "loader": loader.state_dict(),
+                "step": step,
+            },
+            tmp,
+        )
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def save_with_a_named_temporary_file(path, model, optimizer, loader, step):
+    """Another right answer: tempfile beside the checkpoint, moved with Path.replace."""
+    path = Path(path)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()}
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+        tmp = Path(f.name)
+    try:
+        torch.save({**state, "step": step}, tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_unsafe(path, model, optimizer, loader):
+    state = torch.load(path, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    loader.load_state_dict(state["loader"])
+    return state["step"]
+
+
 def test_14_checkpoint_right_and_stubs() -> None:
     def save_stub(path, model, optimizer, loader, step):
         raise NotImplementedError
@@ -501,6 +615,7 @@ def test_14_checkpoint_right_and_stubs() -> None:
 
     check = nb14.checkpoint
     assert status(check, save, load)[0] is Status.SOLVED, status(check, save, load)[1]
+    assert status(check, save_with_a_named_temporary_file, load)[0] is Status.SOLVED
     assert status(check, ..., ...)[0] is Status.NOT_ATTEMPTED
     assert status(check, save, ...)[0] is Status.NOT_ATTEMPTED
     assert status(check, save_stub, load_stub)[0] is Status.NOT_ATTEMPTED
@@ -519,6 +634,8 @@ def test_14_checkpoint_right_and_stubs() -> None:
         (save_swallowing_errors, load, ["save() returned normally although torch.save raised OSError"]),
         (save_leaving_tmp, load, ["the failed save left ['ckpt.pt.tmp'] behind"]),
         (lambda path, *rest: None, load, ["should write the file ckpt.pt; nothing is there"]),
+        (save_in_system_temp, load, ["your temporary file was in", "EXDEV", "path.with_name(path.name + '.tmp')"]),
+        (save, load_unsafe, ["ran the code it carried", "weights_only=True"]),
     ],
 )
 def test_14_checkpoint_wrong_answers(save_fn, load_fn, hints) -> None:

@@ -154,6 +154,42 @@ def test_bad_options_are_refused_with_a_message(capsys):
     assert "not negative" in capsys.readouterr().err
 
 
+def _passes(loader, count=2):
+    """``count`` passes of ``loader``, each as one list of ints; its workers are stopped at the end."""
+    passes, it = [], None
+    try:
+        for _ in range(count):
+            it = iter(loader)
+            passes.append([int(i) for batch in it for i in batch])
+        return passes
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "workers",
+    [{"num_workers": 0}, {"num_workers": 2, "persistent_workers": True}, {"num_workers": 2}],
+    ids=["no-workers", "persistent-workers", "fresh-workers"],
+)
+def test_the_resumable_stream_reads_every_epoch_whole_and_resumes_once(workers):
+    """The same stream object (no workers, persistent ones) runs __iter__ once per epoch: a restored position serves
+    the first pass only, and every epoch, resumed or not, covers 0..n-1."""
+    whole = _passes(resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers))
+    assert [sorted(p) for p in whole] == [list(range(12))] * 2
+    stopped = resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers)
+    it = iter(stopped)
+    before = [int(i) for _ in range(2) for i in next(it)]
+    state = stopped.state_dict()
+    getattr(it, "_shutdown_workers", lambda: None)()
+    resumed = resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers)
+    resumed.load_state_dict(state)
+    after, following = _passes(resumed)
+    assert before + after == whole[0] and following == whole[1]
+
+
 @pytest.fixture
 def job(tmp_path, tiny_root):
     """``job(name, *options, nproc=2)``: a torchrun job of course_lib.resume on the tiny set (prepared by this session,

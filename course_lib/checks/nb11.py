@@ -259,9 +259,20 @@ def dali_pairs(fn: Callable[[Any], Any]) -> None:
 RANK_CASES = [
     ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "3"}, (3, 8, 4), "torchrun's variables"),
     (
-        {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_LOCALID": "1"},
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_NTASKS_PER_NODE": "4",
+            "SLURM_TASKS_PER_NODE": "4(x2)",
+            "SLURM_LOCALID": "1",
+        },
         (5, 8, 4),
-        "srun with one task per GPU and no torchrun",
+        "srun --ntasks-per-node=4 with one task per GPU and no torchrun",
+    ),
+    (
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_LOCALID": "1"},
+        (5, 8, 4),
+        "a plain srun -n 8 over 2 nodes (no --ntasks-per-node, so no SLURM_NTASKS_PER_NODE)",
     ),
     (
         {
@@ -271,6 +282,7 @@ RANK_CASES = [
             "SLURM_PROCID": "1",
             "SLURM_NTASKS": "2",
             "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_TASKS_PER_NODE": "1(x2)",
         },
         (6, 8, 4),
         "torchrun started by srun, one per node",
@@ -288,7 +300,17 @@ def rank_env(fn: Callable[[dict], Any]) -> None:
     """``fn(environ)`` returns ``{"RANK": str, "WORLD_SIZE": str, "LOCAL_WORLD_SIZE": str}`` for MDS to read."""
     attempted(fn)
     for environ, (rank, world, local), where in RANK_CASES:
-        got = fn(dict(environ))
+        try:
+            got = fn(dict(environ))
+        except KeyError as exc:
+            missing = exc.args[0] if exc.args else ""
+            if missing == "SLURM_NTASKS_PER_NODE":
+                raise Hint(
+                    f"for {where} your code raised KeyError: 'SLURM_NTASKS_PER_NODE'. Slurm sets it only when the "
+                    "job asks for --ntasks-per-node; SLURM_TASKS_PER_NODE is always set, e.g. '4(x2)' (4 tasks on "
+                    "each of 2 nodes): take the number before '('."
+                ) from None
+            raise Hint(f"for {where} ({environ or 'no variables'}) your code raised KeyError: {missing!r}.") from None
         attempted(got)
         require(isinstance(got, dict), f"the answer is a {type(got).__name__}: return a dict of environment variables.")
         want = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local)}
@@ -306,6 +328,11 @@ def rank_env(fn: Callable[[dict], Any]) -> None:
             raise Hint(
                 f"for {where} you gave RANK={picked['RANK']}, srun's task number: with torchrun inside srun, "
                 "SLURM_PROCID counts nodes' tasks, and torchrun's RANK is the rank. Prefer torchrun's variables."
+            )
+        if "(" in picked.get("LOCAL_WORLD_SIZE", "") or "," in picked.get("LOCAL_WORLD_SIZE", ""):
+            raise Hint(
+                f"for {where} you gave LOCAL_WORLD_SIZE={picked['LOCAL_WORLD_SIZE']!r}: SLURM_TASKS_PER_NODE "
+                "reads count(xnodes), '4(x2)' for 4 tasks on each of 2 nodes; MDS wants the count, '4'."
             )
         raise Hint(f"for {where} ({environ or 'no variables'}) expected {want}, got {picked}.")
 

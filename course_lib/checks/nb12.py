@@ -10,7 +10,9 @@ batch with the file, counts the buffers and the bytes read ahead of the loop.
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+import torch.utils._python_dispatch
 
 from ._core import Hint, attempted, exercise, require, solved, whole_number
 
@@ -174,6 +177,66 @@ def mapped_batches(cls: Any) -> None:
                 "tensor, so every step allocates and zero-fills new memory. Allocate one buffer of "
                 "batch_size rows in __init__ and gather into it: torch.index_select(records, 0, rows, out=...)."
             )
+        fresh = cls(raw.path, size, batch, shuffle=True, seed=0)
+        state = torch.get_rng_state()
+        with _NewTensors() as made:
+            for _ in range(2):
+                for _b in fresh:
+                    pass
+        require(
+            torch.equal(torch.get_rng_state(), state),
+            "iterating your reader changed torch's global random state (torch.manual_seed, or a draw without a "
+            "generator, in __iter__): every epoch would reset the training's own randomness (dropout, "
+            "augmentations) to the same draws. Draw the order from a generator of your own, "
+            "torch.Generator().manual_seed(seed + epoch).",
+        )
+        big = sorted({op for op, nbytes in made.tensors if nbytes >= batch * size // 2})
+        require(
+            not big,
+            f"each batch was first gathered into a new tensor ({', '.join(big)}), and only then (if at all) copied "
+            "into your buffer: every step still allocates a batch. Gather straight into the buffer, "
+            "torch.index_select(records, 0, rows, out=buffer[:len(rows)]).",
+        )
+        _maps_the_file(cls, Path(tmp))
+
+
+class _NewTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes every torch operation that returns a tensor with storage of its own (not one of its inputs'), and its
+    bytes: a gather ``records[rows]`` makes one, ``index_select(..., out=buffer)`` does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = [*args, *(kwargs or {}).values()]
+        inputs = {a.untyped_storage().data_ptr() for a in given if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.tensors.append((str(func.overloadpacket.__name__), t.untyped_storage().nbytes()))
+        return out
+
+
+def _maps_the_file(cls: Any, folder: Path) -> None:
+    """A reader over a 4 MiB file reads (system calls) far less than the file: it maps it, and the pages it gathers
+    come in without a read call."""
+    from ..highrate import write_raw_tensors
+
+    raw = write_raw_tensors(folder / "mapped.f32", 64, sample_bytes=65536, seed=5)
+    start = _bytes_read()
+    reader = cls(raw.path, 65536, 8, shuffle=False)
+    for _ in range(2):
+        for _b in reader:
+            pass
+    read = _bytes_read() - start
+    require(
+        read < raw.nbytes // 2,
+        f"your reader read {read / 2**20:.1f} MiB with read calls for a {raw.nbytes / 2**20:.0f} MiB file: "
+        "np.fromfile and f.read() copy the whole file into memory first (a file of hundreds of GB would not "
+        "fit). Map it instead, torch.from_file(str(path), size=n * record_len): the system brings pages in "
+        "from its cache as the gathers touch them.",
+    )
 
 
 def _kept_views(reader: Any) -> Iterator[tuple[Any, Any]]:
@@ -291,6 +354,21 @@ def measure(fn: Callable[..., Any], read: Callable[[Any, int], Any]) -> None:
         f"the loop burned about 0.2 CPU seconds for 0.004 GB, about 50 CPU s per "
         f"GB; you report {cpu2:.3f}. Divide the process_time() difference by the GB delivered.",
     )
+
+    def threaded():  # 4 MB, each batch made by a thread of its own that burns 0.05 s of CPU, as threaded readers do
+        for _ in range(4):
+            worker = threading.Thread(target=_busy, args=(0.05,))
+            worker.start()
+            worker.join()
+            yield batch
+
+    cpu3 = float(fn(threaded, 4_000_000, lambda b: None)[1])
+    require(
+        cpu3 > 30,
+        f"the batches were made by another thread of this process, which burned about 50 CPU s per GB; you report "
+        f"{cpu3:.3f}. time.thread_time() counts the calling thread only, and a thread reader's work (12.5) would "
+        "vanish from your figures: time.process_time() counts every thread of the process.",
+    )
     try:
         fn(sleepy, 8_000_000, lambda b: None)
     except Exception:  # any clear error will do
@@ -307,18 +385,9 @@ def _bytes_read() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
-def _source_of(cls: Any) -> str:
-    """The source of the class's methods (a class defined in a notebook cell has no file for inspect to read)."""
-    import inspect
-
-    parts = []
-    for member in vars(cls).values():
-        if inspect.isfunction(member):
-            try:
-                parts.append(inspect.getsource(member))
-            except (OSError, TypeError):
-                pass
-    return "\n".join(parts)
+def _open_files() -> int:
+    """How many file descriptors this process holds (``/proc/self/fd``; Linux)."""
+    return len(os.listdir("/proc/self/fd"))
 
 
 THREAD_CASES = [(2, 2, 4), (2, 3, 4), (4, 4, 1)]  # (threads, in_flight, batch_size): the last, many small reads at once
@@ -334,17 +403,11 @@ def thread_batches(cls: Any) -> None:
     from ..highrate import write_raw_tensors
 
     attempted(cls)
-    source = _source_of(cls)
-    if ".seek(" in source or "lseek(" in source:
-        raise Hint(
-            "your reader seeks: two threads that seek and then read one file share its position, and a batch "
-            "silently gets another batch's bytes, now and then. Read with os.preadv(fd, [view], offset): the "
-            "offset goes with the read, and no position is shared."
-        )
     n, size = 42, 16384  # 42 samples of 16 KiB: with batches of 4, ten and a last one of 2
     with tempfile.TemporaryDirectory(prefix="check12-") as tmp:
         raw = write_raw_tensors(Path(tmp) / "raw.f32", n, sample_bytes=size, seed=12)
         truth = torch.from_numpy(np.fromfile(raw.path, dtype=np.float32).reshape(n, -1))
+        files = _open_files()
         for threads, in_flight, batch in THREAD_CASES:
             expected = [batch] * (n // batch) + ([n % batch] if n % batch else [])
             reader = cls(raw, batch, threads=threads, in_flight=in_flight)
@@ -369,6 +432,13 @@ def thread_batches(cls: Any) -> None:
                                 f"loop held its first one; at most in_flight={in_flight} may be pending while the "
                                 "loop works. Submit a read, then, as soon as more than in_flight are pending, "
                                 "yield the oldest one's result."
+                            )
+                        if ahead < in_flight - 0.5:
+                            raise Hint(
+                                f"with in_flight={in_flight}, only {max(ahead, 0):.0f} batch(es) were read ahead while "
+                                "the loop held its first one: you yield as soon as in_flight reads are pending "
+                                "(`>=`), one too early. Yield the oldest when more than in_flight are pending, "
+                                "`if len(pending) > in_flight`."
                             )
                     held.append(b)
                     sizes.append(b.shape[0])
@@ -412,4 +482,11 @@ def thread_batches(cls: Any) -> None:
                     "into buffers[number % (in_flight + 1)]."
                 )
             del held
-            gc.collect()
+            gc.collect()  # a file object nothing refers to any more is closed now; a bare descriptor never is
+            left_open = _open_files() - files
+            require(
+                left_open <= 0,
+                f"after 2 passes over your reader, {left_open} more files are open than before: close what "
+                "__iter__ opens when the pass ends, os.close(fd) in a finally: block (a job that reads for days "
+                "runs out of file descriptors).",
+            )

@@ -9,6 +9,7 @@ half-way to see that the previous checkpoint survives.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import traceback
 from pathlib import Path
@@ -119,16 +120,28 @@ def resumable_sampler(cls: Any) -> None:
     resumed_sampler.set_epoch(0)  # the state must bring the epoch back
     resumed = loader(resumed_sampler)
     resumed.load_state_dict(state)
-    after, _ = _pass(resumed)
+    mid, state = _pass(resumed, stop_after=2)
     require(
-        before + after == whole,
-        f"stopped after 3 batches and resumed in a new loader: {after[:2]}... came next, "
+        before + mid == whole[:5],
+        f"stopped after 3 batches and resumed in a new loader: {mid[:2]}... came next, "
         f"but the pass that never stopped had {whole[3:5]}... Save the epoch and how many indices were yielded "
         "(count before each yield: the loader saves the state right after taking a batch's last index), and in "
         "__iter__ skip that many of the epoch's order.",
     )
-    resumed_sampler.set_epoch(2)
-    nxt, _ = _pass(resumed)
+    again_sampler = cls(n, seed)
+    again_sampler.set_epoch(0)
+    again = loader(again_sampler)
+    again.load_state_dict(state)  # stopped a second time in the same epoch, 2 batches after the resume
+    after, _ = _pass(again)
+    require(
+        before + mid + after == whole,
+        f"stopped a second time in the same epoch, 2 batches after the resume, and resumed again: {after[:2]}... "
+        f"came next, but the pass that never stopped had {whole[5:7]}... The state must count the indices "
+        "yielded since the epoch began, the skipped ones included, not since the resume: start the count at "
+        "the number skipped (self.yielded = skip), then count up.",
+    )
+    again_sampler.set_epoch(2)
+    nxt, _ = _pass(again)
     require(
         sorted(i for b in nxt for i in b) == list(range(n)),
         "the epoch after a resumed one should be whole, "
@@ -136,34 +149,82 @@ def resumable_sampler(cls: Any) -> None:
     )
 
 
-@exercise("14.3", "your stream resumes with 2 workers on exactly the next batch, and skips without loading.")
+def _epochs(loader: Any, count: int = 2) -> list[list[list[int]]]:
+    """``count`` passes of ``loader``, each as lists of ints; its workers are stopped at the end, persistent ones too."""
+    passes, it = [], None
+    try:
+        for _ in range(count):
+            try:
+                it = iter(loader)
+            except BaseException as exc:
+                traceback.clear_frames(exc.__traceback__)  # the half-made iterator goes now, and stops its workers
+                raise
+            passes.append([[int(i) for i in batch] for batch in it])
+        return passes
+    finally:
+        if it is not None:
+            stop_workers(it)
+
+
+_STREAM_SETTINGS = (  # (loader arguments, how a hint names them): fresh workers first, as the notebook runs it
+    ({"num_workers": 2}, "2 workers"),
+    ({"num_workers": 2, "persistent_workers": True}, "2 persistent workers (persistent_workers=True)"),
+    ({"num_workers": 0}, "num_workers=0"),
+)
+
+
+@exercise(
+    "14.3",
+    "your stream resumes on exactly the next batch, with 2 workers, persistent ones and none, every epoch is whole, "
+    "and it skips without loading.",
+)
 def resumable_stream(cls: Any) -> None:
-    """``cls(n)``: an ``IterableDataset`` yielding ``self.load(i)`` for its worker's share, with a saved position."""
+    """``cls(n)``: an ``IterableDataset`` yielding ``self.load(i)`` for its worker's share, with a saved position.
+
+    Two epochs and a resume in each of three settings: fresh workers, persistent workers and none. Without workers,
+    and with persistent ones, the same object's ``__iter__`` runs again for the next epoch: a position that a
+    resume restored must serve one pass only."""
     attempted(cls)
     require(isinstance(cls, type), f"pass the class itself (e.g. `MyResumableStream`), not {cls!r}.")
     n = 30
-    whole, _ = _pass(stateful_loader(cls(n), batch_size=3, num_workers=2))
-    flat = sorted(i for b in whole for i in b)
-    require(
-        flat == list(range(n)),
-        f"with 2 workers one pass should yield 0..{n - 1} once each, got {len(flat)} "
-        "samples: yield only this worker's share, range(info.id, n, info.num_workers).",
-    )
-    require(
-        callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)),
-        "give the stream state_dict() and load_state_dict(): without them the loader resumes by reading and "
-        "throwing away everything before the checkpoint.",
-    )
-    before, state = _pass(stateful_loader(cls(n), batch_size=3, num_workers=2), stop_after=4)
-    resumed = stateful_loader(cls(n), batch_size=3, num_workers=2)
-    resumed.load_state_dict(state)
-    after, _ = _pass(resumed)
-    require(
-        before + after == whole,
-        f"stopped after 4 batches and resumed: {after[:2]}... came next, but the pass "
-        f"that never stopped had {whole[4:6]}... Count a sample before you yield it (the state is taken right "
-        "after a batch's last sample), and in __iter__ skip that many of this worker's share.",
-    )
+    for kwargs, setting in _STREAM_SETTINGS:
+        whole, second = _epochs(stateful_loader(cls(n), batch_size=3, **kwargs))
+        flat = sorted(i for b in whole for i in b)
+        require(
+            flat == list(range(n)),
+            f"with {setting} one pass should yield 0..{n - 1} once each, got {len(flat)} "
+            "samples: yield only this worker's share, range(info.id, n, info.num_workers) (all of range(n) "
+            "without workers).",
+        )
+        if setting == _STREAM_SETTINGS[0][1]:
+            require(
+                callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)),
+                "give the stream state_dict() and load_state_dict(): without them the loader resumes by reading and "
+                "throwing away everything before the checkpoint.",
+            )
+        got = sorted(i for b in second for i in b)
+        require(
+            got == list(range(n)),
+            f"with {setting} the second epoch yielded {len(got)} samples instead of {n}: the same copy of your "
+            "stream runs __iter__ again for the next epoch, and its count still holds where the first pass ended. "
+            "A restored position serves one pass only: keep it apart from the count (load_state_dict sets "
+            "self.start; __iter__ begins with self.done, self.start = self.start, 0).",
+        )
+        before, state = _pass(stateful_loader(cls(n), batch_size=3, **kwargs), stop_after=4)
+        resumed = stateful_loader(cls(n), batch_size=3, **kwargs)
+        resumed.load_state_dict(state)
+        after, nxt = _epochs(resumed)
+        require(
+            before + after == whole,
+            f"with {setting}, stopped after 4 batches and resumed: {after[:2]}... came next, but the pass "
+            f"that never stopped had {whole[4:6]}... Count a sample before you yield it (the state is taken right "
+            "after a batch's last sample), and in __iter__ skip that many of this worker's share.",
+        )
+        require(
+            nxt == second,
+            f"with {setting}, the epoch after a resumed one should be whole, but it had {sum(map(len, nxt))} "
+            f"samples of {n}: skip only in the first pass after load_state_dict, then start the share from 0 again.",
+        )
 
     loads: list[int] = []
     counted = type(cls.__name__, (cls,), {"load": lambda self, i: loads.append(i) or i})
@@ -225,6 +286,42 @@ def _setup(n: int = 24) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     return model, opt, loader
 
 
+def _moves_during(call: Callable[[], Any]) -> list[tuple[Path, Path]]:
+    """The ``(source, destination)`` of every ``os.replace`` and ``os.rename`` (``Path.replace``, ``shutil.move``) that
+    ``call()`` makes, which still happen."""
+    moves: list[tuple[Path, Path]] = []
+    real = {"replace": os.replace, "rename": os.rename}
+
+    def watched(name: str) -> Callable[..., Any]:
+        def move(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
+                moves.append((Path(src), Path(dst)))
+            return real[name](src, dst, *args, **kwargs)
+
+        return move
+
+    os.replace, os.rename = watched("replace"), watched("rename")
+    try:
+        call()
+    finally:
+        os.replace, os.rename = real["replace"], real["rename"]
+    return moves
+
+
+def _ran_code() -> None:
+    _CODE_RAN.append(True)
+
+
+_CODE_RAN: list[bool] = []
+
+
+class _Payload:
+    """Runs :func:`_ran_code` when unpickled: what a crafted checkpoint could do, harmlessly."""
+
+    def __reduce__(self) -> Any:
+        return _ran_code, ()
+
+
 @exercise("14.4", "model, optimizer and loader come back together, and a failed save leaves the last checkpoint whole.")
 def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
     """``save(path, model, optimizer, loader, step)``; ``load(path, model, optimizer, loader)`` -> ``step``."""
@@ -234,9 +331,17 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         model, opt, loader = _setup()
         batches = iter(loader)
         _train(model, opt, batches, 3)
-        save(path, model, opt, loader, 3)
+        moves = _moves_during(lambda: save(path, model, opt, loader, 3))
         saved_weights = [p.detach().clone() for p in model.parameters()]
         require(path.is_file(), f"save(path, ...) should write the file {path.name}; nothing is there.")
+        far = [str(src.parent) for src, dst in moves if dst == path and src.resolve().parent != path.resolve().parent]
+        require(
+            not far,
+            f"your temporary file was in {far[0] if far else ''}, not beside the checkpoint: os.replace onto "
+            "another file system (the system's temporary folder often is one, and a job's scratch space) fails "
+            "with EXDEV, 'Invalid cross-device link'. Make it in the checkpoint's folder, e.g. "
+            "path.with_name(path.name + '.tmp').",
+        )
         want = _train(model, opt, batches, 4)
         want_weights = [p.detach().clone() for p in model.parameters()]
         stop_workers(batches)
@@ -282,3 +387,17 @@ def checkpoint(save: Callable[..., Any], load: Callable[..., Any]) -> None:
         )
         strays = [p.name for p in Path(tmp).iterdir() if p != path]
         require(not strays, f"the failed save left {strays} behind: remove the temporary file when saving fails.")
+
+        crafted = Path(tmp) / "crafted" / "ckpt.pt"
+        crafted.parent.mkdir()
+        torch.save({"model": model.state_dict(), "payload": _Payload()}, crafted)
+        _CODE_RAN.clear()
+        try:
+            load(crafted, model2, opt2, loader2)
+        except Exception:
+            pass  # refusing the file is right
+        require(
+            not _CODE_RAN,
+            "loading a crafted checkpoint ran the code it carried: load with torch.load(path, weights_only=True), "
+            "which reads tensors, numbers and dicts only; weights_only=False lets the file run any code.",
+        )

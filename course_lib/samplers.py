@@ -133,7 +133,7 @@ def plot_index_orders(
             im = ax.imshow(values[grid], aspect="auto", cmap=cmap, vmin=-0.5, vmax=k - 0.5, interpolation="nearest")
             bar = fig.colorbar(im, ax=ax, label=colour_label or "class", pad=0.01, ticks=range(k))
             if class_names is not None:
-                bar.ax.set_yticklabels(list(class_names)[:k], fontsize=7)
+                bar.ax.set_yticklabels(list(class_names)[:k], fontsize=9)
         else:
             im = ax.imshow(values[grid], aspect="auto", cmap="viridis", interpolation="nearest")
             fig.colorbar(im, ax=ax, label=colour_label or "value", pad=0.01)

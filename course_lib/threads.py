@@ -309,5 +309,7 @@ def plot_threads(by_work: dict[str, dict[str, Measured]]) -> Any:
             title="CPU: training process (solid), its workers (hatched)",
         )
         rate_ax.invert_yaxis()
+        for ax in (rate_ax, cpu_ax):
+            ax.margins(x=0.12)  # room between the longest bar and the frame
     fig.tight_layout()
     return fig

@@ -433,7 +433,7 @@ TICK_POINTS: dict[str, float | None] = {
     "notebook:01#c018": None,  # course_lib.viz.show_images: a grid of pictures, axes off
     "notebook:02#c020": None,  # show_images
     "notebook:09#c009": None,  # show_images
-    "notebook:06#c029": 7,  # course_lib.samplers.plot_index_orders(class_names=...): the colour bar's class names
+    "notebook:06#c029": 9,  # course_lib.samplers.plot_index_orders(class_names=...): the colour bar's class names
 }
 
 # Every notebook figure of the deck as the slide shows it: its reference, natural and laid-out size, slide number.

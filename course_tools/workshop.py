@@ -501,7 +501,8 @@ def facts_table(root: Path, nbs: list[Notebook]) -> str:
         if r is None:
             rows.append(f"| {nb.number} | not recorded | | | | | | |")
             continue
-        torchrun = f"{r['torchrun_jobs']} jobs × {r['ranks']} ranks" if r["torchrun_jobs"] else "–"
+        jobs = r["torchrun_jobs"]
+        torchrun = f"{jobs} job{'s' if jobs != 1 else ''} × {r['ranks']} ranks" if jobs else "–"
         rows.append(
             f"| {nb.number} | {_minutes(r['seconds'])} | {r['processes']} | {torchrun} | "
             f"{'yes' if r['s3_server'] else '–'} | {_mb(r['scratch_mb'])} | {_mb(r['shm_mb'])} | {nb.claims or '–'} |"

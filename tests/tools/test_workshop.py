@@ -164,7 +164,7 @@ def test_write_makes_the_table_from_the_first_cell(tmp_path: Path) -> None:
         )
     )
     facts = workshop.facts_table(tmp_path, workshop.notebooks(tmp_path))
-    assert "| 01 | 1.5 min | 3 | 1 jobs × 2 ranks | yes | <1 MB | – | 1 |" in facts
+    assert "| 01 | 1.5 min | 3 | 1 job × 2 ranks | yes | <1 MB | – | 1 |" in facts
     assert workshop.stale_runs(tmp_path) == [
         "01_x.ipynb: its code changed since its recorded run: run `python -m course_lib authoring runs 01` on an "
         "idle machine"

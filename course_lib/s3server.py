@@ -577,6 +577,9 @@ def local_server(identity: str = "learner") -> S3Server:
     server = _SERVER.get(os.getpid())
     if server is None or not server.running():
         server = S3Server(scratch_folder("s3")).start()
+        # at exit, at once: its objects go with the scratch folder, and a kernel that Jupyter shuts down has 2.5 s
+        # before SIGTERM (run before the graceful stop start() registered, which then finds it stopped)
+        atexit.register(server.stop, graceful=False)
         _SERVER[os.getpid()] = server
     server.use(identity)
     return server

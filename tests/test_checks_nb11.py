@@ -40,11 +40,19 @@ def test_mds_loader(mds: Path) -> None:
     def no_loader_batch(folder, batch_size):  # the batch size given to the dataset only
         return DataLoader(alt.mds_images(folder, batch_size), num_workers=2)
 
+    def one_worker(folder, batch_size):
+        return DataLoader(alt.mds_images(folder, batch_size), batch_size=batch_size, num_workers=1)
+
+    def drops_the_last(folder, batch_size):  # 40 samples in batches of 16: the last 8 are lost every epoch
+        return DataLoader(alt.mds_images(folder, batch_size), batch_size=batch_size, num_workers=2, drop_last=True)
+
     def stub(folder, batch_size):
         raise NotImplementedError
 
     try:
         assert nb11.mds_loader.evaluate(right, mds, N).passed
+        assert "num_workers=1: the task asks for 2" in nb11.mds_loader.evaluate(one_worker, mds, N).message
+        assert "drop_last=True" in nb11.mds_loader.evaluate(drops_the_last, mds, N).message
         result = nb11.mds_loader.evaluate(mismatched, mds, N)
         assert result.status is Status.WRONG and "same number" in result.message
         assert "num_workers=0" in nb11.mds_loader.evaluate(no_workers, mds, N).message
@@ -71,6 +79,12 @@ if __name__ == "__main__":
     litdata.optimize(fn=square, inputs=list(range(12)), output_dir=sys.argv[1], chunk_bytes=256_000,
                      num_workers=2, mode="overwrite", verbose=False)
 """
+
+
+@pytest.mark.quick
+def test_prepare_script_asks_for_two_workers() -> None:
+    outcome, message = status(nb11.prepare_script, GOOD_SCRIPT.replace("num_workers=2", "num_workers=1"))
+    assert outcome is Status.WRONG and "num_workers=1: the task asks for 2" in message, message
 
 
 @pytest.mark.quick
@@ -113,7 +127,7 @@ def test_prepare_script_slips_seen_in_the_text() -> None:
         assert nb11._fn_names_defined_only_under_the_guard(tree) == [], case
 
 
-@pytest.mark.full  # four scripts, each spawning litdata's workers: about a minute
+@pytest.mark.full  # five scripts, each spawning litdata's workers: about a minute
 @pytest.mark.timeout(300)
 def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the learner's script runs with its own temporary folder: litdata leaves files in it when a script fails
@@ -141,6 +155,11 @@ def test_prepare_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     wrong_values = GOOD_SCRIPT.replace('"square": i * i', '"square": i + i')
     outcome, message = status(nb11.prepare_script, wrong_values)
     assert outcome is Status.WRONG and "12 samples" in message, message
+    assert "inputs=list(range(12))" in GOOD_SCRIPT
+    a_range = GOOD_SCRIPT.replace("inputs=list(range(12))", "inputs=range(12)")
+    outcome, message = status(nb11.prepare_script, a_range)
+    assert outcome is Status.WRONG and "give optimize a list, inputs=list(range(12))" in message, message
+
     assert not list(inherited.iterdir()) and not list(checks.iterdir()), "the scripts left files in a temporary folder"
 
 
@@ -166,6 +185,10 @@ def test_dali_pairs() -> None:
             return batch[0]["images"], batch[0]["labels"].view(-1).long()
 
     expected["Use yield"] = returns
+    # .squeeze() removes both dimensions of a last batch of one sample: cross_entropy fails on it
+    expected["a batch of one sample: .squeeze()"] = lambda it: (
+        (b[0]["images"], b[0]["labels"].squeeze().long()) for b in it
+    )
     for words, wrong in expected.items():
         outcome, message = status(nb11.dali_pairs, wrong)
         assert outcome is Status.WRONG and words in message, (words, message)
@@ -265,6 +288,16 @@ def test_fit() -> None:
     def no_step(model, loader, steps):
         return sum(len(labels) for _, labels in itertools.islice(loader, steps))
 
+    def new_optimizer_every_step(model, loader, steps):  # same weights with plain SGD; momentum would restart
+        seen = 0
+        for images, labels in itertools.islice(loader, steps):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            opt.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            opt.step()
+            seen += len(labels)
+        return seen
+
     right_and_stubs(nb11.fit, alt.train_steps, stub)
     expected = {
         everything: "took 20 batches",
@@ -272,6 +305,7 @@ def test_fit() -> None:
         no_zero_grad: "zero_grad",
         batches_not_images: "count len(labels)",
         no_step: "did not change",
+        new_optimizer_every_step: "made 5 optimizers for 5 steps",
     }
     for wrong, words in expected.items():
         outcome, message = status(nb11.fit, wrong)

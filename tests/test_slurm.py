@@ -1061,3 +1061,38 @@ def test_hpc_readme_blocks_run_on_the_test_cluster(stage: Stage, tiny_root: Path
     finally:
         cluster.run("scontrol", "delete", "reservation", reservation, check=False)
     assert not failures, "\n\n".join(failures)
+
+
+# --------------------------------------------------------------------------- exercise 11.4 under a plain srun
+
+SRUN_ENV_JOB = """#!/bin/bash
+srun -n 2 {python} -c 'import json, os; print("env:" + json.dumps(dict(os.environ)))'
+"""
+
+
+def test_rank_env_of_notebook_11_reads_a_plain_srun(slurm: Cluster, tmp_path: Path) -> None:
+    """Exercise 11.4's solution (notebook 11, the rank MDS should see) in the environments Slurm really gives the two
+    tasks of ``sbatch -n 2`` + ``srun -n 2``: no --ntasks-per-node, so no SLURM_NTASKS_PER_NODE, only
+    SLURM_TASKS_PER_NODE (sbatch's man page: "Only set if the --ntasks-per-node option is specified")."""
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "notebooks" / "solutions" / "11_beyond_webdataset.ipynb", as_version=4)
+    source = next(c.source for c in notebook.cells if c.cell_type == "code" and "def rank_env(" in c.source)
+    solution = source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+    scope: dict = {}
+    exec(solution, scope)  # the notebook's own answer, as a learner's notebook defines it
+    script = tmp_path / "srun_env.sbatch"
+    script.write_text(SRUN_ENV_JOB.format(python=sys.executable))
+    job = slurm.sbatch(
+        script,
+        ["-n", "2", "-N", "1", "-c", "1", f"--time={JOB_TIME_LIMIT}", f"--output={tmp_path / 'out.txt'}"],
+        env=clean_env(),
+        cwd=tmp_path,
+    )
+    result = slurm.wait([job], timeout=120)[job]
+    assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), result.describe()
+    envs = [json.loads(line[4:]) for line in (tmp_path / "out.txt").read_text().splitlines() if line.startswith("env:")]
+    assert len(envs) == 2
+    assert all("SLURM_NTASKS_PER_NODE" not in e and e["SLURM_TASKS_PER_NODE"] == "2" for e in envs), envs
+    answers = sorted((scope["rank_env"](e) for e in envs), key=lambda a: a["RANK"])
+    assert answers == [{"RANK": r, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"} for r in ("0", "1")], answers

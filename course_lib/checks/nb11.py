@@ -37,6 +37,16 @@ def mds_loader(fn: Callable[[Any, int], Any], folder: Any, samples: int, batch_s
         isinstance(loader, DataLoader), f"mds_loader returned a {type(loader).__name__}: return a torch DataLoader."
     )
     require(loader.num_workers >= 1, "the DataLoader has num_workers=0: give it worker processes (num_workers=2).")
+    require(
+        loader.num_workers == 2,
+        f"the DataLoader has num_workers={loader.num_workers}: the task asks for 2 worker processes, so that MDS "
+        "splits its shards between two readers (num_workers=2).",
+    )
+    require(
+        not loader.drop_last,
+        "the DataLoader drops the last, partial batch (drop_last=True): an epoch of MDS samples would then lose "
+        "up to batch_size - 1 of them every epoch. Leave drop_last at its default, False.",
+    )
     inner = getattr(loader.dataset, "inner", loader.dataset)
     ds_batch = getattr(inner, "batch_size", None)
     require(
@@ -101,6 +111,12 @@ def prepare_script(text: Any) -> None:
             "and what is inside the guard does not run there, so it cannot find the function by name. Define "
             "it at the top of the script, outside the guard."
         )
+    for workers in _literal_num_workers(tree):  # a number the script states; one it computes is run as it is
+        if workers != 2:
+            raise Hint(
+                f"the script asks optimize for num_workers={workers}: the task asks for 2, whose spawned processes "
+                "are what the script must survive (with one, or none, the trap never shows)."
+            )
     with tempfile.TemporaryDirectory(prefix="check11-") as tmp:
         script, out = Path(tmp) / "prepare.py", Path(tmp) / "out"
         script.write_text(text)
@@ -116,6 +132,11 @@ def prepare_script(text: Any) -> None:
                 'Put it behind if __name__ == "__main__":'
             ) from None
         last = (job.stderr.strip().splitlines() or ["(no error output)"])[-1]
+        if job.returncode != 0 and "prepare_structure" in job.stderr:
+            raise Hint(
+                "litdata could not split the inputs between its workers (its message: "
+                f"{last[:160]}): give optimize a list, inputs=list(range(12)), not a range."
+            )
         if job.returncode != 0:
             if "__main__" not in text:
                 raise Hint(
@@ -154,6 +175,17 @@ def prepare_script(text: Any) -> None:
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _literal_num_workers(tree: ast.Module) -> list[Any]:
+    """The ``num_workers=`` values written as constants in the script's calls to optimize."""
+    return [
+        keyword.value.value
+        for node in ast.walk(tree)
+        if _is_optimize_call(node)
+        for keyword in node.keywords  # type: ignore[attr-defined]
+        if keyword.arg == "num_workers" and isinstance(keyword.value, ast.Constant)
+    ]
 
 
 def _is_optimize_call(node: ast.AST) -> bool:
@@ -219,9 +251,10 @@ def dali_pairs(fn: Callable[[Any], Any]) -> None:
     """``fn(iterator)`` yields ``(images, labels)`` for each batch of a ``DALIGenericIterator`` with outputs
     ``["images", "labels"]``: a list with one dict per pipeline, labels shaped ``[B, 1]`` int32."""
     attempted(fn)
+    sizes = [4, 4, 4, 1]  # the last batch of an epoch may hold one sample: labels [1, 1]
     batches = [
-        [{"images": torch.full((4, 8, 8, 3), float(b)), "labels": torch.arange(4, dtype=torch.int32).view(4, 1) + b}]
-        for b in range(3)
+        [{"images": torch.full((n, 8, 8, 3), float(b)), "labels": torch.arange(n, dtype=torch.int32).view(n, 1) + b}]
+        for b, n in enumerate(sizes)
     ]
     got = fn(iter(batches))
     attempted(got)
@@ -231,7 +264,7 @@ def dali_pairs(fn: Callable[[Any], Any]) -> None:
             "ends it at the first batch. Use yield (images, labels) in the loop, one pair per batch."
         )
     got = list(got)
-    require(len(got) == 3, f"3 batches went in and {len(got)} came out: yield one pair per batch.")
+    require(len(got) == len(sizes), f"{len(sizes)} batches went in and {len(got)} came out: yield one pair per batch.")
     for b, pair in enumerate(got):
         require(
             isinstance(pair, tuple) and len(pair) == 2,
@@ -245,15 +278,16 @@ def dali_pairs(fn: Callable[[Any], Any]) -> None:
         )
         require(isinstance(labels, torch.Tensor), f"the labels of batch {b} are a {type(labels).__name__}: a tensor.")
         if labels.dim() != 1:
+            one = " (a batch of one sample: .squeeze() removes both dimensions of [1, 1])" if labels.dim() == 0 else ""
             raise Hint(
-                f"the labels of batch {b} have shape {tuple(labels.shape)}: DALI gives them as [B, 1]; "
+                f"the labels of batch {b} have shape {tuple(labels.shape)}{one}: DALI gives them as [B, 1]; "
                 "cross_entropy wants [B]: .squeeze(-1) or .view(-1)."
             )
         if labels.dtype != torch.long:
             raise Hint(
                 f"the labels of batch {b} are {labels.dtype}: cross_entropy wants class numbers as int64 (.long())."
             )
-        require(torch.equal(labels, torch.arange(4) + b), f"the labels of batch {b} are not the pipeline's.")
+        require(torch.equal(labels, torch.arange(sizes[b]) + b), f"the labels of batch {b} are not the pipeline's.")
 
 
 RANK_CASES = [
@@ -361,7 +395,18 @@ def fit(fn: Callable[..., Any]) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10))
     twin, start = copy.deepcopy(model), copy.deepcopy(model.state_dict())
-    seen = fn(model, loader(), 5)
+    made = [0]
+    original_init = torch.optim.Optimizer.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:  # every optimizer fn makes, counted
+        made[0] += 1
+        original_init(self, *args, **kwargs)
+
+    torch.optim.Optimizer.__init__ = counting_init  # type: ignore[method-assign]
+    try:
+        seen = fn(model, loader(), 5)
+    finally:
+        torch.optim.Optimizer.__init__ = original_init  # type: ignore[method-assign]
     attempted(seen)
     # first: a loop over the whole loader also returns the wrong count, and stopping is what it misses
     require(
@@ -380,6 +425,12 @@ def fit(fn: Callable[..., Any]) -> None:
         raise Hint(
             "the weights differ from 5 steps of SGD(lr=0.1) on F.cross_entropy(model(images), labels): check the "
             "learning rate, the loss, and opt.zero_grad() before each backward (gradients add up otherwise)."
+        )
+    if made[0] > 1:
+        raise Hint(
+            f"fit made {made[0]} optimizers for 5 steps: make it once, before the loop. Plain SGD hides it, but an "
+            "optimizer keeps state between steps (momentum, Adam's averages), and a new one each step starts that "
+            "state over every time."
         )
     short = fn(copy.deepcopy(twin), iter(batches[:3]), 5)
     require(

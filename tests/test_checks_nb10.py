@@ -307,7 +307,7 @@ def test_read_with_retries(learner) -> None:
                     raise object_store.ObjectReadError(url, attempts, error)
                 time.sleep(backoff_s)
 
-    def busy_wait(url, attempts, backoff_s):  # waits another way than time.sleep: the gaps between requests tell
+    def busy_wait(url, attempts, backoff_s):  # waits, but burns a core doing it: refused
         bucket, key = object_store.split_url(url)
         for attempt in range(1, attempts + 1):
             try:
@@ -319,7 +319,24 @@ def test_read_with_retries(learner) -> None:
                 while time.monotonic() < until:
                     pass
 
-    assert status(nb10.read_with_retries, busy_wait, urls[0], proxy)[0] is Status.SOLVED
+    outcome, message = status(nb10.read_with_retries, busy_wait, urls[0], proxy)
+    assert outcome is Status.WRONG and "never called time.sleep" in message, message
+    # time.sleep under another name (from time import sleep) is seen as well
+    namespace = {"sleep": time.sleep, "object_store": object_store}
+    exec(
+        "def by_name(url, attempts, backoff_s):\n"
+        "    bucket, key = object_store.split_url(url)\n"
+        "    for attempt in range(1, attempts + 1):\n"
+        "        try:\n"
+        "            return object_store.s3_client().get_object(Bucket=bucket, Key=key)['Body'].read()\n"
+        "        except Exception as error:\n"
+        "            if attempt == attempts:\n"
+        "                raise object_store.ObjectReadError(url, attempts, error)\n"
+        "            sleep(backoff_s * 2 ** (attempt - 1))\n",
+        namespace,
+    )
+    assert status(nb10.read_with_retries, namespace["by_name"], urls[0], proxy)[0] is Status.SOLVED
+    assert namespace["sleep"] is time.sleep, "the check put the learner's name back"
 
     def once(url, attempts, backoff_s):
         bucket, key = object_store.split_url(url)
@@ -333,7 +350,7 @@ def test_read_with_retries(learner) -> None:
         "name the object": lambda u, a, b: retrying(u, a, b, name=False),
         "the number of attempts (9)": url_only,
         "one too many": once_too_often,
-        "they do not grow, so your function did not wait": lambda u, a, b: retrying(u, a, b, wait=False),
+        "never called time.sleep": lambda u, a, b: retrying(u, a, b, wait=False),
         "they do not grow. Wait backoff_s": fixed_wait,
         "SlowDown": once,  # no retry at all: the 503 reaches the check
     }

@@ -214,19 +214,17 @@ def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: A
         'compare its length with response["ContentLength"]).',
     )
     attempts, backoff_s = 9, 0.002  # waits of at most 2, 4, 8, ..., 256 ms: 0.5 s in all, half that with jitter
-    sends: list[float] = []
-    with _proxy(proxy) as p, _waits() as waits:
+    with _proxy(proxy) as p, _waits(getattr(fn, "__globals__", {})) as waits:
         p.fail_next(100)
-        with _on_client("before-send.s3.GetObject", lambda **_: sends.append(time.monotonic())):
-            try:
-                fn(url, attempts, backoff_s)
-            except Exception as exc:  # what the learner raises is theirs to choose
-                message = str(exc)
-            else:
-                raise Hint(
-                    "every request failed, yet your function returned: after the last attempt, raise an error "
-                    "(e.g. object_store.ObjectReadError(url, attempts, error))."
-                )
+        try:
+            fn(url, attempts, backoff_s)
+        except Exception as exc:  # what the learner raises is theirs to choose
+            message = str(exc)
+        else:
+            raise Hint(
+                "every request failed, yet your function returned: after the last attempt, raise an error "
+                "(e.g. object_store.ObjectReadError(url, attempts, error))."
+            )
         sent = p.requests
     require(
         sent != attempts + 1,
@@ -246,18 +244,12 @@ def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: A
         f"the error says {message[:160]!r}: name the object ({url}) and the number of attempts ({attempts}) in it, "
         "so the log says which shard failed and how hard it was tried.",
     )
-    if not waits:  # no time.sleep: it waited another way, or not at all; the gaps between its requests tell
-        if len(sends) != attempts:  # nor did it use object_store.s3_client(): its waits cannot be seen
-            return
-        gaps = [b - a for a, b in zip(sends, sends[1:])]
-        require(
-            sum(gaps[-3:]) > sum(gaps[:3]) + 3.5 * backoff_s,
-            f"with backoff_s={backoff_s} the gaps between your requests were "
-            f"{', '.join(f'{g * 1000:.1f}' for g in gaps)} ms: they do not grow, so your function did not wait, "
-            "or not longer each time. Wait backoff_s after the first failure, twice that after the second, and so "
-            "on, time.sleep(backoff_s * 2 ** (attempt - 1)).",
-        )
-        return
+    require(
+        bool(waits),
+        f"your function never called time.sleep between its {attempts} attempts: it did not wait, or it waited "
+        "another way (a busy loop burns the core a loader needs). Wait backoff_s after the first failure, twice that "
+        "after the second, and so on: time.sleep(backoff_s * 2 ** (attempt - 1)).",
+    )
     require(
         len(waits) in (attempts - 1, attempts),  # a wait after the last failure too costs time, no more
         f"{attempts} attempts, {attempts - 1} failures before the last one, but your function waited {len(waits)} "
@@ -274,8 +266,9 @@ def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: A
 
 
 @contextlib.contextmanager
-def _waits() -> Iterator[list[float]]:
-    """The seconds each ``time.sleep`` of this thread asked for in the block (it still sleeps them)."""
+def _waits(namespace: dict[str, Any]) -> Iterator[list[float]]:
+    """The seconds each ``time.sleep`` of this thread asked for in the block (it still sleeps them): called as
+    ``time.sleep``, or by a name the answer's ``namespace`` bound to it (``from time import sleep``)."""
     real, me, seen = time.sleep, threading.get_ident(), []
 
     def sleep(seconds: float) -> None:
@@ -283,11 +276,16 @@ def _waits() -> Iterator[list[float]]:
             seen.append(float(seconds))
         real(seconds)
 
+    aliases = [name for name, value in namespace.items() if value is real]
     time.sleep = sleep  # type: ignore[assignment]
+    for name in aliases:
+        namespace[name] = sleep
     try:
         yield seen
     finally:
         time.sleep = real  # type: ignore[assignment]
+        for name in aliases:
+            namespace[name] = real
 
 
 _watched: list[dict[str, Any]] = []  # what the audit hook watches now: a cache folder, its budget, what it saw

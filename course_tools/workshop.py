@@ -188,6 +188,11 @@ class Slot:
     what: str
 
 
+def _days(days: float) -> tuple[int, int]:
+    """How many days a plan of ``days`` is laid on, and when each ends (half a day: the morning, until lunch)."""
+    return max(1, round(days + 0.49)), DAY_END if days >= 1 else BREAKS[1][0]
+
+
 def _working_spans(day_end: int) -> list[tuple[int, int]]:
     """(start, end) of a day's teaching time between its breaks, up to ``day_end``."""
     spans, start = [], DAY_START
@@ -214,8 +219,7 @@ def lay_out(plan: Plan, nbs: dict[str, Notebook]) -> tuple[list[Slot], int]:
         cut = [] if plan.stretch else list(t.stretch)
         left_out = f" (not {', '.join(cut)}: stretch)" if cut else ""
         items.append((f"notebook {n} · {nb.short_title}{left_out}", t.minutes if plan.stretch else t.core_minutes))
-    whole_days = max(1, round(plan.days + 0.49))
-    day_end = DAY_END if plan.days >= 1 else BREAKS[1][0]  # half a day: the morning
+    whole_days, day_end = _days(plan.days)
     slots: list[Slot] = []
     left = 0
     queue = list(items)
@@ -286,8 +290,7 @@ def schedule(plan: Plan, nbs: dict[str, Notebook]) -> str:
 
 def _capacity(days: float) -> int:
     """Minutes of notebooks and slides a plan of ``days`` can hold."""
-    whole = max(1, round(days + 0.49))
-    day_end = DAY_END if days >= 1 else BREAKS[1][0]
+    whole, day_end = _days(days)
     per_day = sum(end - start for start, end in _working_spans(day_end)) - WRAP_UP
     return whole * per_day - SETUP - RECAP * (whole - 1)
 

@@ -196,11 +196,16 @@ class Timing:
         return f"about {self.minutes} minutes ({self.core_minutes} without the stretch exercise{plural})"
 
 
+FURTHER_READING = "**Further reading:**"  # ends a notebook's summary: links to read after the class
+
+
 def prose_words(nb: nbformat.NotebookNode) -> int:
-    """Words in a notebook's markdown cells, fenced code blocks, HTML comments and the first cell's one-sentence
-    summary (the README's, read in seconds) left out."""
-    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    """Words in a notebook's markdown cells, fenced code blocks, HTML comments, link addresses, the first cell's
+    one-sentence summary (the README's, read in seconds) and the summary's further reading (read after the class)
+    left out."""
+    text = "\n".join(c.source.split(FURTHER_READING)[0] for c in nb.cells if c.cell_type == "markdown")
     text = re.sub(r"```.*?```|<!--.*?-->|^\*In one sentence:\*[^\n]*$", " ", text, flags=re.S | re.M)
+    text = re.sub(r"\]\([^)\s]*\)", "]", text)
     return len(re.findall(r"\w[\w'’.-]*", text))
 
 

@@ -132,6 +132,15 @@ def test_the_time_rule_counts_prose_and_exercises_and_rounds_up_to_5() -> None:
     assert authoring.Timing(1500, ("a",), ()).minutes == 20  # exactly 20: not rounded further
 
 
+def test_link_addresses_and_the_further_reading_are_not_prose() -> None:
+    nb = _course_notebook(100, [])
+    words = authoring.prose_words(nb)
+    nb.cells[1].source += " [the tutorial](https://pytorch.org/tutorials/beginner/basics/data_tutorial.html)"
+    assert authoring.prose_words(nb) == words + 2  # "the tutorial", not the address
+    nb.cells[1].source += "\n\n**Further reading:**\n\n- [a page](https://example.org/a) — why it helps, in many words"
+    assert authoring.prose_words(nb) == words + 2  # read after the class
+
+
 def test_stretch_exercises_are_marked_in_their_heading_and_timed_apart() -> None:
     nb = _course_notebook(
         1350, ["01.1 · A dataset (build)", "01.2 · A big file (build, stretch)", "01.3 · More (stretch)"]

@@ -1,16 +1,25 @@
-"""Notebooks 01-13: reproduce a pitfall live in a notebook without leaving a crashed cell behind."""
+"""Notebooks 01-13: reproduce a pitfall live in a notebook without leaving a crashed cell behind.
+
+This module imports nothing beyond the standard library, so that a ``spawn`` or ``forkserver`` child that imports it
+(:func:`fork_with_a_held_lock`) starts in a fraction of a second.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing as mp
 import os
 import sys
 import tempfile
+import threading
 import traceback
+import warnings
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Iterator
 
-__all__ = ["capture_stderr_fd", "expect_error"]
+__all__ = ["capture_stderr_fd", "expect_error", "fork_with_a_held_lock"]
 
 
 class PitfallDidNotHappen(AssertionError):
@@ -75,3 +84,90 @@ def capture_stderr_fd() -> Iterator[CapturedStderr]:
             os.close(saved)
             tmp.seek(0)
             captured.text = tmp.read().decode(errors="replace")
+
+
+# --- fork with threads (notebook 05, section 3) -------------------------------------------------------------------
+#: Stands for a library's internal lock: an allocator's, a thread pool's (OpenMP, a tokenizer's), a logger's, an
+#: HTTP client's. Each process that imports this module fresh (spawn, forkserver) makes its own, unlocked; a forked
+#: child gets a copy of the parent's, in whatever state it was at the moment of the fork.
+_LIBRARY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ForkOutcome:
+    """What :func:`fork_with_a_held_lock` saw: whether the child took the lock, or hung until it was killed."""
+
+    method: str
+    hung: bool
+    timeout: float
+    #: What Python said about starting the child, if anything: from 3.12, os.fork() in a process with other threads
+    #: warns "This process ... is multi-threaded, use of fork() may lead to deadlocks in the child" (Python 3.11 is
+    #: silent).
+    warning: str | None = None
+
+    def __str__(self) -> str:
+        if self.hung:
+            return (
+                f"the child hung on the lock (its copy was locked, with no thread of its own to release it): "
+                f"killed after {self.timeout:g} s"
+            )
+        return "the child took the lock at once (its own lock, new and unlocked)"
+
+
+def _child_takes_the_lock(answer: Connection) -> None:
+    """Runs in the child: say it is about to take the lock, take it, say it did."""
+    answer.send("about to take the lock")
+    with _LIBRARY_LOCK:
+        answer.send("took the lock")
+
+
+def fork_with_a_held_lock(method: str = "fork", timeout: float = 1.0, start_timeout: float = 60.0) -> ForkOutcome:
+    """Notebook 05, section 3: start a child process while another thread of this one holds a lock; the child takes it.
+
+    A thread takes :data:`_LIBRARY_LOCK` and holds it while the child starts with the start method ``method``
+    (``"fork"``, ``"spawn"`` or ``"forkserver"``); the lock is then released here, in the parent, and the child, once
+    it says it has reached the lock, gets ``timeout`` seconds to take it. A forked child has a copy of the lock as it
+    was at the fork, locked, and none of the parent's other threads (only the one that forked), so no one can ever
+    release it: it waits forever, and is killed. A ``spawn`` or ``forkserver`` child imports this module afresh and
+    takes its own lock at once. ``start_timeout`` bounds the child's start (a spawned Python imports what it runs).
+    """
+    if method not in mp.get_all_start_methods():
+        raise ValueError(
+            f"start method {method!r} is not available here; this platform has {', '.join(mp.get_all_start_methods())}"
+        )
+    if not timeout > 0 or not start_timeout > 0:
+        raise ValueError(f"timeout and start_timeout must be > 0 seconds, got {timeout} and {start_timeout}")
+    context = mp.get_context(method)
+    receive, send = context.Pipe(duplex=False)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # the other thread: a pin-memory thread, an OpenMP pool, an S3 client's event loop
+        with _LIBRARY_LOCK:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold_the_lock, name="holds-the-lock", daemon=True)
+    holder.start()
+    held.wait()
+    child = context.Process(target=_child_takes_the_lock, args=(send,), daemon=True)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", DeprecationWarning)
+            child.start()
+        send.close()
+        release.set()  # released here, in the parent: a forked child's copy stays locked
+        holder.join()
+        if not receive.poll(start_timeout):
+            raise RuntimeError(f"the {method} child did not start within {start_timeout:g} s")
+        receive.recv()  # "about to take the lock"
+        hung = not receive.poll(timeout)
+        return ForkOutcome(method, hung, timeout, str(said[0].message) if said else None)
+    except EOFError:  # the child ended without a word: its error went to the terminal's standard error
+        raise RuntimeError(f"the {method} child ended without taking the lock (exit code {child.exitcode})") from None
+    finally:
+        release.set()
+        holder.join()
+        if child.pid is not None:
+            child.kill()
+            child.join()
+        receive.close()

@@ -3,19 +3,20 @@
 ``Compose`` (torchvision's v1 or v2) calls each one on the output of the previous. ``Add`` and ``Mult`` are classes,
 not lambdas, so they pickle into DataLoader workers under every start method, and their ``repr`` says what they do.
 ``decode_augment`` is the realistic CPU-bound image pipeline notebook 04 and ``python -m course_lib bench`` use.
+``image_decoder`` picks the decoder that reads a file straight into a tensor: TorchCodec's, else torchvision's.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 
-__all__ = ["Add", "Mult", "OneHot", "decode_augment"]
+__all__ = ["Add", "Mult", "OneHot", "decode_augment", "image_decoder"]
 
 _T = TypeVar("_T", torch.Tensor, np.ndarray, int, float, complex)
 
@@ -99,3 +100,19 @@ def decode_augment(size: int = 128) -> nn.Module:
             v2.PILToTensor(),
         ]
     )
+
+
+def image_decoder() -> Callable[..., torch.Tensor]:
+    """Notebook 02, section 4: ``decode_image(path, mode="RGB")``, a file straight to a ``uint8`` tensor, channels first.
+
+    TorchCodec's (``torchcodec.decoders.decode_image``, 0.16 or later: no FFmpeg needed for images) where torchcodec
+    imports and its native library loads; else torchvision's ``torchvision.io.decode_image``, deprecated since
+    torchvision 0.29 (it warns on each call; Python shows a library's DeprecationWarning only where a filter asks).
+    TorchCodec's Linux wheels on PyPI are built for a CUDA torch: beside a CPU-only torch (PyTorch's CPU index) they
+    do not load, and need the CPU build from that index.
+    """
+    try:
+        from torchcodec.decoders import decode_image
+    except (ImportError, OSError, RuntimeError):  # not installed, older than 0.16, or its library does not load here
+        from torchvision.io import decode_image
+    return decode_image

@@ -108,6 +108,9 @@ class Facts:
     kernels: list[str] = field(default_factory=list)  # the Jupyter kernels whose command runs this environment's Python
     in_kernel: bool = False  # the doctor itself runs in a Jupyter kernel (a notebook cell: !python -m ... runs outside)
     server_environment: str | None = None  # the environment of the Jupyter server above this process, if any
+    torchcodec: str | None = None  # torchcodec's version where it imports and its image library loads
+    torchcodec_error: str | None = None  # why it does not, where installed
+    ffmpeg: int | None = None  # the FFmpeg major version torchcodec loaded (video and audio only); None: none found
 
 
 # --------------------------------------------------------------------------- versions
@@ -157,6 +160,34 @@ def check_version(
 
 
 # --------------------------------------------------------------------------- the machine
+
+
+def check_decoder(version: str | None, error: str | None, ffmpeg: int | None) -> Result:
+    """Notebook 02's decode_image: TorchCodec's where it loads (its image decoders need no FFmpeg), else torchvision's,
+    deprecated since torchvision 0.29. FFmpeg is reported for what else torchcodec does (video, audio)."""
+    name = "decoder"
+    if error is not None:
+        return Result(
+            name,
+            WARN,
+            f"torchcodec does not load ({error.splitlines()[0][:160]}): notebook 02 falls back to torchvision's "
+            "deprecated decode_image",
+            "with a CPU-only torch: pip install torchcodec --index-url https://download.pytorch.org/whl/cpu; else "
+            + INSTALL,
+        )
+    if version is None:
+        return Result(
+            name,
+            WARN,
+            "torchcodec not installed: notebook 02 falls back to torchvision's deprecated decode_image",
+            INSTALL,
+        )
+    media = (
+        f"FFmpeg {ffmpeg} loaded, for video and audio too"
+        if ffmpeg is not None
+        else "no FFmpeg found (only video and audio need it: apt-get install ffmpeg)"
+    )
+    return Result(name, OK, f"torchcodec {version} decodes images; {media}")
 
 
 def check_cores(cpus: int | None, workers: int) -> Result:
@@ -675,6 +706,14 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         facts.data_error = f"{type(exc).__name__}: {exc}"
         folder = Path(root or ".")
         facts.data_folder = str(folder)
+    try:  # notebook 02's decoder: torchcodec's image library (its import loads it), and FFmpeg if it found one
+        import torchcodec
+
+        facts.torchcodec, facts.ffmpeg = _version("torchcodec"), torchcodec.ffmpeg_major_version
+    except ImportError:
+        facts.torchcodec_error = None if _version("torchcodec") is None else "ImportError: it does not import"
+    except Exception as exc:  # noqa: BLE001 - a library that does not load (OSError, RuntimeError) is a finding
+        facts.torchcodec_error = f"{type(exc).__name__}: {exc}"
     try:  # a real server, started and stopped: what the object-storage notebook will do
         from course_lib import s3server
 
@@ -729,6 +768,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
             check_start_method(facts.start_method),
             check_gpu(facts.gpus, facts.mps),
         ]
+    results.append(check_decoder(facts.torchcodec, facts.torchcodec_error, facts.ffmpeg))
     results.append(check_kernel(facts.environment, facts.kernels, facts.in_kernel, facts.server_environment))
     results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))

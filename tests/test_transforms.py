@@ -63,3 +63,30 @@ def test_one_hot() -> None:
     assert torch.equal(OneHot(3)(torch.tensor(0)), torch.tensor([1.0, 0.0, 0.0]))
     with pytest.raises(ValueError, match="target 5 is outside 0..3"):
         OneHot(4)(5)
+
+
+def test_image_decoder_reads_a_file_into_the_pixels_pillow_gives(tmp_path) -> None:
+    from course_lib.transforms import image_decoder
+
+    pixels = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    decoded = image_decoder()(str(tmp_path / "x.png"), mode="RGB")
+    assert decoded.dtype == torch.uint8 and tuple(decoded.shape) == (3, 20, 30)
+    assert torch.equal(decoded, torch.from_numpy(pixels).permute(2, 0, 1))
+
+
+def test_image_decoder_is_torchcodecs_where_it_loads_else_torchvisions(monkeypatch) -> None:
+    import sys
+
+    import torchvision.io
+
+    from course_lib.transforms import image_decoder
+
+    try:
+        from torchcodec.decoders import decode_image as codec_decode_image
+    except (ImportError, OSError, RuntimeError):
+        codec_decode_image = None
+    if codec_decode_image is not None:
+        assert image_decoder() is codec_decode_image
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # as if torchcodec were missing: ImportError
+    assert image_decoder() is torchvision.io.decode_image

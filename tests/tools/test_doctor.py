@@ -582,3 +582,15 @@ def test_the_report_says_whether_python_is_free_threaded(monkeypatch: pytest.Mon
     assert doctor.interpreter() == "free-threaded build, GIL on"
     text = doctor.report(doctor.run_checks(healthy()), healthy(interpreter="free-threaded, GIL off"))
     assert "free-threaded, GIL off, 2 planned workers" in text.splitlines()[1]
+
+
+def test_check_decoder_says_what_notebook_02_decodes_with() -> None:
+    ok = doctor.check_decoder("0.17.0", None, None)
+    assert ok.status == OK and "torchcodec 0.17.0 decodes images" in ok.finding
+    assert "no FFmpeg found (only video and audio need it: apt-get install ffmpeg)" in ok.finding
+    assert "FFmpeg 7 loaded" in doctor.check_decoder("0.17.0", None, 7).finding
+    missing = doctor.check_decoder(None, None, None)
+    assert missing.status == WARN and "falls back to torchvision's deprecated decode_image" in missing.finding
+    broken = doctor.check_decoder(None, "OSError: libtorch_cuda.so: cannot open shared object file", None)
+    assert broken.status == WARN and "libtorch_cuda.so" in broken.finding
+    assert "https://download.pytorch.org/whl/cpu" in broken.fix

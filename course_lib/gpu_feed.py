@@ -52,11 +52,21 @@ class Prefetcher:
     Each batch is copied into one of ``slots`` reused pinned host buffers, then to the device on a side CUDA stream
     with ``non_blocking=True``. On a CPU ``device`` the same loop runs with ordinary host buffers, and the streams and
     events are no-ops (see ``_NoCuda``). ``pulled`` counts the batches taken from ``batches``, ``yielded`` those handed
-    on, ``host_slots`` holds the reused buffers."""
+    on, ``host_slots`` holds the reused buffers.
 
-    def __init__(self, batches: Iterable[torch.Tensor], device: str | torch.device, slots: int = 2) -> None:
+    ``copy_pinned=False``: a batch that is already in pinned memory (a pinned ring's slot, ``pin_memory=True``) goes
+    to the device straight from where it is, by DMA, with no host copy into a slot (``direct`` counts them). The
+    prefetcher then waits for that copy to end before it asks ``batches`` for the next one, so a source may reuse
+    the batch's buffer once the next batch is requested (the reused buffer's contract)."""
+
+    def __init__(
+        self, batches: Iterable[torch.Tensor], device: str | torch.device, slots: int = 2, copy_pinned: bool = True
+    ) -> None:
         self.batches, self.device = batches, _check_device(device)
         self.slots = check_int(slots, "slots", minimum=1)
+        self.copy_pinned = copy_pinned
+        self.direct = 0  # pinned batches copied to the device from where they were, without a host copy
+        self._direct_copied: Any = None  # the event of the last such copy: its source buffer is read until then
         self.cuda: Any = torch.cuda if self.device.type == "cuda" else _NoCuda
         self.host_slots: list[torch.Tensor] = []  # allocated once, from the first batch
         self.copied: list[Any] = []  # per slot, an event: its last copy to the device has finished
@@ -66,20 +76,36 @@ class Prefetcher:
         side = self.cuda.Stream(self.device)  # the copies run here ...
         consumer = self.cuda.current_stream(self.device)  # ... the training step runs here
         source = iter(self.batches)
-        ahead = self._start_copy(next(source, None), side)
+        ahead = self._start_copy(self._next(source), side)
         while ahead is not None:
             consumer.wait_stream(side)  # batch n has arrived (nothing later is queued on the side stream yet)
             batch = ahead
             if self.device.type == "cuda":
                 batch.record_stream(consumer)  # its memory is not reused before the consumer is done with it
-            ahead = self._start_copy(next(source, None), side)  # batch n+1 starts its copy ...
+            ahead = self._start_copy(self._next(source), side)  # batch n+1 starts its copy ...
             self.yielded += 1
             yield batch  # ... while batch n is used
 
+    def _next(self, source: Iterator[torch.Tensor]) -> torch.Tensor | None:
+        """The next batch of ``source``, once the last batch copied straight from the source's memory has arrived."""
+        if self._direct_copied is not None:
+            self._direct_copied.synchronize()  # the source may now overwrite that batch's buffer
+            self._direct_copied = None
+        return next(source, None)
+
     def _start_copy(self, batch: torch.Tensor | None, side: Any) -> torch.Tensor | None:
-        """Copy ``batch`` into its pinned slot, then start its copy to the device on ``side``; None at the end."""
+        """Copy ``batch`` into its pinned slot, then start its copy to the device on ``side``; None at the end.
+        With ``copy_pinned=False``, a pinned batch starts its copy to the device from where it is."""
         if batch is None:
             return None
+        if not self.copy_pinned and _is_pinned(_check_batch(batch)):
+            with self.cuda.stream(side):
+                on_device = batch.to(self.device, non_blocking=True, copy=True)  # DMA only, no host copy
+                self._direct_copied = self.cuda.Event()
+                self._direct_copied.record(side)
+            self.pulled += 1
+            self.direct += 1
+            return on_device
         if not self.host_slots:
             self._allocate(batch)
         k = self.pulled % self.slots
@@ -97,6 +123,16 @@ class Prefetcher:
         pinned = self.device.type == "cuda"  # page-locked memory: the GPU's DMA engine reads it directly
         self.host_slots = [torch.empty(first.shape, dtype=first.dtype, pin_memory=pinned) for _ in range(self.slots)]
         self.copied = [self.cuda.Event() for _ in range(self.slots)]
+
+
+def _is_pinned(batch: torch.Tensor) -> bool:
+    """Whether ``batch`` is in pinned (page-locked) host memory: the GPU's DMA engine can read it as it is."""
+    return batch.is_pinned()
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied into pinned host memory."""
+    return tensor.pin_memory()
 
 
 class _NoCuda:
@@ -167,30 +203,48 @@ def _slot_for(batch: Any, slot: torch.Tensor) -> torch.Tensor:
 
 
 def copy_stage(batch_mb: int = 32, batches: int = 16, device: str | torch.device = "cuda") -> dict[str, float]:
-    """Notebook 12, section 8: the copy stage alone, in GB/s, and its share of the pinned copy bandwidth.
+    """Notebook 12, section 8: the copy stage alone, in GB/s, as a share of the pinned copy bandwidth; and its host copy apart.
 
     ``batches`` batches of ``batch_mb`` MiB, already in pinned host memory, go through a :class:`Prefetcher` into
-    device memory, with a trivial consumer; beside it, in the same run, one large pinned tensor copied to the device
-    gives the bandwidth the link offers. ``share`` = copy / pinned (the goal: 0.8 or more)."""
+    device memory, with a trivial consumer, two ways: ``copy_gbps``, the DMA path alone (``copy_pinned=False``: each
+    pinned batch is copied to the device from where it is), and ``with_host_copy_gbps``, each batch first copied on the
+    host into the prefetcher's pinned slot (``copy_pinned=True``). ``host_copy_gbps`` is that host copy alone
+    (pinned to pinned, no GPU). Beside them, in the same run, one large pinned tensor copied to the device gives the
+    bandwidth the link offers, ``pinned_gbps``; ``share`` = ``copy_gbps`` / ``pinned_gbps``."""
     device_ = _require_cuda(device, "copy_stage")
     numel = check_int(batch_mb, "batch_mb", minimum=1) * 2**20 // 4
     n = check_int(batches, "batches", minimum=2)
-    pinned_batches = [torch.rand(numel).pin_memory() for _ in range(min(n, 4))]  # a few, used in turn
-    prefetcher = Prefetcher([pinned_batches[i % len(pinned_batches)] for i in range(n)], device_)
+    pinned_batches = [_pinned(torch.rand(numel)) for _ in range(min(n, 4))]  # a few, used in turn
+    source = [pinned_batches[i % len(pinned_batches)] for i in range(n)]
 
-    def consume() -> None:
-        for batch in prefetcher:
-            batch.mul_(2.0)  # a trivial step: the copies are what is measured
+    def consume(copy_pinned: bool) -> Callable[[], None]:
+        prefetcher = Prefetcher(source, device_, copy_pinned=copy_pinned)
 
-    consume()  # warm: the CUDA context, the pinned slots, the caching allocator
-    copy_s = best_seconds(consume, device_, repeat=3)
+        def run() -> None:
+            for batch in prefetcher:
+                batch.mul_(2.0)  # a trivial step: the copies are what is measured
 
-    big = torch.rand(4 * numel).pin_memory()
+        run()  # warm: the CUDA context, the pinned slots, the caching allocator
+        return run
+
+    dma_s = best_seconds(consume(copy_pinned=False), device_, repeat=3)
+    with_host_s = best_seconds(consume(copy_pinned=True), device_, repeat=3)
+    slot = _pinned(torch.empty(numel))
+    host_s = best_seconds(lambda: [slot.copy_(b) for b in source], None, repeat=3)
+
+    big = _pinned(torch.rand(4 * numel))
     on_device = torch.empty_like(big, device=device_)
     pinned_s = best_seconds(lambda: on_device.copy_(big, non_blocking=True), device_)
-    copy_gbps = n * numel * 4 / copy_s / 1e9
+    moved = n * numel * 4
+    copy_gbps = moved / dma_s / 1e9
     pinned_gbps = big.numel() * 4 / pinned_s / 1e9
-    return {"copy_gbps": copy_gbps, "pinned_gbps": pinned_gbps, "share": copy_gbps / pinned_gbps}
+    return {
+        "copy_gbps": copy_gbps,
+        "with_host_copy_gbps": moved / with_host_s / 1e9,
+        "host_copy_gbps": moved / host_s / 1e9,
+        "pinned_gbps": pinned_gbps,
+        "share": copy_gbps / pinned_gbps,
+    }
 
 
 def nonblocking_hazard(device: str | torch.device = "cuda", mb: int = 64) -> dict[str, float]:
@@ -231,14 +285,15 @@ def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") 
 
     The GPU decoder is torchcodec's ``decode_jpeg(..., device="cuda")`` where torchcodec (0.16 or later) imports and
     works, else torchvision's ``decode_jpeg(..., device="cuda")``, whose image decoding torchvision 0.29 deprecates:
-    ``deprecation`` is the warning it gave (None for torchcodec)."""
+    ``deprecation`` is the warning it gave (None for torchcodec), and ``fallback`` says why torchcodec's was not used
+    (None when it was)."""
     device_ = _require_cuda(device, "gpu_decode")
     if not jpeg_payloads or not all(isinstance(p, (bytes, bytearray)) for p in jpeg_payloads):
         raise ValueError(
             "jpeg_payloads must be a non-empty list of JPEG files' bytes (see course_lib.workers.jpeg_payloads)"
         )
     encoded = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in jpeg_payloads]
-    decoder, decode, deprecation = _nvjpeg_decoder(encoded[:4], device_)  # its first call loads nvJPEG
+    decoder, decode, deprecation, fallback = _nvjpeg_decoder(encoded[:4], device_)  # its first call loads nvJPEG
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # said once, above
         on_gpu = decode(encoded, device=device_)
@@ -254,6 +309,7 @@ def gpu_decode(jpeg_payloads: list[bytes], device: str | torch.device = "cuda") 
     return {
         "decoder": decoder,
         "deprecation": deprecation,
+        "fallback": fallback,
         "gpu_images_per_s": n / gpu_s,
         "cpu_images_per_s": n / cpu_s,
     }
@@ -294,34 +350,46 @@ def _pillow_decode(payload: bytes) -> torch.Tensor:
         return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)
 
 
-def _nvjpeg_decoder(sample: list[torch.Tensor], device: torch.device) -> tuple[str, Callable[..., Any], str | None]:
-    """(name, decode, deprecation warning): torchcodec's nvJPEG decoder where it imports and decodes ``sample``,
-    else torchvision's. ``decode(list of uint8 CPU tensors, device=...)`` returns a list of CHW tensors on ``device``.
+def _nvjpeg_decoder(
+    sample: list[torch.Tensor], device: torch.device
+) -> tuple[str, Callable[..., Any], str | None, str | None]:
+    """(name, decode, deprecation warning, fallback): torchcodec's nvJPEG decoder where it imports and decodes ``sample``,
+    else torchvision's, with ``fallback`` saying why (None when torchcodec's is used). ``decode(list of uint8 CPU
+    tensors, device=...)`` returns a list of RGB CHW uint8 tensors on ``device``.
 
-    Targets torchcodec 0.16's API (``torchcodec.decoders.decode_jpeg(source, *, mode="RGB", output_dtype=torch.uint8,
-    device="cpu")``, a list of sources decoded in one nvJPEG call); torchcodec before 0.16 has no image decoders."""
+    Both take a list and decode it in one nvJPEG call: torchcodec's ``decode_jpeg(source | list of sources, *,
+    mode="RGB", output_dtype=torch.uint8, device="cpu")`` (``torchcodec.decoders``, 0.16 and later; a list in, a
+    list out), torchvision's ``decode_jpeg(input: Tensor | list[Tensor], mode=ImageReadMode.UNCHANGED, device="cpu",
+    apply_exif_orientation=False)``."""
     try:
         import torchcodec
         from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
-    except ImportError:
-        pass  # not installed, or older than 0.16
-    except (OSError, RuntimeError):
-        pass  # installed, but its native libraries (FFmpeg's) do not load
+    except ImportError as exc:
+        fallback = f"torchcodec's decode_jpeg does not import ({exc}: not installed, or older than 0.16)"
+    except (OSError, RuntimeError) as exc:
+        fallback = f"torchcodec is installed but its native libraries do not load ({type(exc).__name__}: {exc})"
     else:
+
+        def codec_decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+            return codec_decode_jpeg(encoded, mode="RGB", device=device)
+
         try:
-            codec_decode_jpeg(sample, device=device)
+            codec_decode(sample, device)
             torch.cuda.synchronize(device)
-            return f"torchcodec {torchcodec.__version__} nvJPEG", codec_decode_jpeg, None
-        except Exception:  # noqa: BLE001 - a torchcodec without nvJPEG support: torchvision's decoder instead
-            pass
-    from torchvision.io import decode_jpeg
+            return f"torchcodec {torchcodec.__version__} nvJPEG", codec_decode, None, None
+        except Exception as exc:  # noqa: BLE001 - a torchcodec without nvJPEG support: torchvision's decoder instead
+            fallback = f"torchcodec {torchcodec.__version__}'s decode_jpeg failed ({type(exc).__name__}: {exc})"
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def vision_decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        decode_jpeg(sample, device=device)
+        vision_decode(sample, device)
         torch.cuda.synchronize(device)
     said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    return "torchvision.io.decode_jpeg(device='cuda')", decode_jpeg, (said[0] if said else None)
+    return "torchvision.io.decode_jpeg(device='cuda')", vision_decode, (said[0] if said else None), fallback
 
 
 # --------------------------------------------------------------------------- recordings made on a GPU
@@ -393,10 +461,16 @@ def _show_all(path: str | Path = RECORDINGS) -> dict[str, dict[str, Any] | None]
 
 
 def _describe_copy_stage(f: dict[str, Any]) -> str:
-    return (
-        f"the Prefetcher's copy stage moved {f['copy_gbps']:.1f} GB/s into device memory, {f['share']:.2f}× the "
-        f"pinned host-to-device bandwidth measured beside it ({f['pinned_gbps']:.1f} GB/s)"
+    out = (
+        f"the Prefetcher's copy stage, DMA alone from pinned batches, moved {f['copy_gbps']:.1f} GB/s into device "
+        f"memory, {f['share']:.2f}× the pinned host-to-device bandwidth measured beside it ({f['pinned_gbps']:.1f} GB/s)"
     )
+    if "with_host_copy_gbps" in f:  # recordings made before the two paths were measured apart have only the first
+        out += (
+            f"; with a host copy into its pinned slots first, {f['with_host_copy_gbps']:.1f} GB/s; "
+            f"that host copy alone, {f['host_copy_gbps']:.1f} GB/s"
+        )
+    return out
 
 
 def _describe_non_blocking(f: dict[str, Any]) -> str:
@@ -409,9 +483,10 @@ def _describe_non_blocking(f: dict[str, Any]) -> str:
 
 def _describe_gpu_decode(f: dict[str, Any]) -> str:
     ratio = f["gpu_images_per_s"] / f["cpu_images_per_s"]
+    fell_back = f" (fell back from torchcodec: {f['fallback']})" if f.get("fallback") else ""
     said = f"; it warns: {f['deprecation']}" if f.get("deprecation") else ""
     return (
-        f"{f['decoder']}: {f['gpu_images_per_s']:.0f} images/s, Pillow on one CPU core "
+        f"{f['decoder']}{fell_back}: {f['gpu_images_per_s']:.0f} images/s, Pillow on one CPU core "
         f"{f['cpu_images_per_s']:.0f} images/s ({ratio:.1f}×){said}"
     )
 

@@ -13,6 +13,7 @@ import os
 import queue
 import tarfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -352,9 +353,13 @@ class RingLoader:
         self._tasks, self._done = ctx.Queue(), ctx.Queue()
         self._in_flight = 0  # tasks sent to the workers whose completion has not been received
         args = (raw, self._slots, self._tasks, self._done, transform)
-        self._procs = [ctx.Process(target=_ring_worker, args=args, daemon=True) for _ in range(num_workers)]
+        self._procs.extend(ctx.Process(target=_ring_worker, args=args, daemon=True) for _ in range(num_workers))
+        # stops the workers once: on close(), when this loader is collected, or at exit (a global ring)
+        self._finalizer = weakref.finalize(self, _stop_ring_workers, self._procs, self._tasks)
         for p in self._procs:
             p.start()
+
+    _Empty = queue.Empty  # bound here, for __iter__'s cleanup when a generator is closed at interpreter exit
 
     def __len__(self) -> int:
         return self.raw.n // self.batch_size if self.drop_last else -(-self.raw.n // self.batch_size)
@@ -400,25 +405,20 @@ class RingLoader:
                 yield self._slots[held, : len(indices) * self.raw.sample_len].view(len(indices), self.raw.sample_len)
         finally:
             # a loop that stopped early leaves reads in flight: collect them, so that the next epoch
-            # starts with every slot free and no stale completion in the queue
+            # starts with every slot free and no stale completion in the queue. A closed loader has no
+            # workers left to wait for (at interpreter exit this runs after the finalizer, with module
+            # globals such as `queue` possibly gone: `self._Empty` is bound to the class instead)
             try:
-                while self._in_flight > 0:
+                while self._in_flight > 0 and self._procs:
                     self._done.get(timeout=self.timeout)
                     self._in_flight -= 1
-            except queue.Empty:
+            except self._Empty:
                 self.close()  # a worker is stuck or gone: this loader cannot be trusted any more
             self.epoch += 1
 
     def close(self) -> None:
-        """Stop the workers and release the shared memory."""
-        for _ in self._procs:
-            self._tasks.put(None)
-        for p in self._procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        self._procs = []
+        """Stop the workers and release the shared memory (once; later calls do nothing)."""
+        self._finalizer()
 
     def __enter__(self) -> "RingLoader":
         return self
@@ -426,9 +426,27 @@ class RingLoader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+
+def _stop_ring_workers(procs: list[Any], tasks: Any) -> None:
+    """Stop a :class:`RingLoader`'s worker processes, and empty ``procs`` (the loader's own list) in place.
+
+    Run once, by ``weakref.finalize``: from ``close()``, when the loader is garbage-collected, or at interpreter exit
+    (``atexit``, while modules are still whole; a ``__del__`` there can find module globals already set to None).
+    It holds ``procs`` and ``tasks``, never the loader itself. A queue that ``multiprocessing`` closed first at exit
+    refuses the stop message; the worker is then killed."""
+    for _ in procs:
+        try:
+            tasks.put(None)
+        except (ValueError, OSError):  # the queue is already closed: kill below
+            break
+    for p in procs:
+        if p.pid is None:  # never started (its start failed)
+            continue
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    procs.clear()
 
 
 def _count_records(path: str | os.PathLike[str], record_bytes: int) -> int:

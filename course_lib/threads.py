@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import os
+import queue
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -28,6 +30,7 @@ from .support import check_int
 from .highrate import RawDataError, RingLoader, Float32Samples, read_into, rate_and_cpu
 
 __all__ = [
+    "SpdlBatches",
     "ThreadBatches",
     "WORK",
     "WorkedSamples",
@@ -35,7 +38,6 @@ __all__ = [
     "nodes_batches",
     "plot_threads",
     "python_work",
-    "spdl_batches",
     "torch_work",
     "worker_method_available",
 ]
@@ -84,8 +86,24 @@ class WorkedSamples(Dataset):
         self.work(sample)
         return sample
 
+    def read_batch(self, indices: list[int]) -> torch.Tensor:
+        """Notebook 12, section 6: samples ``indices`` read straight into **one** batch tensor, ``work`` done on each in
+        place: no tensor per sample, no stacking (one task per batch, as SPDL's and torchdata's guides advise)."""
+        if self._fd is None or self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.raw.path, os.O_RDONLY), os.getpid()
+        batch = torch.empty(len(indices), self.raw.sample_len)
+        for sample, index in zip(batch, indices):
+            read_into(self._fd, memoryview(sample.numpy()).cast("B"), index * self.raw.sample_bytes)
+            self.work(sample)
+        return batch
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fd": None, "_pid": -1}
+
+
+def batches_of(n: int, batch_size: int) -> list[list[int]]:
+    """The indices ``0 .. n-1`` cut into batches of ``batch_size`` (the last one shorter): a batch sampler's output."""
+    return [list(range(start, min(start + batch_size, n))) for start in range(0, n, batch_size)]
 
 
 def _spdl_available() -> bool:
@@ -97,31 +115,80 @@ def _spdl_available() -> bool:
     return True
 
 
-def spdl_batches(dataset: Dataset, batch_size: int, threads: int) -> Iterator[torch.Tensor]:
-    """Notebook 12, section 6: one epoch of ``dataset`` through an SPDL pipeline: ``threads`` threads load samples, then they are stacked."""
-    from spdl.pipeline import PipelineBuilder
+class SpdlBatches:
+    """Notebook 12, section 6: batches of ``dataset`` through **one** SPDL pipeline, built once and kept across passes.
 
-    pipeline = (
-        PipelineBuilder()
-        .add_source(range(len(dataset)))
-        .pipe(dataset.__getitem__, concurrency=threads, output_order="input")  # in the pipeline's thread pool
-        .aggregate(batch_size)
-        .pipe(torch.stack)
-        .add_sink(buffer_size=2)
-        .build(num_threads=threads)
-    )
-    with pipeline.auto_stop():
-        yield from pipeline
+    As SPDL's guides advise: one task per batch (``dataset.read_batch``, into one batch tensor), ``threads`` tasks at a
+    time, and a continuous source (``add_source(..., continuous=True)``: the pipeline is reused for every epoch, not
+    rebuilt). The source hands out each pass's batches only when that pass begins, as a ``DataLoader``'s sampler
+    does: nothing is read ahead between passes. ``close()`` (or the end of the interpreter) stops the pipeline."""
+
+    def __init__(self, dataset: WorkedSamples, batch_size: int, threads: int) -> None:
+        from spdl.pipeline import PipelineBuilder
+
+        self.batches = batches_of(len(dataset), check_int(batch_size, "batch_size", 1))
+        self._passes = _PassGate()
+        self.pipeline = (
+            PipelineBuilder()
+            .add_source(self._passes, continuous=True)  # re-iterated every pass by the same pipeline
+            .pipe(dataset.read_batch, concurrency=check_int(threads, "threads", 1), output_order="input")
+            .add_sink(buffer_size=2)
+            .build(num_threads=threads)
+        )
+        self._stop = weakref.finalize(self, _stop_spdl, self._passes, self.pipeline)  # once: close(), gc or exit
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        if not self._stop.alive:
+            raise RuntimeError("this SpdlBatches is closed")
+        self._passes.begin(self.batches)  # the source starts this pass's batches now ...
+        batches = self.pipeline.get_iterator(timeout=60)  # ... and the pass ends at the source's end of epoch
+        try:
+            yield from batches
+        finally:
+            if self._stop.alive:  # a loop that stopped early: finish this pass, so that the next one starts clean
+                for _ in batches:
+                    pass
+
+    def close(self) -> None:
+        self._stop()
 
 
-def nodes_batches(dataset: Dataset, batch_size: int, threads: int) -> Iterable[torch.Tensor]:
-    """Notebook 12, section 6: the same with torchdata.nodes (torchdata is in maintenance since 2026-06): a ``ParallelMapper`` of threads."""
+class _PassGate:
+    """A source that waits for each pass's batches (``begin``) and then hands them out; ``close`` ends it for good."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+
+    def begin(self, batches: list[list[int]]) -> None:
+        self._queue.put(batches)
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.put(None)  # wakes a source thread that waits for a pass
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = None if self.closed else self._queue.get()
+        yield from batches or ()
+
+
+def _stop_spdl(gate: _PassGate, pipeline: Any) -> None:
+    """Stop an :class:`SpdlBatches` pipeline: release its source thread (SPDL cannot interrupt a waiting source, and
+    its thread would keep the interpreter alive), then stop the pipeline."""
+    gate.close()
+    pipeline.stop()
+
+
+def nodes_batches(dataset: WorkedSamples, batch_size: int, threads: int) -> Iterable[torch.Tensor]:
+    """Notebook 12, section 6: the same with torchdata.nodes (torchdata is in maintenance since 2026-06), as its guide from
+    the DataLoader builds it: batches of indices, one ``ParallelMapper`` task per batch, a ``Loader`` reused every pass."""
     import torchdata.nodes as tn
 
-    node = tn.IterableWrapper(range(len(dataset)))
-    node = tn.ParallelMapper(node, map_fn=dataset.__getitem__, num_workers=threads, method="thread", in_order=True)
-    node = tn.Batcher(node, batch_size=batch_size, drop_last=False)
-    node = tn.Mapper(node, torch.stack)
+    node = tn.IterableWrapper(batches_of(len(dataset), batch_size))  # a batch sampler's output, again every pass
+    node = tn.ParallelMapper(node, map_fn=dataset.read_batch, num_workers=threads, method="thread", in_order=True)
     return tn.Loader(node)
 
 
@@ -184,7 +251,7 @@ class ThreadBatches:
 
 def worker_method_available() -> bool:
     """Notebook 12, section 7: whether this torch's ``DataLoader`` takes ``worker_method="thread"`` (pytorch/pytorch#161044): not in 2.14.1 or
-    2.15.0, whose ``WorkerInfo`` only gained a ``worker_method`` field."""
+    2.15.0, whose ``WorkerInfo`` already has a ``worker_method`` field but whose ``DataLoader`` takes no such argument."""
     import inspect
 
     return "worker_method" in inspect.signature(DataLoader.__init__).parameters
@@ -250,9 +317,14 @@ def compare_threads(
 ) -> dict[str, Measured]:
     """Notebook 12, section 6: every reader over the same file with the same per-sample ``work``, ``workers`` processes or threads each.
 
-    Each reader makes one untimed pass (which starts its workers), then one pass per round, in turn, on one torch
-    thread each. CPU seconds: the training process's own (``main_cpu``) and with its worker processes (``total_cpu``):
-    a thread pipeline's workers are in ``main_cpu``. PSS: the training process and this reader's workers, after each pass."""
+    Like with like: every reader is built **once**, as its documentation recommends, and kept across passes (the
+    ``DataLoader``'s workers persistent, the ``RingLoader``'s started with it, the SPDL pipeline and the torchdata
+    ``Loader`` reused); each makes one untimed pass (which starts its workers or threads), then one pass per round, in
+    turn, on one torch thread each. So no row counts a start-up or a shutdown. The ``DataLoader`` reads each sample
+    into its own tensor and collates them (its plain use); the thread pipelines read each batch into one tensor, one
+    task per batch (SPDL's and torchdata's guides). CPU seconds: the training process's own (``main_cpu``) and with
+    its worker processes (``total_cpu``): a thread pipeline's workers are in ``main_cpu``. PSS: the training process
+    and this reader's workers, after each pass."""
     check_int(rounds, "rounds", 1)
     me = psutil.Process()
     dataset = WorkedSamples(raw, work)
@@ -260,14 +332,16 @@ def compare_threads(
     torch.set_num_threads(1)
     ring = RingLoader(raw, batch_size, num_workers=workers, transform=work)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=True)
+    nodes = nodes_batches(dataset, batch_size, workers)
+    spdl = SpdlBatches(dataset, batch_size, workers) if _spdl_available() else None
     readers: dict[str, Callable[[], Iterable[torch.Tensor]]] = {
         f"DataLoader, {workers} worker processes": lambda: loader,
         f"RingLoader, {workers} worker processes": lambda: ring,
         f"ThreadBatches, {workers} threads": lambda: ThreadBatches(raw, batch_size, threads=workers, work=work),
-        f"torchdata.nodes, {workers} threads": lambda: nodes_batches(dataset, batch_size, workers),
+        f"torchdata.nodes, {workers} threads": lambda: nodes,
     }
-    if _spdl_available():
-        readers[f"SPDL pipeline, {workers} threads"] = lambda: spdl_batches(dataset, batch_size, workers)
+    if spdl is not None:
+        readers[f"SPDL pipeline, {workers} threads"] = lambda: spdl
     try:
         rows = {name: Measured() for name in readers}
         own: dict[str, list[psutil.Process]] = {}  # each reader's worker processes (none for threads)
@@ -283,6 +357,8 @@ def compare_threads(
     finally:
         torch.set_num_threads(threads)
         ring.close()
+        if spdl is not None:
+            spdl.close()
         loader = None  # the last reference: its persistent workers stop now
 
 

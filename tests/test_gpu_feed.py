@@ -370,3 +370,108 @@ def test_on_a_gpu_the_parts_measure(tmp_path: Path) -> None:
         assert decode["deprecation"] is None or "deprecated" in decode["deprecation"]
     entry = _record("copy stage", copy, tmp_path / "r.json")
     assert entry["gpu"] == torch.cuda.get_device_name() and _recorded("copy stage", tmp_path / "r.json") == entry
+
+
+# --------------------------------------------------------------------------- the DMA path and the decoder's fallback, on a fake device
+
+
+@pytest.mark.quick
+def test_pinned_batches_skip_the_host_copy_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """copy_pinned=False: a pinned batch goes to the device from where it is (no slot, no host copy), and the source is
+    asked for the next batch only once that copy's event has been waited on."""
+    monkeypatch.setattr(gpu_feed, "_is_pinned", lambda batch: True)  # CPU tensors pass for pinned ones here
+    source = batches(3)
+    prefetcher = Prefetcher(source, "cpu", slots=2, copy_pinned=False)
+    prefetcher.cuda = log = _Log()
+    out = []
+    for n, batch in enumerate(prefetcher):
+        log.calls.append(f"batch {n} handed on")
+        out.append(batch)
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(out, source))
+    assert prefetcher.host_slots == [] and prefetcher.direct == prefetcher.pulled == 3  # no slot: no host copy
+    direct = lambda k: ["on side", f"event {k} recorded on side"]
+    first = int(log.calls[1].split()[1])  # event numbers are counted across tests
+    assert log.calls == [
+        *direct(first),
+        "consumer waits for side",
+        f"event {first} synchronized",  # batch 0's buffer is free before the source is asked for batch 1
+        *direct(first + 1),
+        "batch 0 handed on",
+        "consumer waits for side",
+        f"event {first + 1} synchronized",
+        *direct(first + 2),
+        "batch 1 handed on",
+        "consumer waits for side",
+        f"event {first + 2} synchronized",
+        "batch 2 handed on",
+    ]
+    monkeypatch.setattr(gpu_feed, "_is_pinned", lambda batch: False)  # pageable batches still go through the slots
+    unpinned = Prefetcher(source, "cpu", copy_pinned=False)
+    assert all(torch.equal(a, b) for a, b in zip(unpinned, source)) and unpinned.direct == 0
+    assert len(unpinned.host_slots) == 2
+
+
+@pytest.fixture()
+def fake_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU parts run on the CPU: no CUDA check, no synchronisation, no pinning."""
+    monkeypatch.setattr(gpu_feed, "_require_cuda", lambda device, what: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(gpu_feed, "_pinned", lambda t: t.clone())
+    monkeypatch.setattr(gpu_feed, "_is_pinned", lambda batch: True)
+
+
+@pytest.mark.quick
+def test_copy_stage_measures_the_dma_path_and_the_host_copy_apart(fake_cuda_device: None) -> None:
+    figures = copy_stage(batch_mb=1, batches=4, device="cuda")
+    assert set(figures) == {"copy_gbps", "with_host_copy_gbps", "host_copy_gbps", "pinned_gbps", "share"}
+    assert all(v > 0 for v in figures.values())
+    assert figures["share"] == pytest.approx(figures["copy_gbps"] / figures["pinned_gbps"])
+    said = gpu_feed._DESCRIBE["copy stage"](figures)
+    assert "DMA alone" in said and "host copy into its pinned slots first" in said and "host copy alone" in said
+    old = {k: figures[k] for k in ("copy_gbps", "pinned_gbps", "share")}  # a recording of the single figure
+    assert "host copy" not in gpu_feed._DESCRIBE["copy stage"](old)
+
+
+def _fake_torchcodec(monkeypatch: pytest.MonkeyPatch, decode: Any) -> list[tuple[Any, dict[str, Any]]]:
+    import types
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    def decode_jpeg(source: Any, **kwargs: Any) -> Any:
+        calls.append((source, kwargs))
+        return decode(source, **kwargs)
+
+    package = types.ModuleType("torchcodec")
+    package.__version__ = "0.17.0"  # type: ignore[attr-defined]
+    decoders = types.ModuleType("torchcodec.decoders")
+    decoders.decode_jpeg = decode_jpeg  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchcodec", package)
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", decoders)
+    return calls
+
+
+@pytest.mark.quick
+def test_gpu_decode_passes_torchcodec_a_list_and_says_when_it_fell_back(
+    monkeypatch: pytest.MonkeyPatch, fake_cuda_device: None
+) -> None:
+    from torchvision.io import decode_jpeg
+
+    payloads = jpeg_payloads(n=3, side=32, distinct=3)
+    calls = _fake_torchcodec(monkeypatch, lambda source, device, mode: decode_jpeg(source, device=device))
+    figures = gpu_decode(payloads, device="cuda")
+    assert figures["decoder"] == "torchcodec 0.17.0 nvJPEG" and figures["fallback"] is None
+    source, kwargs = calls[0]
+    assert isinstance(source, list) and kwargs == {"mode": "RGB", "device": torch.device("cpu")}  # one call, a list
+
+    def broken(source: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this build has no nvJPEG")
+
+    _fake_torchcodec(monkeypatch, broken)
+    figures = gpu_decode(payloads, device="cuda")  # torchvision's decoder, on the CPU here
+    assert figures["decoder"].startswith("torchvision") and "no nvJPEG" in figures["fallback"]
+    assert "(fell back from torchcodec: torchcodec 0.17.0's decode_jpeg failed" in gpu_feed._DESCRIBE["gpu decode"](
+        figures
+    )
+    monkeypatch.setitem(sys.modules, "torchcodec", None)  # not installed
+    figures = gpu_decode(payloads, device="cuda")
+    assert "does not import" in figures["fallback"] and figures["gpu_images_per_s"] > 0

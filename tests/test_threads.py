@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +47,15 @@ def test_every_reader_delivers_the_worked_samples_in_order(raw, work) -> None:
         "DataLoader": lambda: DataLoader(dataset, batch_size=4, num_workers=2),
         "ThreadBatches": lambda: threads.ThreadBatches(raw, 4, threads=2, in_flight=2, work=work),
         "torchdata.nodes": lambda: threads.nodes_batches(dataset, 4, 2),
-        "SPDL": lambda: threads.spdl_batches(dataset, 4, 2),
+        "SPDL": lambda: spdl,
     }
+    spdl = threads.SpdlBatches(dataset, 4, 2)
     for name, make in readers.items():
-        got = torch.cat([batch.clone() for batch in make()])
-        assert torch.equal(got, want), name
+        for _ in range(2):  # the pipelines are kept across passes
+            got = torch.cat([batch.clone() for batch in make()])
+            assert torch.equal(got, want), name
+    spdl.close()
+    assert torch.equal(dataset.read_batch([3, 0, 7]), want[[3, 0, 7]])  # one batch tensor, the same samples
     with RingLoader(raw, 4, num_workers=2, transform=work) as ring:  # the work done in its workers, in the slots
         assert torch.equal(torch.cat([b.clone() for b in ring]), want)
 
@@ -132,9 +137,40 @@ def test_worker_method_is_read_from_the_installed_dataloader(monkeypatch: pytest
     assert threads.worker_method_available()
 
 
-def test_spdl_pipeline_stops_when_the_loop_stops_early(raw) -> None:
-    dataset = threads.WorkedSamples(raw, threads.torch_work)
-    batches = threads.spdl_batches(dataset, 4, 2)
-    assert len(list(itertools.islice(batches, 2))) == 2
-    batches.close()  # auto_stop ends the pipeline's threads
-    assert sum(b.shape[0] for b in threads.spdl_batches(dataset, 4, 2)) == raw.n
+class _Counted(threads.WorkedSamples):
+    """Counts the batches read."""
+
+    reads = 0
+
+    def read_batch(self, indices: list[int]) -> torch.Tensor:
+        type(self).reads += 1
+        return super().read_batch(indices)
+
+
+@pytest.mark.timeout(60)
+def test_spdl_pipeline_is_built_once_reads_nothing_between_passes_and_survives_an_early_stop(raw) -> None:
+    dataset = _Counted(raw, threads.torch_work)
+    truth = _worked(_truth(raw), threads.torch_work)
+    spdl = threads.SpdlBatches(dataset, 4, 2)
+    pipeline = spdl.pipeline
+    assert len(spdl) == 7 and torch.equal(torch.cat(list(spdl)), truth)
+    read = _Counted.reads
+    time.sleep(0.3)
+    assert _Counted.reads == read == 7  # nothing read ahead of the next pass
+    assert len(list(itertools.islice(spdl, 2))) == 2  # a loop that stops early ...
+    assert torch.equal(torch.cat(list(spdl)), truth)  # ... leaves nothing stale for the next pass
+    assert spdl.pipeline is pipeline  # one pipeline for every pass
+    spdl.close()
+    spdl.close()  # once is enough; again does nothing
+    with pytest.raises(RuntimeError, match="closed"):
+        list(spdl)
+
+
+def test_nodes_loader_is_reused_across_passes(raw) -> None:
+    dataset = threads.WorkedSamples(raw, threads.python_work)
+    loader = threads.nodes_batches(dataset, 4, 2)
+    truth = _worked(_truth(raw), threads.python_work)
+    for _ in range(2):
+        batches = list(loader)
+        assert [b.shape[0] for b in batches] == [4] * 6 + [2] and torch.equal(torch.cat(batches), truth)
+    assert threads.batches_of(5, 2) == [[0, 1], [2, 3], [4]]

@@ -111,6 +111,8 @@ class Facts:
     torchcodec: str | None = None  # torchcodec's version where it imports and its image library loads
     torchcodec_error: str | None = None  # why it does not, where installed
     ffmpeg: int | None = None  # the FFmpeg major version torchcodec loaded (video and audio only); None: none found
+    storage_tools: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(STORAGE_TOOLS, True))
+    can_mount: bool = True  # root, or a fusermount3 (setuid) that lets this user mount FUSE file systems
 
 
 # --------------------------------------------------------------------------- versions
@@ -188,6 +190,32 @@ def check_decoder(version: str | None, error: str | None, ffmpeg: int | None) ->
         else "no FFmpeg found (only video and audio need it: apt-get install ffmpeg)"
     )
     return Result(name, OK, f"torchcodec {version} decodes images; {media}")
+
+
+STORAGE_TOOLS = {"mksquashfs": "squashfs-tools", "squashfuse": "squashfuse", "strace": "strace"}  # tool: package
+
+
+def check_storage_tools(found: dict[str, bool], can_mount: bool) -> Result:
+    """Notebook 09's cluster storage: ``mksquashfs`` packs the images into one file, ``squashfuse`` mounts it (where
+    this user may mount: root, or a working ``fusermount3``), ``strace`` counts system calls by kind. Without them
+    the cells say so and show stored figures; without mounting the image is read without mounting it."""
+    name = "storage tools"
+    missing = [STORAGE_TOOLS[tool] for tool, there in found.items() if not there]
+    if missing:
+        return Result(
+            name,
+            WARN,
+            f"{', '.join(missing)} missing: notebook 09 shows stored figures for what needs them",
+            f"apt-get install {' '.join(missing)} (as root; on a hub, the admin)",
+        )
+    if not can_mount:
+        return Result(
+            name,
+            OK,
+            "squashfs-tools, squashfuse, strace; this user cannot mount FUSE file systems: notebook 09 reads the "
+            "squashfs image without mounting it (as on most hubs)",
+        )
+    return Result(name, OK, "squashfs-tools, squashfuse, strace; squashfs images mount here")
 
 
 def check_cores(cpus: int | None, workers: int) -> Result:
@@ -714,6 +742,8 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         facts.torchcodec_error = None if _version("torchcodec") is None else "ImportError: it does not import"
     except Exception as exc:  # noqa: BLE001 - a library that does not load (OSError, RuntimeError) is a finding
         facts.torchcodec_error = f"{type(exc).__name__}: {exc}"
+    facts.storage_tools = {tool: shutil.which(tool) is not None for tool in STORAGE_TOOLS}
+    facts.can_mount = getattr(os, "geteuid", lambda: -1)() == 0 or shutil.which("fusermount3") is not None
     try:  # a real server, started and stopped: what the object-storage notebook will do
         from course_lib import s3server
 
@@ -769,6 +799,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
             check_gpu(facts.gpus, facts.mps),
         ]
     results.append(check_decoder(facts.torchcodec, facts.torchcodec_error, facts.ffmpeg))
+    results.append(check_storage_tools(facts.storage_tools, facts.can_mount))
     results.append(check_kernel(facts.environment, facts.kernels, facts.in_kernel, facts.server_environment))
     results.append(check_s3_server(facts.s3_seconds, facts.s3_listeners, facts.s3_error))
     results.append(check_disk(facts.disk_free_mb, facts.data_folder))

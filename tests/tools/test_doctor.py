@@ -273,6 +273,7 @@ def healthy(**changes: object) -> Facts:
         s3_seconds=1.1,
         s3_listeners=["127.0.0.1:8333", "127.0.0.1:9333"],
         memory_total_mb=16_000,
+        torchcodec="0.17.0",
     )
     for key, value in changes.items():
         setattr(facts, key, value)
@@ -294,6 +295,8 @@ def test_healthy_machine_is_all_ok() -> None:
         "open files",
         "start method",
         "GPU",
+        "decoder",
+        "storage tools",
         "kernel",
         "S3 server",
         "disk",
@@ -303,7 +306,7 @@ def test_healthy_machine_is_all_ok() -> None:
     assert all(r.status == OK for r in results), [r for r in results if r.status != OK]
     assert doctor.exit_code(results) == 0
     text = doctor.report(results, healthy())
-    assert "What to do" not in text and text.endswith("17 ok, 0 warnings, 0 failures: ready.")
+    assert "What to do" not in text and text.endswith("19 ok, 0 warnings, 0 failures: ready.")
 
 
 def test_a_container_with_small_shm_and_spawn() -> None:
@@ -322,7 +325,7 @@ def test_a_container_with_small_shm_and_spawn() -> None:
     fixes = text.split("What to do:\n", 1)[1]
     assert "[FAIL]  /dev/shm" in fixes and "--shm-size=2g" in fixes
     assert "python " not in fixes.split("\n\n")[0]  # ok checks have no fix row
-    assert text.endswith("13 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
+    assert text.endswith("15 ok, 3 warnings, 1 failure: not ready: fix the failures above.")
 
 
 def test_warnings_alone_do_not_fail() -> None:
@@ -594,3 +597,14 @@ def test_check_decoder_says_what_notebook_02_decodes_with() -> None:
     broken = doctor.check_decoder(None, "OSError: libtorch_cuda.so: cannot open shared object file", None)
     assert broken.status == WARN and "libtorch_cuda.so" in broken.finding
     assert "https://download.pytorch.org/whl/cpu" in broken.fix
+
+
+def test_check_storage_tools_says_what_notebook_09_can_do_here() -> None:
+    everything = {"mksquashfs": True, "squashfuse": True, "strace": True}
+    ok = doctor.check_storage_tools(everything, can_mount=True)
+    assert ok.status == OK and "squashfs images mount here" in ok.finding
+    user = doctor.check_storage_tools(everything, can_mount=False)
+    assert user.status == OK and "reads the squashfs image without mounting it" in user.finding
+    missing = doctor.check_storage_tools({**everything, "squashfuse": False, "strace": False}, can_mount=True)
+    assert missing.status == WARN and "squashfuse, strace missing" in missing.finding
+    assert missing.fix.startswith("apt-get install squashfuse strace")

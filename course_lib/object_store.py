@@ -11,17 +11,20 @@ standard AWS variables (``AWS_ENDPOINT_URL``, a profile): the course's server se
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import random
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from .support import write_atomic
 
 __all__ = [
     "ObjectReadError",
     "ShardCache",
+    "cache_name",
     "list_objects",
     "read_many",
     "read_object",
@@ -125,27 +128,73 @@ def register_s3_scheme() -> None:
     importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = _open_s3
 
 
-def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05) -> bytes:
+_JITTER = random.Random()  # unseeded on purpose: clients that failed together must not wait alike
+os.register_at_fork(after_in_child=_JITTER.seed)  # a forked worker draws anew (from os.urandom), not its parent's waits
+
+
+def read_object(url: str, attempts: int = 4, backoff_s: float = 0.05, *, rng: random.Random | None = None) -> bytes:
     """Notebook 10: the whole object at ``url``, read again after a failure (a refused or broken connection, a
-    ``503 Slow Down``, a body cut short), waiting ``backoff_s``, then twice that, and so on; after ``attempts``
-    failures, :class:`ObjectReadError`. Never fewer bytes than the object has: a short read is a failure."""
+    ``503 Slow Down``, a body cut short); after ``attempts`` failures, :class:`ObjectReadError`. Never fewer bytes
+    than the object has: a short read is a failure.
+
+    Between attempts it backs off exponentially with **full jitter** (AWS Architecture Blog, "Exponential Backoff
+    And Jitter"): after failure ``n`` it waits a random time between 0 and ``backoff_s * 2 ** (n - 1)``, drawn from
+    ``rng`` (a ``random.Random``; by default one unseeded generator per process, so that the ranks and workers a 503
+    refused at the same moment come back at different moments; pass a seeded one where the waits must repeat)."""
+    return _get(url, attempts, backoff_s, rng)[0]
+
+
+def _check_retries(attempts: int, backoff_s: float) -> None:
     if attempts < 1 or backoff_s < 0:
         raise ValueError(f"attempts must be >= 1 and backoff_s >= 0, got {attempts} and {backoff_s}")
+
+
+def _full_jitter_s(attempt: int, backoff_s: float, rng: random.Random | None) -> float:
+    """The wait after failed attempt ``attempt`` (1, 2, ...): uniform between 0 and ``backoff_s * 2 ** (attempt - 1)``."""
+    return (rng or _JITTER).uniform(0, backoff_s * 2 ** (attempt - 1))
+
+
+def _version(response: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies one version of an object in a GET's or a HEAD's answer: its ETag (a digest of the bytes the
+    server chose) and size; a store that sends no ETag, its size and LastModified."""
+    etag = response.get("ETag")
+    return (
+        (etag, response.get("ContentLength")) if etag else (response.get("ContentLength"), response.get("LastModified"))
+    )
+
+
+def _retrying(url: str, attempts: int, backoff_s: float, rng: random.Random | None, request: Any) -> Any:
+    """``request(bucket, key)`` tried up to ``attempts`` times with full-jitter backoff, as :func:`read_object` does."""
+    _check_retries(attempts, backoff_s)
     bucket, key = split_url(url)
     for attempt in range(1, attempts + 1):
         try:
-            response = s3_client().get_object(Bucket=bucket, Key=key)
-            payload = response["Body"].read()
-            if len(payload) != response["ContentLength"]:
-                raise OSError(f"read {len(payload)} of {response['ContentLength']} bytes")
-            return payload
+            return request(bucket, key)
         except Exception as exc:  # botocore's, urllib3's and the OS's errors alike; re-raised below
             if _not_found(exc):
                 raise FileNotFoundError(f"{url}: no such object (check the bucket and key: list_objects)") from exc
             if attempt == attempts:
                 raise ObjectReadError(url, attempts, exc) from exc
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+            time.sleep(_full_jitter_s(attempt, backoff_s, rng))
     raise AssertionError("unreachable")
+
+
+def _get(url: str, attempts: int, backoff_s: float, rng: random.Random | None) -> tuple[bytes, tuple[Any, ...]]:
+    """The whole object and the version its bytes are (see :func:`_version`)."""
+
+    def get(bucket: str, key: str) -> tuple[bytes, tuple[Any, ...]]:
+        response = s3_client().get_object(Bucket=bucket, Key=key)
+        payload = response["Body"].read()
+        if len(payload) != response["ContentLength"]:
+            raise OSError(f"read {len(payload)} of {response['ContentLength']} bytes")
+        return payload, _version(response)
+
+    return _retrying(url, attempts, backoff_s, rng, get)
+
+
+def _head(url: str, attempts: int = 4, backoff_s: float = 0.05) -> tuple[Any, ...]:
+    """The object's version now, from a HEAD request (no body: one round trip)."""
+    return _retrying(url, attempts, backoff_s, None, lambda b, k: _version(s3_client().head_object(Bucket=b, Key=k)))
 
 
 def read_many(urls: list[str], in_flight: int = 8) -> list[bytes]:
@@ -164,35 +213,75 @@ def _not_found(exc: BaseException) -> bool:
     return isinstance(response, dict) and response.get("Error", {}).get("Code") in ("NoSuchKey", "NoSuchBucket", "404")
 
 
+def cache_name(url: str) -> str:
+    """Notebook 10, section 4: a local file name for the object at ``url`` derived from its bucket and whole key,
+    ``<16 hex digits of SHA-256(bucket/key)>-<the key's last part>``: ``s3://course/val/shard-000000.tar`` and
+    ``s3://course/train/shard-000000.tar`` get different files (webdataset 1.0.2's ``cache_dir`` names both
+    ``shard-000000.tar``: webdataset#471), and so do keys that differ only where a flattened name would not
+    (``a/b.tar`` and ``a__b.tar``). Also a ``url_to_name`` for webdataset's ``FileCache``."""
+    bucket, key = split_url(url)
+    digest = hashlib.sha256(f"{bucket}/{key}".encode()).hexdigest()[:16]
+    return f"{digest}-{key.rsplit('/', 1)[-1]}"
+
+
 class ShardCache:
     """Notebook 10: whole shards kept in a local folder, at most ``budget_bytes`` of them; the least recently used
-    go first when a new one needs room. ``path(url)`` returns a local file for the shard, fetched with
-    :func:`read_object` the first time (written under a temporary name, then renamed: a reader never sees half a
-    file). ``hits``, ``misses`` and ``evicted`` count what happened. One cache per process: two processes sharing a
-    folder each keep their own accounts."""
+    go first when a new one needs room, **before** it is written, so that the folder never holds more than the
+    budget. ``path(url)`` returns a local file for the shard, fetched with :func:`read_object` the first time
+    (written under a temporary name, then renamed: a reader never sees half a file). ``hits``, ``misses``,
+    ``evicted`` and ``replaced`` count what happened. One cache per process: two processes sharing a folder each
+    keep their own accounts.
 
-    def __init__(self, folder: str | os.PathLike[str], budget_bytes: int) -> None:
+    Two options against the ways a cache serves the wrong bytes (notebook 10, section 4's pitfall):
+
+    * ``url_to_name`` names each local file; the default, :func:`cache_name`, is derived from the bucket and the
+      whole key, so that two prefixes holding the same file names (``val/`` and ``train/``) never share a file;
+    * ``check_version=True`` asks the store for the object's version (ETag and size, one HEAD request) before it
+      serves a cached copy, and fetches the object again when it changed since it was cached (counted in
+      ``replaced``). Without it, a shard overwritten in the bucket is served from the old copy until it is evicted.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        budget_bytes: int,
+        *,
+        url_to_name: Callable[[str], str] = cache_name,
+        check_version: bool = False,
+    ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        if not callable(url_to_name):
+            raise TypeError(
+                f"url_to_name must be a function of the URL, such as object_store.cache_name, got {url_to_name!r}"
+            )
         self.folder, self.budget = Path(folder), int(budget_bytes)
         if not self.folder.is_dir():
             raise FileNotFoundError(f"the cache folder {self.folder} does not exist: create it first (mkdir)")
+        self.url_to_name, self.check_version = url_to_name, bool(check_version)
         self._sizes: OrderedDict[Path, int] = OrderedDict()  # least recently used first
-        self.hits = self.misses = self.evicted = 0
+        self._versions: dict[Path, tuple[Any, ...]] = {}  # the version each kept file holds
+        self.hits = self.misses = self.evicted = self.replaced = 0
 
     @property
     def used(self) -> int:
         return sum(self._sizes.values())
 
     def path(self, url: str) -> Path:
-        bucket, key = split_url(url)
-        local = self.folder / f"{bucket}__{key.replace('/', '__')}"
+        name = self.url_to_name(url)
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"url_to_name({url!r}) gave {name!r}: a cache name is one file name, without '/'")
+        local = self.folder / name
         if local in self._sizes and local.exists():
-            self.hits += 1
-            self._sizes.move_to_end(local)
-            return local
+            if not self.check_version or _head(url) == self._versions.get(local):
+                self.hits += 1
+                self._sizes.move_to_end(local)
+                return local
+            self.replaced += 1  # the object changed in the store since it was cached: fetch it again
+            del self._sizes[local]
+            local.unlink()  # first, so that the folder never holds the old copy and the new one together
         self.misses += 1
-        payload = read_object(url)
+        payload, version = _get(url, 4, 0.05, None)
         if len(payload) > self.budget:
             raise ValueError(
                 f"{url} is {len(payload):,} bytes, more than the cache's whole budget of "
@@ -201,9 +290,10 @@ class ShardCache:
         while self.used + len(payload) > self.budget:
             oldest, _ = self._sizes.popitem(last=False)
             oldest.unlink(missing_ok=True)
+            self._versions.pop(oldest, None)
             self.evicted += 1
         write_atomic(local, payload)
-        self._sizes[local] = len(payload)
+        self._sizes[local], self._versions[local] = len(payload), version
         return local
 
 

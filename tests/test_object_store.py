@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -113,7 +115,7 @@ def test_an_outage_mid_epoch_reads_every_shard_exactly_once_or_names_the_shard(l
         if i == 2:  # the server goes down, and comes back 0.3 s later, while the reader waits between attempts
             learner.stop()
             back.start()
-        read.append(store.read_object(url, attempts=8, backoff_s=0.05))
+        read.append(store.read_object(url, attempts=8, backoff_s=0.05, rng=random.Random(0)))
     back.join(timeout=60)  # S3 answers a moment before the restart is done: stopping it now would cut that short
     assert [len(r) for r in read] == [size for _, size in store.list_objects("s3://course/train/")]
     learner.stop()
@@ -139,6 +141,116 @@ def test_the_cache_keeps_its_budget_and_counts(learner: s3server.S3Server, tmp_p
     assert cache.hits == 1
     with pytest.raises(ValueError, match="more than the cache's whole budget"):
         store.ShardCache(tmp_path, budget_bytes=10).path(urls[0])
+
+
+def _sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The seconds each time.sleep of this thread asks for from now on (none is slept: the test runs at once)."""
+    me, seen, real = threading.get_ident(), [], time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: seen.append(s) if threading.get_ident() == me else real(s))
+    return seen
+
+
+def test_read_object_backs_off_exponentially_with_full_jitter(learner: s3server.S3Server, monkeypatch) -> None:
+    """After failure n it waits uniform(0, backoff_s * 2 ** (n - 1)), drawn from the rng it is given (AWS's full
+    jitter): the waits repeat with a seed, differ between seeds, and are not the caps themselves."""
+    url = "s3://course/train/shard-00.tar"
+    with s3server.Proxy(learner.endpoint) as proxy:
+        _via(proxy, monkeypatch)
+        waits = _sleeps(monkeypatch)
+        runs = {}
+        for seed in (1, 1, 2):
+            waits.clear()
+            proxy.fail_next(100)
+            with pytest.raises(store.ObjectReadError, match="after 6 attempts"):
+                store.read_object(url, attempts=6, backoff_s=0.1, rng=random.Random(seed))
+            runs.setdefault(seed, []).append(list(waits))
+        caps = [0.1 * 2**k for k in range(5)]
+        first = runs[1][0]
+        assert len(first) == 5, "a wait after every failure but the last"
+        assert all(0 <= w <= cap for w, cap in zip(first, caps)), (first, caps)
+        expected = random.Random(1)
+        assert first == [expected.uniform(0, cap) for cap in caps], "uniform(0, cap) from the given rng"
+        assert runs[1][1] == first and runs[2][0] != first
+        assert sum(first) < sum(caps) * 0.9, "jittered, not the caps"
+        assert proxy.requests == 18
+        waits.clear()  # without an rng: the module's own, unseeded, still within the caps
+        proxy.fail_next(100)
+        with pytest.raises(store.ObjectReadError):
+            store.read_object(url, attempts=6, backoff_s=0.1)
+        assert len(waits) == 5 and all(0 <= w <= cap for w, cap in zip(waits, caps)) and waits != first
+        proxy.fail_next(0)
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        store.read_object(url, attempts=0)
+
+
+def test_forked_workers_draw_their_own_waits() -> None:
+    """The module's generator is seeded anew in a forked child: workers that a 503 refused together do not come
+    back together (a plain random.Random() would hand every child its parent's sequence)."""
+    import multiprocessing as mp
+
+    def draw(queue) -> None:
+        queue.put([store._JITTER.random() for _ in range(3)])
+
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    children = [context.Process(target=draw, args=(queue,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    draws = [queue.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert draws[0] != draws[1]
+
+
+def test_cache_names_are_derived_from_the_whole_key(learner: s3server.S3Server, tmp_path: Path) -> None:
+    """val/shard-00.tar and train/shard-00.tar get files of their own; a name by the key's last part alone (what
+    webdataset 1.0.2's cache_dir does, webdataset#471) serves one for the other."""
+    other = _shard(tmp_path / "val-00.tar", ["v00k0", "v00k1"])
+    s3server.upload(learner, [other], "course", "val/", names=["shard-00.tar"])
+    train, val = "s3://course/train/shard-00.tar", "s3://course/val/shard-00.tar"
+    assert store.cache_name(train) != store.cache_name(val)
+    assert store.cache_name(train).endswith("-shard-00.tar") and "/" not in store.cache_name(train)
+    assert (
+        store.cache_name("s3://b/a/b.tar") != store.cache_name("s3://b/a__b.tar") != store.cache_name("s3://c/a/b.tar")
+    )
+    (tmp_path / "key").mkdir()
+    cache = store.ShardCache(tmp_path / "key", budget_bytes=10_000_000)
+    assert cache.path(train).read_bytes() == store.read_object(train)
+    assert cache.path(val).read_bytes() == other.read_bytes() and cache.misses == 2
+    (tmp_path / "base").mkdir()
+    by_basename = store.ShardCache(tmp_path / "base", 10_000_000, url_to_name=lambda url: url.rsplit("/", 1)[-1])
+    by_basename.path(train)
+    assert by_basename.path(val).read_bytes() == store.read_object(train), "the negative control: train's bytes"
+    with pytest.raises(ValueError, match="one file name, without '/'"):
+        store.ShardCache(tmp_path / "key", 10_000_000, url_to_name=lambda url: url[5:]).path(train)
+    with pytest.raises(TypeError, match="url_to_name must be a function"):
+        store.ShardCache(tmp_path / "key", 10_000_000, url_to_name="shard.tar")
+
+
+def test_check_version_fetches_a_changed_object_again(learner: s3server.S3Server, tmp_path: Path, monkeypatch) -> None:
+    """An object overwritten in the bucket: a plain cache serves its old copy; check_version=True sees the new ETag in
+    one HEAD request, fetches the new bytes, and within the budget. Both versions have the same size."""
+    old = _shard(tmp_path / "old.tar", ["a00k0", "a00k1"])
+    new = _shard(tmp_path / "new.tar", ["b00k0", "b00k1"])
+    assert old.stat().st_size == new.stat().st_size and old.read_bytes() != new.read_bytes()
+    url = s3server.upload(learner, [old], "course", "changing/", names=["shard.tar"])[0]
+    folders = [tmp_path / "plain", tmp_path / "checked"]
+    for folder in folders:
+        folder.mkdir()
+    plain = store.ShardCache(folders[0], budget_bytes=old.stat().st_size)
+    checked = store.ShardCache(folders[1], budget_bytes=old.stat().st_size, check_version=True)
+    assert plain.path(url).read_bytes() == old.read_bytes() == checked.path(url).read_bytes()
+    with s3server.Proxy(learner.endpoint) as proxy:
+        _via(proxy, monkeypatch)
+        assert checked.path(url).read_bytes() == old.read_bytes() and proxy.requests == 1, "a hit costs one HEAD"
+        assert (checked.hits, checked.misses, checked.replaced) == (1, 1, 0)
+        s3server.upload(learner, [new], "course", "changing/", names=["shard.tar"])
+        proxy.reset_counts()
+        assert plain.path(url).read_bytes() == old.read_bytes() and proxy.requests == 0, "stale: the old copy"
+        assert checked.path(url).read_bytes() == new.read_bytes() and proxy.requests == 2, "a HEAD, then the GET"
+        assert (checked.hits, checked.misses, checked.replaced, checked.evicted) == (1, 2, 1, 0)
+        assert [f.name for f in folders[1].iterdir()] == [store.cache_name(url)] and checked.used == new.stat().st_size
+        assert checked.path(url).read_bytes() == new.read_bytes() and checked.hits == 2
 
 
 @pytest.mark.timeout(240)

@@ -248,19 +248,21 @@ def read_with_retries(fn: Callable[[str, int, float], bytes], url: str, proxy: A
         bool(waits),
         f"your function never called time.sleep between its {attempts} attempts: it did not wait, or it waited "
         "another way (a busy loop burns the core a loader needs). Wait backoff_s after the first failure, twice that "
-        "after the second, and so on: time.sleep(backoff_s * 2 ** (attempt - 1)).",
+        "after the second, and so on, a random share of it (full jitter): "
+        "time.sleep(random.uniform(0, backoff_s * 2 ** (attempt - 1))).",
     )
     require(
         len(waits) in (attempts - 1, attempts),  # a wait after the last failure too costs time, no more
         f"{attempts} attempts, {attempts - 1} failures before the last one, but your function waited {len(waits)} "
-        "time(s): wait after every failed attempt but the last, time.sleep(backoff_s * 2 ** (attempt - 1)).",
+        "time(s): wait after every failed attempt but the last, "
+        "time.sleep(random.uniform(0, backoff_s * 2 ** (attempt - 1))).",
     )
     early, late = sum(waits[:3]), sum(waits[-3:])
     require(
         late > early + 3.5 * backoff_s,
         f"with backoff_s={backoff_s} your waits were {', '.join(f'{w * 1000:.1f}' for w in waits)} ms: they do not "
         "grow. Wait backoff_s after the first failure, twice that after the second, and so on, "
-        "time.sleep(backoff_s * 2 ** (attempt - 1)) (a random share of it, full jitter, is fine too): a throttled "
+        "time.sleep(random.uniform(0, backoff_s * 2 ** (attempt - 1))) (full jitter; the cap itself works too): a throttled "
         "server needs the requests to thin out.",
     )
 

@@ -36,6 +36,7 @@ __all__ = [
     "compare_small_files_and_shards",
     "corrupt_copy",
     "count_batches",
+    "epoch_seconds",
     "list_members",
     "read_shardset",
     "reader_shares",
@@ -543,6 +544,20 @@ def _read_shards(paths: Sequence[_StrPath], latency: float = 0.0) -> int:
     return total
 
 
+def epoch_seconds(paths: Sequence[_StrPath], how: str, latency_s: float = 0.0) -> float:
+    """Notebook 09, sections 10 and 11: seconds of one pass in this process, every file read whole
+    (``how="files"``) or every member of every shard (``how="shards"``), with ``latency_s`` of sleep per open: a
+    shared file system's metadata round trip, simulated."""
+    read = {"files": _read_small_files, "shards": _read_shards}.get(how)
+    if read is None:
+        raise ValueError(f"how must be 'files' (a file per sample) or 'shards' (tar shards), got {how!r}")
+    if latency_s < 0:
+        raise ValueError(f"latency must be >= 0 seconds, got {latency_s}")
+    start = time.perf_counter()
+    read(paths, latency_s)
+    return time.perf_counter() - start
+
+
 @dataclass(frozen=True)
 class FilesVsShards:
     """Seconds to read the same samples as small files and as shards (with and without latency), per round."""
@@ -580,20 +595,12 @@ def compare_small_files_and_shards(
             "compare the same samples (at least one)"
         )
 
-    def seconds(read, paths, delay: float):
-        def run() -> float:
-            start = time.perf_counter()
-            read(paths, delay)
-            return time.perf_counter() - start
-
-        return run
-
     measured = _claims.interleave(
         {
-            "small files": seconds(_read_small_files, image_paths, 0.0),
-            "shards": seconds(_read_shards, shard_paths, 0.0),
-            "small files + latency": seconds(_read_small_files, image_paths, latency),
-            "shards + latency": seconds(_read_shards, shard_paths, latency),
+            "small files": lambda: epoch_seconds(image_paths, "files"),
+            "shards": lambda: epoch_seconds(shard_paths, "shards"),
+            "small files + latency": lambda: epoch_seconds(image_paths, "files", latency),
+            "shards + latency": lambda: epoch_seconds(shard_paths, "shards", latency),
         },
         rounds=rounds,
     )

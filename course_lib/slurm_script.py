@@ -36,6 +36,8 @@ def render_slurm_script(
     epochs: int = 2,
     time_limit: str = "00:20:00",
     job_name: str = "course-capstone",
+    stage: bool = False,
+    stage_why: str = "",
 ) -> str:
     """Notebook 13, section 5: a Slurm batch script that trains ``course_lib.capstone`` with these settings.
 
@@ -43,7 +45,9 @@ def render_slurm_script(
     at a c10d rendezvous on the first, as in ``hpc/train_multinode.sbatch``). ``--cpus-per-task``
     is derived from ``num_workers`` (:func:`cpus_per_task`), never the other way round: the tuned
     number of workers is what the job needs. ``shards`` is the path *on the cluster* (``$USER`` and
-    other variables are expanded there). Raises ``ValueError`` naming a bad setting, e.g. more CPUs
+    other variables are expanded there). ``stage=True`` copies the shards to each node's local disk before
+    training (timed, printed with ``stage_why``, the reason: notebook 09's rule, ``storage.stage_or_stream``), reads
+    them there, and removes the copy when the job ends. Raises ``ValueError`` naming a bad setting, e.g. more CPUs
     than ``cpus_per_node`` has.
     """
     for name, value, low in (
@@ -62,6 +66,13 @@ def render_slurm_script(
         raise ValueError(f"time_limit must look like HH:MM:SS or D-HH:MM:SS, got {time_limit!r}")
     if not re.fullmatch(r"[\w.-]+", job_name):
         raise ValueError(f"job_name may hold letters, digits, '.', '_' and '-' only, got {job_name!r}")
+    if not isinstance(stage, bool):
+        raise ValueError(f"stage must be True or False, got {stage!r}")
+    if not isinstance(stage_why, str) or not re.fullmatch(r"[\w .,:;()/+=-]*", stage_why):
+        raise ValueError(
+            f"stage_why is one line of plain text (letters, digits, spaces and .,:;()/+=-: the script prints it), "
+            f"got {stage_why!r}"
+        )
     cpus = cpus_per_task(gpus_per_node, num_workers)
     if cpus_per_node is not None and cpus > cpus_per_node:
         most = max(0, cpus_per_node // gpus_per_node - 1)
@@ -89,7 +100,28 @@ def render_slurm_script(
         )
     # the comments of the #SBATCH lines start in one column, whatever the numbers' widths
     gres_line, cpus_line = f"#SBATCH --gres=gpu:{gpus_per_node}".ljust(37), f"#SBATCH --cpus-per-task={cpus}".ljust(37)
+    why = stage_why or "set by hand"
+    if stage:
+        staging = (
+            f"# ---- staging ({why}): the shards copied to each node's local disk, timed, and read from there.\n"
+            "# Removed when the job ends; after scancel or the time limit the OTHER nodes' copies stay (no new job step\n"
+            "# can start then): a per-job $SLURM_TMPDIR or $TMPDIR, which the site wipes, is the clean place.\n"
+            'LOCAL_SHARDS="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/course-shards-$SLURM_JOB_ID"\n'
+            "copy_started=$(date +%s%N)\n"
+            f'{on_each_node}bash -c \'part="$0.part-$(hostname)"; mkdir -p "$part" && cp -r "$1"/. "$part"/ &&\n'
+            '    { mv -T "$part" "$0" 2> /dev/null || rm -rf "$part"; }\' "$LOCAL_SHARDS" "$SHARDS"\n'
+            "copy_ms=$(( ($(date +%s%N) - copy_started) / 1000000 ))\n"
+            f'echo "staging ({why}): $(du -sm "$LOCAL_SHARDS" | cut -f1) MB copied to the node\'s local disk in " \\\n'
+            '     "$copy_ms ms; it pays when the epochs read from there save more than that (the rank reports" \\\n'
+            '     "give the epoch times: compare them with an unstaged run)"\n'
+            'SHARDS="$LOCAL_SHARDS"\n'
+        )
+    else:
+        staging = f"# ---- no staging ({why}): the shards are read where they are, on the shared file system\n"
     values = {
+        "STAGE": staging,
+        "LOCAL_SHARDS": ' "${LOCAL_SHARDS:-}"' if stage else "",
+        "LOCAL_SHARDS_TEXT": " ${LOCAL_SHARDS:-}" if stage else "",
         "JOB_NAME": job_name,
         "NODES": nodes,
         "GPUS_PER_NODE": gpus_per_node,

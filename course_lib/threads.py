@@ -101,7 +101,7 @@ class WorkedSamples(Dataset):
         return {**self.__dict__, "_fd": None, "_pid": -1}
 
 
-def batches_of(n: int, batch_size: int) -> list[list[int]]:
+def _batches_of(n: int, batch_size: int) -> list[list[int]]:
     """The indices ``0 .. n-1`` cut into batches of ``batch_size`` (the last one shorter): a batch sampler's output."""
     return [list(range(start, min(start + batch_size, n))) for start in range(0, n, batch_size)]
 
@@ -126,7 +126,7 @@ class SpdlBatches:
     def __init__(self, dataset: WorkedSamples, batch_size: int, threads: int) -> None:
         from spdl.pipeline import PipelineBuilder
 
-        self.batches = batches_of(len(dataset), check_int(batch_size, "batch_size", 1))
+        self.batches = _batches_of(len(dataset), check_int(batch_size, "batch_size", 1))
         self._passes = _PassGate()
         self.pipeline = (
             PipelineBuilder()
@@ -187,7 +187,7 @@ def nodes_batches(dataset: WorkedSamples, batch_size: int, threads: int) -> Iter
     the DataLoader builds it: batches of indices, one ``ParallelMapper`` task per batch, a ``Loader`` reused every pass."""
     import torchdata.nodes as tn
 
-    node = tn.IterableWrapper(batches_of(len(dataset), batch_size))  # a batch sampler's output, again every pass
+    node = tn.IterableWrapper(_batches_of(len(dataset), batch_size))  # a batch sampler's output, again every pass
     node = tn.ParallelMapper(node, map_fn=dataset.read_batch, num_workers=threads, method="thread", in_order=True)
     return tn.Loader(node)
 

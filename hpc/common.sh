@@ -5,8 +5,10 @@
 #
 #   course_python       activate COURSE_VENV; `python -m course_lib verify` stops the job, saying how to
 #                       fix it, when the data set is missing
-#   stage_data          STAGE_DATA=1 only: copy the data set to each node's local disk and point
-#                       COURSE_DATA_DIR at that copy; removed again when the job ends
+#   stage_data          STAGE_DATA=1 (folder) or image only: copy the data set (or its squashfs image,
+#                       then mounted) to each node's local disk and point COURSE_DATA_DIR at that
+#                       copy; unmounted and removed again when the job ends
+#   stage_image         (stage_data's STAGE_DATA=image) the copy of the image, mounted with squashfuse
 #   check_shm           /dev/shm's free space, with a warning under 1 GB
 #   torchrun_logs       (scripts that run torchrun) TORCHRUN_LOGS, a folder of this job's on each node's
 #                       local disk for torchrun --log-dir; removed again when the job ends
@@ -23,7 +25,8 @@
 # gives them their defaults here:
 #   COURSE_DATA_DIR   ~/.cache/pytorch-data-course   where `python -m course_lib prepare` put the data (exported)
 #   DATA_SIZE         small                          the set prepared with --size
-#   STAGE_DATA        0                              1: stage_data copies the data to the local disk
+#   STAGE_DATA        0                              1 or folder: stage_data copies the data to the local
+#                                                    disk; image: copies its squashfs image and mounts it
 #   RUNS_DIR          $PWD/runs                      reports go to $RUNS_DIR/<job name>-<job id>/
 #   COURSE_VENV       ~/venvs/pytorch-data-course    empty: the python already on PATH
 #   TRAIN_DEVICE      auto                           the training's --device: auto (a GPU per rank where the job
@@ -68,8 +71,17 @@ NODE_TMP="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
 # What this job made on each node's local disk, removed by end_of_job when the job ends: at its end, on an
 # error, a requeue or scancel's SIGTERM (bash runs the EXIT trap then too). Only folders added here by
 # stage_data and torchrun_logs, never a path read from the environment.
+# After scancel or the time limit, Slurm allows no new job step: on the OTHER nodes of a job the
+# copies stay (a per-job $SLURM_TMPDIR or $TMPDIR, which the site's epilog wipes, is then the only clean
+# way; /tmp is not). The batch script's own node is cleaned here, whatever ended the job.
 CLEAN_AT_EXIT=()
+UNMOUNT_AT_EXIT=()   # mount points (STAGE_DATA=image), unmounted before CLEAN_AT_EXIT goes
 end_of_job() {
+    local mountpoint
+    for mountpoint in "${UNMOUNT_AT_EXIT[@]}"; do
+        fusermount3 -u "$mountpoint" 2> /dev/null || fusermount -u "$mountpoint" 2> /dev/null ||
+            umount "$mountpoint" 2> /dev/null || echo "WARNING: could not unmount $mountpoint" >&2
+    done
     if (( ${#CLEAN_AT_EXIT[@]} > 0 )); then
         on_each_node rm -rf -- "${CLEAN_AT_EXIT[@]}" || echo "WARNING: could not remove ${CLEAN_AT_EXIT[*]}" >&2
     fi
@@ -88,9 +100,24 @@ on_each_node() {
 
 # Thousands of small image files on a shared file system (GPFS, Lustre, NFS) cost one metadata
 # request each, per epoch, shared with every job of the cluster; the local disk answers at once.
+# STAGE_DATA=1 (or folder) copies the image folder: one metadata request per file, once per job.
+# STAGE_DATA=image copies ONE file, the set packed as a squashfs image on a login node
+#   python -m course_lib.storage image "$COURSE_DATA_DIR/shapes-small-seed0"
+# and mounts it read-only with squashfuse: the training reads the same folder of files, the shared
+# file system served one file. (Apptainer does the same with --bind set.sqsh:/data:image-src=/.)
 stage_data() {
-    [[ "$STAGE_DATA" == 1 ]] || return 0
+    case "$STAGE_DATA" in
+        0) return 0 ;;
+        1|folder|image) ;;
+        *) echo "ERROR: STAGE_DATA=$STAGE_DATA: use 0 (read in place), 1 or folder (copy the folder) or image" \
+                "(copy the squashfs image and mount it)" >&2; exit 1 ;;
+    esac
     export LOCAL_DIR="$NODE_TMP/course-data-$SLURM_JOB_ID" SET="shapes-$DATA_SIZE-seed0"
+    CLEAN_AT_EXIT+=("$LOCAL_DIR")   # end_of_job removes it on every node (unmounting first)
+    if [[ "$STAGE_DATA" == image ]]; then
+        stage_image
+        return 0
+    fi
     # Every node copies into a folder named after itself, then renames that into place. Where the
     # "local" disk is in fact shared by several nodes (a $TMPDIR on a shared file system, or nodes
     # that are one machine), the first complete copy wins and the others are dropped, instead of
@@ -99,7 +126,6 @@ stage_data() {
     local stage_here='part="$LOCAL_DIR/.copy-${SLURMD_NODENAME:-$(hostname)}"
         mkdir -p "$LOCAL_DIR" && rm -rf "$part" && cp -r "$COURSE_DATA_DIR/$SET" "$part" &&
         { mv -T "$part" "$LOCAL_DIR/$SET" 2> /dev/null || rm -rf "$part"; }'
-    CLEAN_AT_EXIT+=("$LOCAL_DIR")   # end_of_job removes it on every node
     on_each_node bash -c "$stage_here"
     export COURSE_DATA_DIR="$LOCAL_DIR"
     if (( ${SLURM_NNODES:-1} > 1 )); then
@@ -107,6 +133,36 @@ stage_data() {
     else
         echo "data copied to the node's local disk: $COURSE_DATA_DIR"
     fi
+}
+
+# STAGE_DATA=image: the image copied to the node's local disk and mounted there, at $LOCAL_DIR/$SET,
+# by squashfuse (Debian: squashfuse; where users may not mount FUSE file systems, ask the admins, or
+# run in Apptainer). end_of_job unmounts it before removing the folder.
+stage_image() {
+    local image="$COURSE_DATA_DIR/$SET.sqsh"
+    if [[ ! -f "$image" ]]; then
+        echo "ERROR: no squashfs image $image: make it once on a login node with" \
+             "python -m course_lib.storage image \"$COURSE_DATA_DIR/$SET\"" >&2
+        exit 1
+    fi
+    if ! command -v squashfuse > /dev/null; then
+        echo "ERROR: squashfuse is not installed on $(hostname): use STAGE_DATA=folder, or Apptainer's" \
+             "--bind $image:/data:image-src=/" >&2
+        exit 1
+    fi
+    if (( ${SLURM_NNODES:-1} > 1 )); then
+        echo "ERROR: STAGE_DATA=image mounts on one node; on several, use STAGE_DATA=folder or Apptainer's" \
+             "--bind $image:/data:image-src=/ on every node" >&2
+        exit 1
+    fi
+    mkdir -p "$LOCAL_DIR/$SET"
+    cp "$image" "$LOCAL_DIR/.$SET.sqsh.part"
+    mv "$LOCAL_DIR/.$SET.sqsh.part" "$LOCAL_DIR/$SET.sqsh"
+    UNMOUNT_AT_EXIT+=("$LOCAL_DIR/$SET")
+    squashfuse "$LOCAL_DIR/$SET.sqsh" "$LOCAL_DIR/$SET"
+    export COURSE_DATA_DIR="$LOCAL_DIR"
+    echo "image copied to the node's local disk and mounted read-only with squashfuse: $COURSE_DATA_DIR/$SET" \
+         "($(stat -c %s "$LOCAL_DIR/$SET.sqsh") bytes, one file)"
 }
 
 # torchrun keeps its own copy of every rank's output, in a folder it never removes: without --log-dir,

@@ -47,3 +47,27 @@ def test_rotating_dataset() -> None:
     for words, fn in wrong.items():
         outcome, message = status(nb09.rotating_dataset, fn)
         assert outcome is Status.WRONG and words in message, (words, message)
+
+
+def test_stage_or_stream() -> None:
+    def right(copy_s, shared, local, epochs, need_mb, free_mb):
+        if need_mb > free_mb:
+            return "stream"
+        return "stage" if copy_s + epochs * local < epochs * shared else "stream"
+
+    def stub(copy_s, shared, local, epochs, need_mb, free_mb):
+        raise NotImplementedError
+
+    right_and_stubs(nb09.stage_or_stream, right, stub)
+    wrong = {
+        "do not fit in the": lambda c, s, loc, e, n, f: "stage" if c + e * loc < e * s else "stream",
+        "the copy must be repaid": lambda c, s, loc, e, n, f: "stage" if loc < s and n <= f else "stream",
+        "once per job, not once per epoch": lambda c, s, loc, e, n, f: "stage" if n <= f and c + loc < s else "stream",
+        "the epochs from the copy take time too": lambda c, s, loc, e, n, f: (
+            "stage" if n <= f and c < e * s else "stream"
+        ),
+        'should return "stage" or "stream"': lambda c, s, loc, e, n, f: n <= f and c + e * loc < e * s,
+    }
+    for words, fn in wrong.items():
+        outcome, message = status(nb09.stage_or_stream, fn)
+        assert outcome is Status.WRONG and words in message, (words, message)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -763,3 +764,83 @@ def test_class_sbatch_runs_from_the_course_folder(tmp_path: Path) -> None:
     done, argv = class_sbatch(tmp_path, str(ROOT / "hpc" / "train_1node.sbatch"), cwd=tmp_path)
     assert done.returncode == 2 and argv == [], done
     assert f"run it from the course folder, where the jobs find hpc/common.sh ({tmp_path} has none)" in done.stderr
+
+
+def _stage_env(tmp_path: Path, stage: str, job: str) -> dict[str, str]:
+    data = tmp_path / "data"
+    (data / "shapes-tiny-seed0" / "train" / "circle").mkdir(parents=True)
+    (data / "shapes-tiny-seed0" / "manifest.json").write_text("{}")
+    (data / "shapes-tiny-seed0" / "train" / "circle" / "0.jpg").write_bytes(b"not really a jpeg")
+    (tmp_path / "node-local").mkdir()
+    return {
+        "HOME": str(tmp_path),
+        "PATH": os.environ["PATH"],
+        "COURSE_DATA_DIR": str(data),
+        "DATA_SIZE": "tiny",
+        "STAGE_DATA": stage,
+        "SLURM_JOB_ID": job,
+        "SLURM_NNODES": "1",
+        "SLURM_TMPDIR": str(tmp_path / "node-local"),
+    }
+
+
+def test_staging_an_image_mounts_one_file_and_unmounts_it_at_the_end(tmp_path: Path) -> None:
+    """STAGE_DATA=image: the set's squashfs image (python -m course_lib.storage image) is copied to the node and
+    mounted with squashfuse; the training reads the same files; the EXIT trap unmounts and removes it, on an error
+    too."""
+    from course_lib import storage
+
+    if os.geteuid() != 0 or not (shutil.which("mksquashfs") and shutil.which("squashfuse")):
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root with squashfs-tools and squashfuse (.ci/run): this must run there")
+        pytest.skip("needs root, squashfs-tools and squashfuse")
+    env = _stage_env(tmp_path, "image", f"img{os.getpid()}")
+    storage.make_image(tmp_path / "data" / "shapes-tiny-seed0", tmp_path / "data" / "shapes-tiny-seed0.sqsh")
+    script = (
+        'set -euo pipefail; source "$1"; stage_data; '
+        'findmnt -n -o FSTYPE "$COURSE_DATA_DIR/$SET"; cat "$COURSE_DATA_DIR/$SET/train/circle/0.jpg"; echo; false'
+    )
+    done = subprocess.run(
+        ["/bin/bash", "-c", script, "bash", str(COMMON)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    local = tmp_path / "node-local" / f"course-data-{env['SLURM_JOB_ID']}"
+    assert f"mounted read-only with squashfuse: {local}/shapes-tiny-seed0 (" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-2:] == ["fuse.squashfuse", "not really a jpeg"], done.stdout
+    assert list((tmp_path / "node-local").iterdir()) == [], "unmounted and removed when the script ended"
+
+
+@pytest.mark.parametrize(
+    ("stage", "nodes", "expected"),
+    [
+        ("image", "1", "no squashfs image"),
+        ("image", "2", "mounts on one node"),
+        ("yes", "1", "STAGE_DATA=yes: use 0"),
+    ],
+)
+def test_staging_refuses_what_it_cannot_do_with_what_to_do(
+    tmp_path: Path, stage: str, nodes: str, expected: str
+) -> None:
+    env = _stage_env(tmp_path, stage, f"refuse{os.getpid()}")
+    env["SLURM_NNODES"] = nodes
+    if nodes == "2":
+        (tmp_path / "data" / "shapes-tiny-seed0.sqsh").write_bytes(b"")
+        env["PATH"] = f"{tmp_path}:{env['PATH']}"
+        (tmp_path / "squashfuse").write_text("#!/bin/sh\nexit 0\n")
+        (tmp_path / "squashfuse").chmod(0o755)
+    done = subprocess.run(
+        ["/bin/bash", "-c", 'set -euo pipefail; source "$1"; stage_data; echo trained', "bash", str(COMMON)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "trained" not in done.stdout
+    assert expected in done.stderr, done.stderr
+    assert list((tmp_path / "node-local").iterdir()) == []

@@ -235,6 +235,11 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
         "-o",
         f"{out}/%x-%j.out",
     ]
+    # the set as one squashfs image, made as on a login node (hpc/common.sh's STAGE_DATA=image: the 1node job)
+    from course_lib import storage
+
+    if not (tiny_root / "shapes-tiny-seed0.sqsh").exists():
+        storage.make_image(tiny_root / "shapes-tiny-seed0", tiny_root / "shapes-tiny-seed0.sqsh")
     # notebook 13's shards, written as on a login node (in the background: the other jobs start meanwhile)
     writing = subprocess.Popen(
         [
@@ -308,7 +313,7 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
             HPC / "train_1node.sbatch",
             "course-train-1node",
             ["-N", "1", "-c", str(cpus)],
-            dict(env, GPUS_PER_NODE="2", STAGE_DATA="1"),
+            dict(env, GPUS_PER_NODE="2", STAGE_DATA="image"),  # its squashfs image, mounted with squashfuse
         ),
         StageJob(
             "tasks1",
@@ -354,6 +359,8 @@ def stage(slurm: Cluster, tiny_root: Path, tmp_path_factory: pytest.TempPathFact
                     batch_size=8,
                     epochs=1,
                     time_limit="00:05:00",
+                    stage=True,  # the staged variant: the copy to the node's local disk, read there, removed
+                    stage_why="the Slurm stage",
                 )
             options = common + job.options + (["--hold"] if job.hold else [])
             if job.command:
@@ -406,10 +413,12 @@ def test_train_1node_runs_torchrun_under_slurm(stage: Stage) -> None:
     assert "[rank0]:epoch 0: 20 samples" in out and "[rank1]:epoch 0: 20 samples" in out, out
     assert "check: 2 rank reports; last epoch: 40 of 40 samples seen" in out, out
     assert "weights identical on every rank: yes" in out, out
-    assert "data copied to the node's local disk" in out, out
+    local = stage.node_local / f"course-data-{job.job_id}"
+    assert f"image copied to the node's local disk and mounted read-only with squashfuse: {local}/" in out, out
     assert out.count("exit-check:") == 2, out  # the hook ran in both ranks (test_no_threads_outlive_the_ranks)
     check_reports(job.run_dir, 2, "torchrun")
-    assert not (stage.node_local / f"course-data-{job.job_id}").exists(), "the staged copy outlived the job"
+    assert not local.exists(), "the staged image outlived the job"
+    assert str(local) not in Path("/proc/mounts").read_text(), "the image is still mounted after the job"
 
 
 # --------------------------------------------------------------------------- for a class
@@ -532,6 +541,9 @@ def test_capstone_script_from_notebook_10(stage: Stage) -> None:
     r = job.ok()
     out = r.output()
     assert "8 shards for 2 ranks × 1 readers each" in out, out
+    local = stage.node_local / f"course-shards-{job.job_id}"
+    assert re.search(r"staging \(the Slurm stage\): \d+ MB copied to the node's local disk in +\d+ ms", out), out
+    assert not local.exists(), "the staged shards outlived the job"
     assert "check: 2 rank reports, [5] batches per rank" in out and "weights identical: True" in out, out
     assert out.count("exit-check:") == 2, out
     reports = read_reports(job.run_dir)

@@ -78,3 +78,49 @@ def test_script_name_must_end_in_sbatch(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"\*\.sbatch"):
         slurm.write_slurm_script(tmp_path / "train.sh", shards="/s", num_workers=1)
     assert not (tmp_path / "train.sh").exists()
+
+
+def test_a_staged_script_copies_the_shards_reads_them_there_and_removes_them(tmp_path) -> None:
+    """stage=True: each node copies the shards to its local disk (timed, with the reason printed), the training
+    reads the copy, and the EXIT trap removes it, on an error too. Run here with bash, srun-less (one node)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        (shards / f"s-{i:06d}.tar").write_bytes(b"x" * 1000)
+    text = slurm.render_slurm_script(
+        shards=str(shards), num_workers=1, nodes=1, gpus_per_node=2, stage=True, stage_why="it pays"
+    )
+    start, end = text.index("TORCHRUN_LOGS="), text.index("RUN_DIR=")
+    block = text[start:end]
+    node = tmp_path / "node"
+    node.mkdir()
+    script = f'set -euo pipefail\nSHARDS="{shards}"\n{block}\nls "$SHARDS"\necho "reading $SHARDS"\nfalse\n'
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77", "SLURM_TMPDIR": str(node)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "staging (it pays): 1 MB copied to the node's local disk in " in done.stdout, done.stdout
+    assert f"reading {node}/course-shards-77" in done.stdout
+    assert sorted(line for line in done.stdout.splitlines() if line.endswith(".tar")) == [
+        f"s-{i:06d}.tar" for i in range(3)
+    ]
+    assert list(node.iterdir()) == [], "the copy goes when the script ends"
+    plain = slurm.render_slurm_script(shards="/s", num_workers=1, stage_why="the shards are few and large")
+    assert "# ---- no staging (the shards are few and large)" in plain and "LOCAL_SHARDS" not in plain
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(stage="yes"), "stage must be True or False"),
+        (dict(stage=True, stage_why="it's"), "plain text"),
+        (dict(stage_why='"$(rm -rf ~)"'), "plain text"),
+    ],
+)
+def test_bad_staging_settings(settings, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        slurm.render_slurm_script(shards="/s", num_workers=1, **settings)

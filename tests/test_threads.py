@@ -173,4 +173,4 @@ def test_nodes_loader_is_reused_across_passes(raw) -> None:
     for _ in range(2):
         batches = list(loader)
         assert [b.shape[0] for b in batches] == [4] * 6 + [2] and torch.equal(torch.cat(batches), truth)
-    assert threads.batches_of(5, 2) == [[0, 1], [2, 3], [4]]
+    assert threads._batches_of(5, 2) == [[0, 1], [2, 3], [4]]

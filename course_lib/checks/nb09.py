@@ -17,6 +17,7 @@ import torch
 
 from .. import data as _data
 from ..shards import ShardSet, reader_shares
+from ..storage import stage_or_stream as stage_or_stream_rule
 from ._core import Hint, attempted, exercise, labelled_shards, require
 
 
@@ -440,3 +441,48 @@ def rotating_dataset(fn: Callable[..., Any]) -> None:
             "the same (seed, epoch) gave rank 0 another order on a rerun: draw the permutation "
             "from a generator seeded with (seed, epoch), e.g. np.random.default_rng([seed, epoch]).",
         )
+
+
+# (copy_s, shared_epoch_s, local_epoch_s, epochs, need_mb, free_mb): each separates the rule from one wrong form
+STAGE_CASES = [
+    (40.0, 10.0, 2.0, 20, 5000, 20000),  # pays after a few epochs: stage
+    (40.0, 10.0, 2.0, 3, 5000, 20000),  # the copy costs more than 3 epochs save: stream
+    (40.0, 10.0, 2.0, 20, 50000, 20000),  # would pay, but does not fit: stream
+    (12.0, 10.0, 2.0, 2, 100, 20000),  # less than one epoch's saving per epoch, but repaid over 2: stage
+    (5.0, 10.0, 9.8, 10, 100, 20000),  # the copy is cheap, but the local epochs are barely faster: stream
+    (0.5, 1.0, 1.0, 50, 100, 20000),  # no faster from the copy: stream
+]
+
+
+@exercise("09.6", "stage when the copy fits and, paid once, is repaid by the faster epochs; else stream.")
+def stage_or_stream(fn: Callable[..., Any]) -> None:
+    """``fn(copy_s, shared_epoch_s, local_epoch_s, epochs, need_mb, free_mb)`` returns ``"stage"`` or ``"stream"``."""
+    attempted(fn)
+    for copy_s, shared, local, epochs, need, free in STAGE_CASES:
+        call = f"stage_or_stream({copy_s:g}, {shared:g}, {local:g}, {epochs}, {need:g}, {free:g})"
+        got = fn(copy_s, shared, local, epochs, need, free)
+        require(got in ("stage", "stream"), f'{call} should return "stage" or "stream", got {got!r}.')
+        truth = stage_or_stream_rule(copy_s, shared, local, epochs, need, free)
+        if got == truth:
+            continue
+        if need > free:
+            raise Hint(
+                f"{call} = {got!r}: {need:g} MB do not fit in the {free:g} MB free on the node: check the room first "
+                "(a copy that fills /dev/shm takes the workers' shared memory with it)."
+            )
+        if got == "stage" and copy_s >= epochs * (shared - local):
+            if local >= shared * 0.95:
+                raise Hint(
+                    f"{call} = {got!r}: the epochs from the copy take time too ({epochs} × {local:g} s): compare the "
+                    f"whole job both ways, copy_s + epochs × local_epoch_s against epochs × shared_epoch_s."
+                )
+            raise Hint(
+                f"{call} = {got!r}: the copy costs {copy_s:g} s and {epochs} epochs save only "
+                f"{epochs * (shared - local):g} s: the copy must be repaid."
+            )
+        if got == "stream" and copy_s + local >= shared:
+            raise Hint(
+                f"{call} = {got!r}: the copy is made once per job, not once per epoch: over {epochs} epochs it saves "
+                f"{epochs * (shared - local):g} s for {copy_s:g} s."
+            )
+        raise Hint(f"{call} = {got!r}, but the whole job takes less time {truth}ing ({truth!r}).")

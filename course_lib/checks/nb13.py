@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ..capstone import DECODE_MS, STALL_TARGET, STEP_MS, EndlessShardCycle, RotatingShardList, ShuffleBuffer
 from ..shards import simulated_reader
+from ..storage import stage_or_stream
 from ..instrument import EpochRecord
 from ..workers import cpu_count
 from ._core import Hint, attempted, exercise, labelled_shards, require, whole_number
@@ -28,6 +29,12 @@ from ._core import Hint, attempted, exercise, labelled_shards, require, whole_nu
 #: Exercise 13.5's cluster: nodes, GPUs per node, CPUs per node, and where the shards are.
 NODES, GPUS_PER_NODE, CPUS_PER_NODE = 2, 4, 32
 CLUSTER_SHARDS = "/scratch/$USER/course-shards"
+#: What the first, unstaged run of the job logged on that cluster (exercise 13.5 decides staging from it, by notebook
+#: 09's rule, storage.stage_or_stream): the copy of the shards to a node's local disk, an epoch reading them from the
+#: shared file system and from the local copy, the epochs of the training, the shards' size and a node's free space.
+CLUSTER_STAGING = dict(
+    copy_s=240.0, shared_epoch_s=620.0, local_epoch_s=540.0, epochs=20, need_mb=180_000, free_mb=1_500_000
+)
 
 
 def _validate_results(results: Any) -> dict[int, EpochRecord]:
@@ -446,6 +453,16 @@ def slurm_script(path: Any, results: Any) -> None:
     )
     require(
         "CHANGE_ME" in text, "keep the account and partition placeholders (CHANGE_ME) for the cluster's own values."
+    )
+    staging = stage_or_stream(**CLUSTER_STAGING) == "stage"
+    f = CLUSTER_STAGING
+    saved = f["epochs"] * (f["shared_epoch_s"] - f["local_epoch_s"])
+    require(
+        ("LOCAL_SHARDS=" in text) == staging,
+        f"by notebook 09's rule the copy ({f['copy_s']:g} s, once) is repaid by {f['epochs']} faster epochs "
+        f"({saved:g} s saved): stage=storage.stage_or_stream(**check.CLUSTER_STAGING) == 'stage'"
+        if staging
+        else "by notebook 09's rule the copy is not repaid on this cluster: stage=False",
     )
 
 

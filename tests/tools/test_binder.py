@@ -169,3 +169,12 @@ def test_post_build_runs_and_leaves_the_notebooks_data_ready(tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     assert preparation.status(tmp_path) == {name: True for name in preparation.STEPS}
     assert (tmp_path / data.dataset_name()).is_dir()
+
+
+def test_apt_txt_brings_the_debian_packages_notebook_09_uses() -> None:
+    """repo2docker installs binder/apt.txt's packages, one name a line: the same Debian packages `.ci/run` installs
+    for the notebooks (notebook 09, section 11), so that Binder counts and packs as CI does."""
+    packages = (BINDER / "apt.txt").read_text().split()
+    assert packages == ["strace", "squashfs-tools", "squashfuse"]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert all(f"missing+=({name})" in ci for name in packages)

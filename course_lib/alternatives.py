@@ -8,8 +8,10 @@ here: ``litdata.optimize`` sends its function to worker processes, which under `
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -152,15 +154,16 @@ def _shared_memory_of(dataset: Any) -> list[Any]:
     return list(found.values())
 
 
-def release_mds(*datasets: Any) -> int:
+def release_mds(*datasets: Any, all_live: bool = False) -> int:
     """Notebook 11, section 2: unlink the shared memory of MDS ``StreamingDataset``s; return how many segments.
 
     Each creates named segments in ``/dev/shm`` and unlinks them at interpreter exit, which a stopped Jupyter
     kernel may never reach. Each also leaves two empty lock files in the temporary folder, for good, and no later
     dataset takes their number again: they go too. Call this when done with ``datasets`` (wrapped or not) and every
-    dataset :func:`mds_dataset` made; none of them can be iterated afterwards.
+    dataset :func:`mds_dataset` made; none of them can be iterated afterwards. ``all_live``: every MDS dataset alive
+    in this process too, however made (:mod:`course_lib.kernel`, as a kernel shuts down).
     """
-    released = [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE]
+    released = [*(getattr(d, "inner", d) for d in datasets), *_MDS_MADE, *(_live_mds_datasets() if all_live else [])]
     _MDS_MADE.clear()
     for dataset in released:
         _stop_threads_of(dataset)
@@ -173,6 +176,17 @@ def release_mds(*datasets: Any) -> int:
 
 
 atexit.register(release_mds)  # at a normal exit, what was not released by hand (see mds_dataset)
+
+
+def _live_mds_datasets() -> list[Any]:
+    """Every MDS ``StreamingDataset`` alive in this process, made by :func:`mds_dataset` or not (an empty list when
+    mosaicml-streaming was never imported). :mod:`course_lib.kernel` releases them before a kernel closes its end
+    of the resource tracker's pipe: the tracker reports every segment still registered then as leaked, although
+    the datasets' own exit-time clean-up unlinks them a moment later."""
+    streaming = sys.modules.get("streaming")
+    if streaming is None:
+        return []
+    return [obj for obj in gc.get_objects() if isinstance(obj, streaming.StreamingDataset)]
 
 
 def _stop_threads_of(dataset: Any, timeout_s: float = 10.0) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "ResumableStream",
     "ResumeError",
     "SeededAugmentation",
+    "StaleStateStream",
     "StopFlag",
     "ignore_stop_signals",
     "load_checkpoint",
@@ -123,7 +124,42 @@ class ResumableStream(IterableDataset):
         return {"done": self.done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.start = state["done"]
+        # done too: a worker whose state is taken before its first batch after the resume reports where it stands,
+        # not 0 (that would send a second resume back to the start of its share)
+        self.done = self.start = state["done"]
+
+
+class StaleStateStream(IterableDataset):
+    """Notebook 14, section 4: a stand-in for a bug class of 2026 (huggingface/datasets#8308, in datasets 5.0): a
+    stream that resumes right once, after which its state stops advancing.
+
+    As in that bug, the position lives in a dict that ``state_dict()`` copies through a second reference, and
+    ``load_state_dict()`` binds the position to a *new* dict: the stream goes on from the right place, but every
+    state it reports afterwards is the stale one, position 0. A checkpoint taken after a resume therefore restarts
+    the share from its beginning. One stop and resume cannot see it; two in the same epoch do."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.position = {"done": 0, "start": 0}
+        self.reported = self.position  # what state_dict() copies: the same dict, until load_state_dict rebinds
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        share = range(worker, self.n, workers)
+        self.position["done"], self.position["start"] = self.position["start"], 0
+        for index in share[self.position["done"] :]:
+            self.position["done"] += 1
+            yield index
+
+    def load(self, index: int) -> int:
+        return index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"done": self.reported["done"]}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = {"done": 0, "start": state["done"]}  # a new dict: self.reported still names the old one
 
 
 class EpochKeys(Sampler):

@@ -1,6 +1,7 @@
-"""course_lib.resume: checkpoints that are complete or absent, step logs, the stop flag, and 2-rank torchrun jobs
-stopped at several points (SIGKILL before the first checkpoint, SIGKILL while the workers prefetch, SIGTERM in the
-second epoch) that resume exactly: the same samples in the same order on every rank, the same final weights."""
+"""course_lib.resume: checkpoints that are complete or absent, step logs, the stop flag, streams resumed twice in
+one epoch, and 2-rank torchrun jobs stopped at several points (SIGKILL before the first checkpoint, SIGKILL while
+the workers prefetch, SIGTERM in the same epoch after a resume, SIGTERM in the second epoch) that resume exactly:
+the same samples in the same order on every rank, the same final weights."""
 
 from __future__ import annotations
 
@@ -174,20 +175,59 @@ def _passes(loader, count=2):
     [{"num_workers": 0}, {"num_workers": 2, "persistent_workers": True}, {"num_workers": 2}],
     ids=["no-workers", "persistent-workers", "fresh-workers"],
 )
-def test_the_resumable_stream_reads_every_epoch_whole_and_resumes_once(workers):
+def test_the_resumable_stream_reads_every_epoch_whole_and_resumes_twice(workers):
     """The same stream object (no workers, persistent ones) runs __iter__ once per epoch: a restored position serves
-    the first pass only, and every epoch, resumed or not, covers 0..n-1."""
+    the first pass only, and every epoch, resumed twice or not at all, covers 0..n-1."""
     whole = _passes(resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers))
     assert [sorted(p) for p in whole] == [list(range(12))] * 2
-    stopped = resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers)
-    it = iter(stopped)
-    before = [int(i) for _ in range(2) for i in next(it)]
-    state = stopped.state_dict()
-    getattr(it, "_shutdown_workers", lambda: None)()
+    before, state = _stopped(lambda: resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers), 2)
+    more, state = _stopped(
+        lambda: resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers), 1, state
+    )
     resumed = resume.stateful_loader(resume.ResumableStream(12), batch_size=3, **workers)
     resumed.load_state_dict(state)
     after, following = _passes(resumed)
-    assert before + after == whole[0] and following == whole[1]
+    assert before + more + after == whole[0] and following == whole[1]
+
+
+def _stopped(make_loader, batches, state=None):
+    """The samples of ``batches`` batches of a new loader (resumed from ``state``), and its state after them."""
+    loader = make_loader()
+    if state is not None:
+        loader.load_state_dict(state)
+    it = iter(loader)
+    got = [int(i) for _ in range(batches) for i in next(it)]
+    state = loader.state_dict()
+    getattr(it, "_shutdown_workers", lambda: None)()
+    return got, state
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("workers", [0, 2], ids=["no-workers", "2-workers"])
+def test_a_state_that_stops_advancing_passes_one_resume_and_fails_the_second(workers):
+    """StaleStateStream, the stand-in for huggingface/datasets#8308: resumed once it goes on exactly; the state it
+    saves after that resume is position 0, so the second resume starts its share over."""
+
+    def make():
+        return resume.stateful_loader(resume.StaleStateStream(12), batch_size=3, num_workers=workers)
+
+    whole = [int(i) for b in make() for i in b]
+    first, state = _stopped(make, 2)
+    once = make()
+    once.load_state_dict(state)
+    assert first + [int(i) for b in once for i in b] == whole  # one resume: exact
+    second, state = _stopped(make, 1, state)
+    again = make()
+    again.load_state_dict(state)
+    rest = [int(i) for b in again for i in b]
+    assert first + second + rest != whole and len(rest) > len(whole) - len(first) - len(second)  # replayed
+    # the course's stream, stopped and resumed at the same points, is exact both times
+    good = lambda: resume.stateful_loader(resume.ResumableStream(12), batch_size=3, num_workers=workers)  # noqa: E731
+    a, state = _stopped(good, 2)
+    b, state = _stopped(good, 1, state)
+    last = good()
+    last.load_state_dict(state)
+    assert a + b + [int(i) for x in last for i in x] == [int(i) for x in good() for i in x]
 
 
 @pytest.fixture
@@ -223,8 +263,9 @@ def _orders(folder):
 
 @pytest.mark.full
 @pytest.mark.timeout(300)
-def test_a_job_stopped_three_times_resumes_exactly(job, tmp_path):
-    """16 steps (2 epochs of 8), a checkpoint every 4. The same job is stopped three times and resumed each time."""
+def test_a_job_stopped_four_times_resumes_exactly(job, tmp_path):
+    """16 steps (2 epochs of 8), a checkpoint every 4. The same job is stopped four times and resumed each time;
+    epoch 0 is resumed twice (from step 4, then from step 7, a state saved after the first resume)."""
     reference = job("reference")
     assert reference.ok, reference.ranks
     # 1. SIGKILL after step 3, before any checkpoint: the next run starts from scratch
@@ -233,9 +274,12 @@ def test_a_job_stopped_three_times_resumes_exactly(job, tmp_path):
     # 2. SIGKILL after step 6: 2 workers x prefetch 2 hold batches 7-10 when rank 0 and its workers die
     second = job("stopped", "--stop-at", "6")
     assert not second.ok and (tmp_path / "stopped" / "ckpt" / "latest").read_text().strip() == "4"
-    # 3. SIGTERM to torchrun after step 11, in the second epoch: every rank saves step 11 and stops
-    third = job("stopped", "--stop-at", "11", "--how", "term")
-    assert all("stopped by signal 15 after step 11" in third.ranks[r][-1] for r in (0, 1)), third.ranks
+    # 3. SIGTERM to torchrun after step 7: resumed from step 4, it saves step 7 in the same epoch and stops
+    third = job("stopped", "--stop-at", "7", "--how", "term")
+    assert all("stopped by signal 15 after step 7" in third.ranks[r][-1] for r in (0, 1)), third.ranks
+    # 4. SIGTERM after step 11, in the second epoch, by a run that resumed a state saved after a resume (step 7)
+    fourth = job("stopped", "--stop-at", "11", "--how", "term")
+    assert all("stopped by signal 15 after step 11" in fourth.ranks[r][-1] for r in (0, 1)), fourth.ranks
     assert (tmp_path / "stopped" / "ckpt" / "latest").read_text().strip() == "11"
     # a mid-epoch checkpoint of 2 ranks cannot resume with 3: refused with a message, the checkpoint untouched
     three = job("stopped", nproc=3)
@@ -244,7 +288,7 @@ def test_a_job_stopped_three_times_resumes_exactly(job, tmp_path):
     assert last.ok, last.ranks
 
     steps = resume.read_steps(tmp_path / "stopped" / "steps")
-    assert [s["run"] for s in steps[0]] == [1] * 4 + [2] * 7 + [3] * 5  # the runs that made the final model
+    assert [s["run"] for s in steps[0]] == [1] * 4 + [2] * 3 + [3] * 4 + [4] * 5  # the runs that made the model
     assert _orders(tmp_path / "stopped" / "steps") == _orders(tmp_path / "reference" / "steps")
     digests = {
         r["weights_sha256"] for name in ("stopped", "reference") for r in read_reports(tmp_path / name / "steps")

@@ -2,8 +2,9 @@
 
 14.1 feeds the learner's counting function step logs whose answers are known. 14.2 and 14.3 run the
 learner's sampler and stream in torchdata's ``StatefulDataLoader`` with 2 worker processes, stop after a
-few batches, resume in a new loader from the saved state and compare with a pass that was never stopped,
-also into the next epoch. 14.4 trains a small model with the learner's save and load, and makes a save fail
+few batches, resume in a new loader from the saved state, stop and resume a second time in the same epoch
+(a state that stops advancing after the first ``load_state_dict`` passes one resume), and compare with a pass
+that was never stopped, also into the next epoch. 14.4 trains a small model with the learner's save and load, and makes a save fail
 half-way to see that the previous checkpoint survives.
 """
 
@@ -181,9 +182,9 @@ _STREAM_SETTINGS = (  # (loader arguments, how a hint names them): fresh workers
 def resumable_stream(cls: Any) -> None:
     """``cls(n)``: an ``IterableDataset`` yielding ``self.load(i)`` for its worker's share, with a saved position.
 
-    Two epochs and a resume in each of three settings: fresh workers, persistent workers and none. Without workers,
-    and with persistent ones, the same object's ``__iter__`` runs again for the next epoch: a position that a
-    resume restored must serve one pass only."""
+    Two epochs and two resumes in one epoch in each of three settings: fresh workers, persistent workers and
+    none. Without workers, and with persistent ones, the same object's ``__iter__`` runs again for the next epoch:
+    a position that a resume restored must serve one pass only."""
     attempted(cls)
     require(isinstance(cls, type), f"pass the class itself (e.g. `MyResumableStream`), not {cls!r}.")
     n = 30
@@ -213,12 +214,25 @@ def resumable_stream(cls: Any) -> None:
         before, state = _pass(stateful_loader(cls(n), batch_size=3, **kwargs), stop_after=4)
         resumed = stateful_loader(cls(n), batch_size=3, **kwargs)
         resumed.load_state_dict(state)
-        after, nxt = _epochs(resumed)
+        mid, state = _pass(resumed, stop_after=1)  # with 2 workers, one of them has not yielded since the resume
         require(
-            before + after == whole,
-            f"with {setting}, stopped after 4 batches and resumed: {after[:2]}... came next, but the pass "
-            f"that never stopped had {whole[4:6]}... Count a sample before you yield it (the state is taken right "
+            before + mid == whole[:5],
+            f"with {setting}, stopped after 4 batches and resumed: {mid}... came next, but the pass "
+            f"that never stopped had {whole[4:5]}... Count a sample before you yield it (the state is taken right "
             "after a batch's last sample), and in __iter__ skip that many of this worker's share.",
+        )
+        again = stateful_loader(cls(n), batch_size=3, **kwargs)
+        again.load_state_dict(state)  # stopped a second time in the same epoch, 1 batch after the resume
+        after, nxt = _epochs(again)
+        require(
+            before + mid + after == whole,
+            f"with {setting}, stopped after 4 batches, resumed, stopped again 1 batch later and resumed again: "
+            f"{after[:2]}... came next, but the pass that never stopped had {whole[5:7]}... One resume was right, "
+            "the second was not: the state saved after a resume must count the positions of the share done since "
+            "the epoch began, the skipped ones included, also in a worker that has not yielded since the resume "
+            "(load_state_dict sets the count too: self.done = self.start = state['done']), and state_dict() must "
+            "report that live count. A state that stops advancing after load_state_dict sends the second resume "
+            "back to the start (the bug of huggingface/datasets#8308).",
         )
         require(
             nxt == second,

@@ -556,6 +556,13 @@ def test_torchrun_keeps_its_logs_in_the_jobs_folder(script: Path) -> None:
     assert "torchrun_logs" in [line.split()[0] for line in code], f"{script.name} does not call torchrun_logs"
 
 
+def source_common(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash with hpc/common.sh as ``$1`` (the job scripts' ``source "$1"``), in ``cwd``."""
+    return subprocess.run(
+        ["/bin/bash", "-c", script, "bash", str(COMMON)], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_end_of_job_removes_what_the_job_made_and_nothing_else(tmp_path: Path) -> None:
     """stage_data's copy and torchrun's log folder go when the script ends, on an error too, and its exit status
     stays; folders named in the environment (LOCAL_DIR, TORCHRUN_LOGS, CLEAN_AT_EXIT) are not the job's, and stay."""
@@ -582,14 +589,7 @@ def test_end_of_job_removes_what_the_job_made_and_nothing_else(tmp_path: Path) -
         'set -euo pipefail; source "$1"; stage_data; torchrun_logs; '
         'mkdir -p "$TORCHRUN_LOGS/run_0/attempt_0"; echo "$TORCHRUN_LOGS"; false'
     )  # a failed step: set -e ends it
-    done = subprocess.run(
-        ["/bin/bash", "-c", script, "bash", str(COMMON)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = source_common(script, env, tmp_path)
     assert done.returncode == 1 and done.stderr == "", done.stderr
     assert done.stdout.splitlines()[-1] == f"{node}/course-torchrun-{JOB_ID}", done.stdout
     assert list(node.iterdir()) == []  # the copy of the data and torchrun's folder, both gone
@@ -619,14 +619,7 @@ def test_staging_falls_back_from_slurm_tmpdir_to_tmpdir_to_tmp(tmp_path: Path, w
     script = (
         'set -euo pipefail; source "$1"; stage_data; echo "COURSE_DATA_DIR=$COURSE_DATA_DIR"; ls "$COURSE_DATA_DIR"'
     )
-    done = subprocess.run(
-        ["/bin/bash", "-c", script, "bash", str(COMMON)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = source_common(script, env, tmp_path)
     assert done.returncode == 0, done.stderr
     base = {"SLURM_TMPDIR": tmp_path / "slurm_tmpdir", "TMPDIR": tmp_path / "tmpdir", "neither": Path("/tmp")}[where]
     assert f"COURSE_DATA_DIR={base}/course-data-{job}\n" in done.stdout
@@ -800,14 +793,7 @@ def test_staging_an_image_mounts_one_file_and_unmounts_it_at_the_end(tmp_path: P
         'set -euo pipefail; source "$1"; stage_data; '
         'findmnt -n -o FSTYPE "$COURSE_DATA_DIR/$SET"; cat "$COURSE_DATA_DIR/$SET/train/circle/0.jpg"; echo; false'
     )
-    done = subprocess.run(
-        ["/bin/bash", "-c", script, "bash", str(COMMON)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = source_common(script, env, tmp_path)
     assert done.returncode == 1 and done.stderr == "", done.stderr
     local = tmp_path / "node-local" / f"course-data-{env['SLURM_JOB_ID']}"
     assert f"mounted read-only with squashfuse: {local}/shapes-tiny-seed0 (" in done.stdout, done.stdout
@@ -833,14 +819,7 @@ def test_staging_refuses_what_it_cannot_do_with_what_to_do(
         env["PATH"] = f"{tmp_path}:{env['PATH']}"
         (tmp_path / "squashfuse").write_text("#!/bin/sh\nexit 0\n")
         (tmp_path / "squashfuse").chmod(0o755)
-    done = subprocess.run(
-        ["/bin/bash", "-c", 'set -euo pipefail; source "$1"; stage_data; echo trained', "bash", str(COMMON)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = source_common('set -euo pipefail; source "$1"; stage_data; echo trained', env, tmp_path)
     assert done.returncode == 1 and "trained" not in done.stdout
     assert expected in done.stderr, done.stderr
     assert list((tmp_path / "node-local").iterdir()) == []

@@ -1,4 +1,5 @@
-"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib bench loader|highrate|formats``.
+"""Benchmarks instructors run on a machine before a workshop: ``python -m course_lib bench loader|highrate|formats``
+(and ``store``, ``tokens``: :mod:`course_tools.store_bench`, :mod:`course_tools.token_bench`).
 
     python -m course_lib bench loader                                   # the generated 'medium' set
     python -m course_lib bench loader --data /data/imagenet --limit 5000 --workers 0 2 4 8
@@ -523,6 +524,14 @@ def build_parser() -> argparse.ArgumentParser:
         "over 20 ms per request: raw GB/s",
     )
     store_bench.add_arguments(s, _at_least)
+
+    from . import token_bench
+
+    t = sub.add_parser(
+        "tokens",
+        help="notebook 15's token files: windows and packed rows through a DataLoader against a raw read, in MB/s",
+    )
+    token_bench.add_arguments(t, _at_least)
     return parser
 
 
@@ -535,12 +544,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     from course_lib.s3server import ServerError
     from .store_bench import run_store_bench, store_report
+    from .token_bench import run_token_bench, token_report
 
     run, show = {
         "loader": (run_loader_bench, report),
         "highrate": (run_highrate_bench, highrate_report),
         "formats": (run_formats_bench, formats_report),
         "store": (run_store_bench, store_report),
+        "tokens": (run_token_bench, token_report),
     }[args.command]
     try:
         result = run(args, log=lambda line: print(line, flush=True))

@@ -93,12 +93,33 @@ def _shards_ready(o: Options) -> bool:
     return True
 
 
+def _text_run(o: Options) -> str:
+    from course_lib import tokens
+
+    folder = tokens.prepare_corpus(o.root, force=o.force)
+    manifest = tokens.verify_corpus(o.root, checksums=o.checksums)
+    documents = tokens.read_corpus(o.root)
+    counts = ", ".join(f"{source} {len(docs)}" for source, docs in documents.items())
+    return f"{folder.name}: {len(manifest['files'])} files from Python {manifest['python']}, documents: {counts}"
+
+
+def _text_ready(o: Options) -> bool:
+    from course_lib import tokens
+
+    try:
+        tokens.verify_corpus(o.root, checksums=False)
+    except tokens.TokenDataError:
+        return False
+    return True
+
+
 #: The preparation steps, in the order they run (the shards are written from the images).
 STEPS: dict[str, Step] = {
     s.name: s
     for s in (
         Step("images", "01-09", "the shapes images (JPEG files, ImageFolder layout)", _images_run, _images_ready),
         Step("shards", "09", "the shapes images as WebDataset tar shards", _shards_run, _shards_ready),
+        Step("text", "15", "a text corpus: Python's reference documentation and named modules", _text_run, _text_ready),
     )
 }
 #: What ``prepare`` makes without ``--all``: the image set alone.

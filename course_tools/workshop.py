@@ -164,7 +164,7 @@ PLANS = (
         False,
         "the whole path to a distributed, resumable shard pipeline, with 11 and 12 as reading",
     ),
-    Plan("Four days", 4, tuple(f"{n:02d}" for n in range(1, 15)), True, "every notebook and every exercise"),
+    Plan("Four days", 4, tuple(f"{n:02d}" for n in range(1, 16)), True, "every notebook and every exercise"),
 )
 
 #: Tracks: the notebooks one theme needs, for workshops that pick one.
@@ -173,6 +173,7 @@ TRACKS = (
     ("distributed", ("06", "07", "08", "09", "13")),
     ("storage", ("09", "10", "11", "12")),
     ("restarts", ("14",)),
+    ("language models", ("12", "14", "15")),
 )
 
 

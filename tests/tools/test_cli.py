@@ -55,8 +55,16 @@ def test_plan_names_steps_in_order() -> None:
     assert preparation.plan([], "tiny", 3, False) == [("images", "tiny", 3)]
     assert preparation.plan(["shards", "images"], "tiny", 0, False) == [("images", "tiny", 0), ("shards", "tiny", 0)]
     # --all: every step for the notebooks' own set, and for the requested one if it differs
-    assert preparation.plan([], "small", 0, True) == [("images", "small", 0), ("shards", "small", 0)]
-    assert preparation.plan([], "workshop", 0, True)[2:] == [("images", "workshop", 0), ("shards", "workshop", 0)]
+    assert preparation.plan([], "small", 0, True) == [
+        ("images", "small", 0),
+        ("shards", "small", 0),
+        ("text", "small", 0),
+    ]
+    assert preparation.plan([], "workshop", 0, True)[3:] == [
+        ("images", "workshop", 0),
+        ("shards", "workshop", 0),
+        ("text", "workshop", 0),
+    ]
     with pytest.raises(ValueError, match="unknown step 'movies'; the steps are: images, shards"):
         preparation.plan(["movies"], "small", 0, False)
 
@@ -64,7 +72,7 @@ def test_plan_names_steps_in_order() -> None:
 def test_prepare_all_then_notebooks_reuse_it_without_writing(tmp_path: Path) -> None:
     done = run("prepare", "--all", "--root", str(tmp_path), "--quiet")
     assert done.returncode == 0, done.stderr
-    assert "verified shapes-small-seed0: images, shards ready" in done.stdout
+    assert "verified shapes-small-seed0: images, shards, text ready" in done.stdout
     assert f"export COURSE_DATA_DIR={tmp_path}" in done.stdout
     for split in preparation.NB09_SHARDS:
         assert (shards.shard_folder(split, root=tmp_path) / "manifest.json").is_file()

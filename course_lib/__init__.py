@@ -16,7 +16,7 @@ class CourseLibTooOldError(RuntimeError):
 
 
 def require(version: str) -> None:
-    """Notebooks 01-14, first cell: stop at once, saying why, where the installed course library is older than
+    """Notebooks 01-15, first cell: stop at once, saying why, where the installed course library is older than
     ``version``, the one the notebook was written for. On a hub, nbgitpuller updates the notebooks in a learner's
     home, and the shared environment stays as the admin installed it until the admin updates it."""
     from packaging.version import Version

@@ -1,6 +1,6 @@
 """What every program of the course does around its per-rank loop: join the job, run, leave; short errors.
 
-``python -m course_lib.train``, ``.shard_reader``, ``.capstone`` and ``.resume`` each hold their own command line
+``python -m course_lib.train``, ``.shard_reader``, ``.capstone``, ``.resume`` and ``.tokens`` each hold their own command line
 and loop; this is the plumbing they share, kept out of their listings.
 """
 

@@ -1,4 +1,4 @@
-"""Notebooks 01-14: a measured claim that holds, or says that this machine cannot tell.
+"""Notebooks 01-15: a measured claim that holds, or says that this machine cannot tell.
 
 A notebook that prints "2 workers beat 0 workers: True" from one timing prints False when a browser or another
 learner takes a core. So every claim a notebook prints from a measurement goes through one rule:
@@ -122,7 +122,7 @@ class Rounds:
 
 
 def interleave(variants: dict[str, Callable[[], float]], rounds: int = 5) -> Rounds:
-    """Notebooks 01-14: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
+    """Notebooks 01-15: calls every variant once per round and returns what each call returned (seconds, a share, a cost).
 
     The order alternates (A B C, then C B A, ...), so that a machine growing busier or warmer during the
     measurement does not favour the variant that happens to run first. Other processes' CPU is watched meanwhile.
@@ -208,7 +208,7 @@ def claim(
     load: Any = None,
     unit: str = "×",
 ) -> Claim:
-    """Notebooks 01-14: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
+    """Notebooks 01-15: judges ``statement``, which says that the quantity measured in ``values`` (one per round) lies ``above`` or
     ``below`` a threshold, by the rule in this module's docstring.
 
     ``load`` is what measured the other processes' CPU meanwhile (a :class:`Rounds` or a :class:`LoadWatch`);

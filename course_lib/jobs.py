@@ -1,4 +1,4 @@
-"""Notebooks 07, 09, 10, 13 and 14: start a ``torchrun`` job from a notebook, with a timeout, and collect each
+"""Notebooks 07, 09, 10, 13, 14 and 15: start a ``torchrun`` job from a notebook, with a timeout, and collect each
 rank's output.
 
 The notebooks call :func:`launch` to run the course's programs as real ``torchrun`` jobs; the tests and the tools
@@ -31,7 +31,7 @@ __all__ = ["LaunchError", "launch"]
 
 
 class LaunchError(RuntimeError):
-    """Notebooks 07, 09, 10, 13 and 14: a launched job failed or timed out; ``result`` holds every rank's output."""
+    """Notebooks 07, 09, 10, 13, 14 and 15: a launched job failed or timed out; ``result`` holds every rank's output."""
 
     def __init__(self, message: str, result: "LaunchResult") -> None:
         super().__init__(message)
@@ -161,7 +161,7 @@ def launch(
     show: bool = True,
     style: str = "torchrun",
 ) -> LaunchResult:
-    """Notebooks 07, 09, 10, 13 and 14: run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and
+    """Notebooks 07, 09, 10, 13, 14 and 15: run ``torchrun --standalone --nproc-per-node=nproc -m target *args`` and
     collect the output.
 
     ``style="srun"`` starts the ``nproc`` processes as ``srun`` starts the tasks of one node instead: with

@@ -48,7 +48,7 @@ def _tracker_pipe() -> tuple[Any, str | None]:
 
 
 def let_the_kernel_exit() -> bool:
-    """Notebooks 01-14, first cell: when this Jupyter kernel is asked to shut down or restart, let it exit by itself,
+    """Notebooks 01-15, first cell: when this Jupyter kernel is asked to shut down or restart, let it exit by itself,
     so that its ``atexit`` handlers run and a restart takes no extra seconds, after ``spawn`` workers and shared
     memory too. True when the hook is in place; outside a kernel, or where this Python lacks what it needs (said once,
     as a warning), nothing is changed and it returns False."""

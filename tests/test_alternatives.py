@@ -5,8 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import traceback
 from pathlib import Path
@@ -307,14 +309,23 @@ def test_released_mds_segments_are_no_leaked_shared_memory_when_a_kernel_shuts_d
     def run(how: str) -> str:
         folder = tmp_path / how
         folder.mkdir()
-        job = subprocess.run(
-            [sys.executable, "-c", _AS_THE_NOTEBOOKS_DO, str(written["mds"]), str(folder / "cache"), how],
-            capture_output=True,
-            text=True,
-            timeout=100,
-            env=dict(os.environ, TMPDIR=str(folder)),
-            cwd=ROOT,
-        )
+        # a copy of the shards of its own: MDS names its shared memory after the local folder, and a dataset on
+        # the module's folder that an earlier test of this process still holds would make the script wait for it
+        shards = shutil.copytree(written["mds"], folder / "mds")
+        # a short temporary folder of its own: the workers pass tensors through a Unix socket made there, whose
+        # path must stay under 108 bytes (a pytest-xdist worker's tmp_path is too long for it: the loader hangs)
+        short = tempfile.mkdtemp(prefix="course-mds-")
+        try:
+            job = subprocess.run(
+                [sys.executable, "-c", _AS_THE_NOTEBOOKS_DO, str(shards), str(folder / "cache"), how],
+                capture_output=True,
+                text=True,
+                timeout=100,
+                env=dict(os.environ, TMPDIR=short),
+                cwd=ROOT,
+            )
+        finally:
+            shutil.rmtree(short, ignore_errors=True)
         assert job.returncode == 0, job.stderr[-3000:]
         return job.stderr
 

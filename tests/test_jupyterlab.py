@@ -203,8 +203,8 @@ def test_readme_jupyterlab_command_serves_the_course(learner: User, tmp_path: Pa
 # ---------------------------------------------------------------------------------------------
 # The JupyterLab stage: what the course's learners see.
 
-RUN_ALL = ["01", "04"]  # learner notebooks run with Run All Cells, once each: 01 prepares the data (its progress bar),
-# 04 ends with the explorer widget
+RUN_ALL = ["01", "04", "15"]  # learner notebooks run with Run All Cells, once each: 01 prepares the data (its progress
+# bar), 04 ends with the explorer widget, 15 trains its tokenizer and runs its torchrun jobs from a JupyterLab kernel
 RUN_ABOVE = {"05": "## 4 · ", "10": "## 4 · ", "13": "## 4 · ", "14": "## 2 · "}  # notebooks run with Run All Above
 # Selected Cell, the markdown cell holding this text selected: up to the end of the section whose exercise a later cell
 # uses (05: the module spawn workers import; 13: the tuned number of workers, which section 4's torchrun job uses: its

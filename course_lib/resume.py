@@ -312,9 +312,10 @@ def resume_point(saved: dict[str, int], world_size: int, steps_per_epoch: int) -
     return epoch, epoch * steps_per_epoch
 
 
-def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
-    """Notebook 14, section 1: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
-    did a step again, its line replaces the earlier one: what is left is what trained the final model."""
+def read_steps(folder: str | os.PathLike[str], program: str = "course_lib.resume") -> dict[int, list[dict[str, Any]]]:
+    """Notebooks 14 and 15: each rank's steps from its ``rankN.steps.jsonl``, in step order. When a restarted run
+    did a step again, its line replaces the earlier one: what is left is what trained the final model. ``program``:
+    the one that writes them, named in the error when there are none."""
     runs: dict[int, list[dict[str, Any]]] = {}
     for path in sorted(Path(folder).glob("rank*.steps.jsonl")):
         steps: dict[int, dict[str, Any]] = {}
@@ -324,7 +325,7 @@ def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]
                 steps[record["step"]] = record
         runs[int(path.name[4:].split(".")[0])] = [steps[s] for s in sorted(steps)]
     if not runs:
-        raise FileNotFoundError(f"no rank*.steps.jsonl in {folder}; run course_lib.resume with --report {folder}")
+        raise FileNotFoundError(f"no rank*.steps.jsonl in {folder}; run {program} with --report {folder}")
     return runs
 
 

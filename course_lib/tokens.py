@@ -660,18 +660,10 @@ def _changed_world(saved: Any, world_size: int) -> LoaderStateError:
 
 def read_steps(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
     """Notebook 15, section 7: each rank's steps from its ``rankN.steps.jsonl``, in step order; a step a later run
-    did again replaces the earlier line (what is left is what training used)."""
-    runs: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(Path(folder).glob("rank*.steps.jsonl")):
-        steps: dict[int, dict[str, Any]] = {}
-        for line in path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                steps[record["step"]] = record
-        runs[int(path.name[4:].split(".")[0])] = [steps[s] for s in sorted(steps)]
-    if not runs:
-        raise FileNotFoundError(f"no rank*.steps.jsonl in {folder}; run course_lib.tokens with --report {folder}")
-    return runs
+    did again replaces the earlier line (what is left is what training used): notebook 14's reader."""
+    from .resume import read_steps as read_rank_steps
+
+    return read_rank_steps(folder, program="course_lib.tokens")
 
 
 # --------------------------------------------------------------------------- the program: one rank's reading

@@ -1,6 +1,7 @@
 """The helpers the lesson modules share, one per idea: files and folders written under a temporary
 name and renamed (a reader never sees half of one; a folder the course did not write is never replaced),
-the ``fork`` context where the platform has it, and argument checks that say what was wrong. Public because the
+the ``fork`` context where the platform has it, argument checks that say what was wrong, and the CPU and memory
+limits of this process's cgroup. Public because the
 checks and the tools share them too; no notebook needs them."""
 
 from __future__ import annotations
@@ -271,3 +272,72 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
     if n < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {n}")
     return n
+
+
+_UNLIMITED_BYTES = 2**60  # cgroup v1's "no memory limit" is a number near 2**63
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _cgroup_dirs(base: Path, inner: str) -> list[Path]:
+    """This process's cgroup folder under ``base`` and its ancestors up to ``base`` (a limit on any of them applies).
+    In a container the folder named in /proc/self/cgroup may not exist: the namespace's root is ``base`` itself."""
+    here = base / inner.lstrip("/")
+    if not here.is_dir():
+        return [base]
+    dirs = [here]
+    while here != base and base in here.parents:
+        here = here.parent
+        dirs.append(here)
+    return dirs
+
+
+def cgroup_limits(
+    root: str | os.PathLike[str] = "/sys/fs/cgroup", proc_cgroup: str | os.PathLike[str] = "/proc/self/cgroup"
+) -> tuple[str, float | None, float | None]:
+    """``(version, CPU quota in cores, memory limit in MB)`` of this process's cgroup, None where there is none:
+    what a container's ``--cpus`` and ``--memory`` or a hub's ``cpu_limit`` and ``mem_limit`` set.
+
+    cgroup v2 (one hierarchy, ``cpu.max`` "QUOTA PERIOD" or "max PERIOD", ``memory.max``), else v1 (``cpu`` and
+    ``memory`` hierarchies: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, ``memory.limit_in_bytes``); the
+    tightest limit on the way up to the root counts. ("none", None, None) where neither can be read."""
+    root = Path(root)
+    text = _read_text(Path(proc_cgroup)) or ""
+    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    quotas: list[float] = []
+    memory: list[float] = []
+    unified = next((path for number, names, path in lines if number == "0" and names == ""), None)
+    v1 = {name: (names, path) for number, names, path in lines if names for name in names.split(",")}
+    if unified is not None and (root / "cgroup.controllers").is_file() and "cpu" not in v1 and "memory" not in v1:
+        for folder in _cgroup_dirs(root, unified):
+            cpu = (_read_text(folder / "cpu.max") or "max").split()
+            if cpu and cpu[0] != "max" and len(cpu) == 2:
+                quotas.append(int(cpu[0]) / int(cpu[1]))
+            mem = _read_text(folder / "memory.max")
+            if mem and mem != "max":
+                memory.append(int(mem) / 2**20)
+        return "v2", min(quotas, default=None), min(memory, default=None)
+    if not v1:
+        return "none", None, None
+    for controller in ("cpu", "memory"):
+        if controller not in v1:
+            continue
+        names, path = v1[controller]
+        base = next((b for b in (root / names, root / controller) if b.is_dir()), None)
+        if base is None:
+            continue
+        for folder in _cgroup_dirs(base, path):
+            if controller == "cpu":
+                quota, period = _read_text(folder / "cpu.cfs_quota_us"), _read_text(folder / "cpu.cfs_period_us")
+                if quota and period and int(quota) > 0 and int(period) > 0:
+                    quotas.append(int(quota) / int(period))
+            else:
+                limit = _read_text(folder / "memory.limit_in_bytes")
+                if limit and int(limit) < _UNLIMITED_BYTES:
+                    memory.append(int(limit) / 2**20)
+    return "v1", min(quotas, default=None), min(memory, default=None)

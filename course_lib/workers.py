@@ -12,6 +12,7 @@ import concurrent.futures as cf
 import functools
 import gc
 import io
+import math
 import multiprocessing as mp
 import os
 import random
@@ -26,7 +27,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from . import claims
-from .support import check_int, fork_context
+from .support import cgroup_limits, check_int, fork_context
 from .data import CLASSES, draw_shape
 from .datasets import check_index
 from .iterable import worker_slot
@@ -294,8 +295,12 @@ def open_files_demo(strategy: str = "file_descriptor", limit: int = 128, timeout
 
 
 def cpu_count() -> int:
-    """Notebook 04, section 3: CPUs this process may run on (a Slurm or container allocation, not the whole node)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """Notebook 04, section 3: CPUs this process may use: the cores it may run on (its affinity: a Slurm job's or a
+    container's cores), or its CPU quota rounded up where that is lower (a container's ``--cpus``, a hub's
+    ``cpu_limit``: CPU time, which no core count shows)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_limits()[1]
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 
 
 def os_limits() -> dict[str, Any]:

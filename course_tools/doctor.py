@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_lib.support import cgroup_limits
+
 from . import versions
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -47,7 +49,6 @@ OPEN_FILES_MINIMUM = 256
 MEMORY_MINIMUM_MB = 2048
 MEMORY_COMFORT_MB = 4096
 #: A cgroup v1 limit this large (the kernel's "no limit", rounded to pages) means none.
-_UNLIMITED_BYTES = 2**60
 #: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
 DISK_FAIL_MB = 200
 DISK_WARN_MB = 1024
@@ -100,6 +101,7 @@ class Facts:
     interpreter: str = "with the GIL"  # or "free-threaded, GIL off" / "free-threaded build, GIL on": interpreter()
     cgroup: str = "none"  # "v2", "v1", or "none": where the CPU and memory limits below were read (cgroup_limits())
     cpu_quota: float | None = None  # cores this process may use by its cgroup's CPU quota; None: no quota
+    cpus_visible: int | None = None  # the cores it may run on (its affinity), whatever the quota
     memory_limit_mb: float | None = None  # its cgroup's memory limit; None: none
     memory_total_mb: float | None = None  # the machine's memory
     hub_cpu_limit: float | None = None  # JupyterHub's CPU_LIMIT for this server, in cores (the spawner's cpu_limit)
@@ -596,71 +598,6 @@ def interpreter() -> str:
     return "free-threaded build, GIL on" if gil_on else "free-threaded, GIL off"
 
 
-def _read_number(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def _cgroup_dirs(base: Path, inner: str) -> list[Path]:
-    """This process's cgroup folder under ``base`` and its ancestors up to ``base`` (a limit on any of them applies).
-    In a container the folder named in /proc/self/cgroup may not exist: the namespace's root is ``base`` itself."""
-    here = base / inner.lstrip("/")
-    if not here.is_dir():
-        return [base]
-    dirs = [here]
-    while here != base and base in here.parents:
-        here = here.parent
-        dirs.append(here)
-    return dirs
-
-
-def cgroup_limits(
-    root: str | os.PathLike[str] = "/sys/fs/cgroup", proc_cgroup: str | os.PathLike[str] = "/proc/self/cgroup"
-) -> tuple[str, float | None, float | None]:
-    """``(version, CPU quota in cores, memory limit in MB)`` of this process's cgroup, None where there is none.
-
-    cgroup v2 (one hierarchy, ``cpu.max`` "QUOTA PERIOD" or "max PERIOD", ``memory.max``), else v1 (``cpu`` and
-    ``memory`` hierarchies: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, ``memory.limit_in_bytes``); the
-    tightest limit on the way up to the root counts. ("none", None, None) where neither can be read."""
-    root = Path(root)
-    text = _read_number(Path(proc_cgroup)) or ""
-    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
-    quotas: list[float] = []
-    memory: list[float] = []
-    unified = next((path for number, names, path in lines if number == "0" and names == ""), None)
-    v1 = {name: (names, path) for number, names, path in lines if names for name in names.split(",")}
-    if unified is not None and (root / "cgroup.controllers").is_file() and "cpu" not in v1 and "memory" not in v1:
-        for folder in _cgroup_dirs(root, unified):
-            cpu = (_read_number(folder / "cpu.max") or "max").split()
-            if cpu and cpu[0] != "max" and len(cpu) == 2:
-                quotas.append(int(cpu[0]) / int(cpu[1]))
-            mem = _read_number(folder / "memory.max")
-            if mem and mem != "max":
-                memory.append(int(mem) / 2**20)
-        return "v2", min(quotas, default=None), min(memory, default=None)
-    if not v1:
-        return "none", None, None
-    for controller in ("cpu", "memory"):
-        if controller not in v1:
-            continue
-        names, path = v1[controller]
-        base = next((b for b in (root / names, root / controller) if b.is_dir()), None)
-        if base is None:
-            continue
-        for folder in _cgroup_dirs(base, path):
-            if controller == "cpu":
-                quota, period = _read_number(folder / "cpu.cfs_quota_us"), _read_number(folder / "cpu.cfs_period_us")
-                if quota and period and int(quota) > 0 and int(period) > 0:
-                    quotas.append(int(quota) / int(period))
-            else:
-                limit = _read_number(folder / "memory.limit_in_bytes")
-                if limit and int(limit) < _UNLIMITED_BYTES:
-                    memory.append(int(limit) / 2**20)
-    return "v1", min(quotas, default=None), min(memory, default=None)
-
-
 def hub_limits(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[float | None, float | None]:
     """JupyterHub's ``CPU_LIMIT`` (cores) and ``MEM_LIMIT`` (bytes, given in MB here): what its spawner was asked to
     enforce for this server (``c.Spawner.cpu_limit``, ``mem_limit``). A local process spawner only sets them; a
@@ -687,6 +624,7 @@ def read_facts(workers: int = COURSE_WORKERS, root: str | None = None) -> Facts:
         interpreter=interpreter(),
     )
     facts.cgroup, facts.cpu_quota, facts.memory_limit_mb = cgroup_limits()
+    facts.cpus_visible = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     facts.hub_cpu_limit, facts.hub_mem_limit_mb = hub_limits()
     facts.environment, facts.kernels, facts.in_kernel = sys.prefix, kernels_of_this_python(), _in_a_kernel()
     facts.server_environment = jupyter_server_environment()
@@ -791,7 +729,7 @@ def run_checks(facts: Facts, root_given: bool = False) -> list[Result]:
 
         results += [
             check_cores(facts.cpus, facts.workers),
-            check_cpu_limit(facts.cpu_quota, facts.hub_cpu_limit, facts.cpus, facts.workers),
+            check_cpu_limit(facts.cpu_quota, facts.hub_cpu_limit, facts.cpus_visible, facts.workers),
             check_memory(facts.memory_limit_mb, facts.hub_mem_limit_mb, facts.memory_total_mb),
             check_shm(facts.shm_total_mb, facts.shm_free_mb, shm_needed_mb(COURSE_BATCH_MB, facts.workers, PREFETCH)),
             check_open_files(facts.open_files_soft, facts.open_files_hard, facts.sharing_strategy),

@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course_lib import support
+
 pytestmark = pytest.mark.quick
 
 OWNER = """
@@ -78,3 +80,49 @@ def test_a_process_that_ends_normally_keeps_what_it_no_longer_owns(tmp_path: Pat
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     time.sleep(1.0)
     assert keep.exists()
+
+
+# --------------------------------------------------------------------------- a hub's or a container's limits
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_cgroup_v2_limits_take_the_tightest_on_the_way_up(tmp_path: Path) -> None:
+    cg = _tree(
+        tmp_path / "cg",
+        {
+            "cgroup.controllers": "cpu memory pids\n",
+            "user.slice/cpu.max": "max 100000\n",
+            "user.slice/memory.max": "3221225472\n",  # 3 GiB for all users
+            "user.slice/jupyter-ada/cpu.max": "150000 100000\n",
+            "user.slice/jupyter-ada/memory.max": "max\n",
+        },
+    )
+    proc = _tree(tmp_path, {"cgroup": "0::/user.slice/jupyter-ada\n"}) / "cgroup"
+    assert support.cgroup_limits(cg, proc) == ("v2", 1.5, 3072.0)
+    (cg / "user.slice/memory.max").write_text("max\n")
+    (cg / "user.slice/jupyter-ada/cpu.max").write_text("max 100000\n")
+    assert support.cgroup_limits(cg, proc) == ("v2", None, None)
+
+
+def test_cgroup_v1_limits_and_a_container_namespace(tmp_path: Path) -> None:
+    cg = _tree(
+        tmp_path / "cg",
+        {
+            "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+            "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            "cpu,cpuacct/docker/cpu.cfs_quota_us": "-1\n",
+            "cpu,cpuacct/docker/cpu.cfs_period_us": "100000\n",
+            "memory/memory.limit_in_bytes": "1073741824\n",  # the namespace's root: /docker/abc is not visible inside
+        },
+    )
+    proc = _tree(tmp_path, {"cgroup": "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"}) / "cgroup"
+    assert support.cgroup_limits(cg, proc) == ("v1", 2.0, 1024.0)
+    (cg / "memory/memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert support.cgroup_limits(cg, proc) == ("v1", 2.0, None)
+    assert support.cgroup_limits(cg, tmp_path / "no-such-file") == ("none", None, None)

@@ -171,3 +171,19 @@ def test_the_copy_on_read_meter_collects_the_parents_garbage_before_it_forks(cap
     growth = workers.private_memory_growth([float(i) for i in range(300_000)])
     assert growth > 1  # the list's pages were copied
     assert "can only test a child process" not in capfd.readouterr().err
+
+
+@pytest.mark.quick
+def test_cpu_count_is_the_affinity_or_a_lower_quota_rounded_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(workers, "cgroup_limits", lambda: ("none", None, None))
+    assert workers.cpu_count() == cores
+    monkeypatch.setattr(workers, "cgroup_limits", lambda: ("v2", 0.5, None))  # a hub's cpu_limit of half a core
+    assert workers.cpu_count() == 1
+    monkeypatch.setattr(workers, "cgroup_limits", lambda: ("v2", cores - 0.5, None))
+    assert workers.cpu_count() == cores
+    monkeypatch.setattr(workers, "cgroup_limits", lambda: ("v1", cores + 8.0, None))  # a quota beyond the cores
+    assert workers.cpu_count() == cores
+    if cores > 1:
+        monkeypatch.setattr(workers, "cgroup_limits", lambda: ("v2", 1.0, None))
+        assert workers.cpu_count() == 1 and workers.os_limits()["cpus"] == 1

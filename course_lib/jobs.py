@@ -206,14 +206,17 @@ def launch(
                 env=child_env,
                 start_new_session=True,
             )
-            when_this_process_dies(kill=proc.pid, remove=logs)  # a killed kernel leaves no job, no logs
             timed_out = False
             try:
+                when_this_process_dies(kill=proc.pid, remove=logs)  # a killed kernel leaves no job, no logs
                 out, _ = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc)
                 out, _ = proc.communicate()
+            except BaseException as stop:  # Kernel > Interrupt: the job ends with the cell, not after it
+                _stopped_with_the_cell(stop, [proc])
+                raise
         result = LaunchResult(nproc, proc.returncode, timed_out, time.perf_counter() - start)
         result.ranks, result.launcher = _split_by_rank(out, nproc)
     if show:
@@ -292,17 +295,23 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
             )
             for r, log in enumerate(logs)
         ]
-        for p in procs:
-            when_this_process_dies(kill=p.pid, remove=folder)
         timed_out = False
-        while None in (codes := [p.poll() for p in procs]):  # every task polled, each time
-            failed = any(code not in (None, 0) for code in codes)
-            timed_out = time.monotonic() > deadline
-            if failed or timed_out:
-                for p in procs:
-                    _kill_group(p)
-                break
-            time.sleep(0.05)
+        try:
+            for p in procs:
+                when_this_process_dies(kill=p.pid, remove=folder)
+            while None in (codes := [p.poll() for p in procs]):  # every task polled, each time
+                failed = any(code not in (None, 0) for code in codes)
+                timed_out = time.monotonic() > deadline
+                if failed or timed_out:
+                    for p in procs:
+                        _kill_group(p)
+                    break
+                time.sleep(0.05)
+        except BaseException as stop:  # Kernel > Interrupt
+            _stopped_with_the_cell(stop, procs)
+            for log in logs:
+                log.close()
+            raise
         codes = [p.wait() for p in procs]
         outs = []
         for log in logs:
@@ -316,6 +325,15 @@ def _run_tasks(cmd: list[str], nproc: int, env: dict[str, str], timeout: float) 
         for r, out in enumerate(outs)
     }
     return result
+
+
+def _stopped_with_the_cell(stop: BaseException, procs: list[subprocess.Popen]) -> None:
+    """An interrupted cell (``KeyboardInterrupt``) or any error while waiting: stop the job's processes, all of them,
+    before the error goes on, and say so beside the traceback."""
+    for proc in procs:
+        _kill_group(proc)
+        proc.wait()
+    stop.add_note("the job was stopped with the cell: its processes and workers have ended; run the cell again")
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -95,6 +99,57 @@ def test_a_hung_job_is_killed_at_the_timeout(tmp_path: Path, style: str) -> None
             assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
         except psutil.NoSuchProcess:
             pass
+
+
+DRIVER = """
+import sys, time
+from course_lib.jobs import launch
+try:
+    launch(sys.argv[1], nproc=2, timeout=300, show=False, style=sys.argv[2], env={"HELPER_PIDS": sys.argv[3]})
+except KeyboardInterrupt as stop:
+    print("caught:", *getattr(stop, "__notes__", []), flush=True)
+    time.sleep(120)  # alive, as a kernel is after Kernel > Interrupt: its own exit may not be what ends the job
+"""
+
+
+@pytest.mark.full
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("style", ["torchrun", "srun"])
+def test_an_interrupted_cell_ends_the_job_before_the_next_cell(
+    tmp_path: Path, style: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    pids = tmp_path / "helper-pids"
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            write(tmp_path, "driver.py", DRIVER),
+            write(tmp_path, "hangs.py", SCRIPT_HANGS),
+            style,
+            str(pids),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids.read_text().split() if pids.exists() else []) < 2:
+            assert time.monotonic() < deadline and driver.poll() is None, "the job's ranks did not start"
+            time.sleep(0.1)
+        below = psutil.Process(driver.pid).children(recursive=True) + [
+            psutil.Process(int(pid)) for pid in pids.read_text().split()
+        ]
+        driver.send_signal(signal.SIGINT)  # what Kernel > Interrupt sends
+        assert "the job was stopped with the cell" in driver.stdout.readline()
+        assert driver.poll() is None, "the driver is alive: its exit is not what ended the job"
+        left = [p for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, [p.cmdline() for p in left]
+        assert not list(temp.iterdir()), "the job left files in the temporary folder"
+    finally:
+        driver.kill()
+        driver.wait()
 
 
 @pytest.mark.quick

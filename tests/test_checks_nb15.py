@@ -90,6 +90,22 @@ def starts_only_offsets(base, documents, vocab_size):
     Path(base).with_suffix(".idx").write_bytes(offsets.tobytes())
 
 
+def ids_as_int64(base, documents, vocab_size):
+    """Names uint16 in the manifest but writes the ids as np.asarray made them (int64)."""
+    base = Path(base)
+    flat = np.concatenate([np.asarray(d) for d in documents])
+    base.with_suffix(".bin").write_bytes(flat.tobytes())
+    base.with_suffix(".idx").write_bytes(np.cumsum([0] + [len(d) for d in documents]).astype(np.int64).tobytes())
+    manifest = {"dtype": "uint16", "vocab_size": vocab_size, "tokens": len(flat), "documents": len(documents)}
+    base.with_suffix(".json").write_text(json.dumps(manifest))
+
+
+def default_mode(base):
+    """np.memmap without mode=: opened 'r+', for writing."""
+    tokens, offsets = read_token_file(base)
+    return np.memmap(tokens.filename, dtype=tokens.dtype), offsets
+
+
 def test_15_token_file_right_and_stubs(tmp_path) -> None:
     assert status(nb15.token_file, write_token_file, read_token_file)[0] is Status.SOLVED
     assert status(nb15.token_file, ..., read_token_file)[0] is Status.NOT_ATTEMPTED
@@ -105,6 +121,9 @@ def test_15_token_file_right_and_stubs(tmp_path) -> None:
         (write_token_file, no_size_check, ["accepted a truncated small.bin", "manifest says 8 ids"]),
         (no_manifest_counts, read_manifest_less, ["lacks ['vocab_size', 'tokens', 'documents']"]),
         (starts_only_offsets, read_token_file, ["[0, 3, 4, 8, 8], got [0, 3, 4, 8]"]),
+        # the reader's own size check would refuse these files: the check says what is wrong with them first
+        (ids_as_int64, read_token_file, ["holds 64 bytes for 8 ids", "np.asarray(d, dtype=...)"]),
+        (write_token_file, default_mode, ["mode='r+'", "open it read-only"]),
     ],
 )
 def test_15_token_file_wrong_answers(write, read, hints) -> None:
@@ -141,6 +160,15 @@ def epoch_only(n_tokens, seq_len, count, seed, epoch):
     return np.random.default_rng(epoch).integers(0, n_tokens - seq_len, size=count)
 
 
+def reseeds_the_global_state(n_tokens, seq_len, count, seed, epoch):
+    np.random.seed(seed * 1000 + epoch)
+    return np.random.randint(0, n_tokens - seq_len, size=count)
+
+
+def seed_plus_epoch(n_tokens, seq_len, count, seed, epoch):
+    return np.random.default_rng(seed + epoch).integers(0, n_tokens - seq_len, size=count)
+
+
 def too_few(n_tokens, seq_len, count, seed, epoch):
     return window_starts(n_tokens, seq_len, count, seed, epoch)[:-1]
 
@@ -154,7 +182,9 @@ def test_15_window_starts_right_and_stubs() -> None:
     [
         (past_the_end, ["a window starts at 8 and reads past the end", "the last start is n_tokens - seq_len - 1 = 7"]),
         (never_the_last, ["never [7]", "`high` is exclusive"]),
-        (global_state, ["after the global random state changed", "default_rng([seed, epoch])"]),
+        (global_state, ["changed the global random state", "default_rng([seed, epoch])"]),
+        (reseeds_the_global_state, ["changed the global random state", "a generator of your own"]),
+        (seed_plus_epoch, ["seed 3's epoch 1 drew the same windows as seed 4's epoch 0", "seed + epoch"]),
         (seed_only, ["epoch 1 drew the same windows as epoch 0"]),
         (epoch_only, ["seed 4 drew the same windows as seed 3"]),
         (too_few, ["returned 399 starts, not count=400"]),
@@ -210,6 +240,10 @@ def one_per_row(documents, seq_len, eos):
     return tokens, positions, doc_ids
 
 
+def padding_is_document_0(documents, seq_len, eos):
+    return pack_documents(documents, seq_len, eos, pad_doc=0)
+
+
 def causal_only(doc_ids):
     length = doc_ids.shape[-1]
     return torch.ones(length, length, dtype=torch.bool).tril().expand(doc_ids.shape[0], length, length).clone()
@@ -235,6 +269,7 @@ def test_15_packer_right_and_stubs() -> None:
         (running_positions, document_mask, ["position ids that do not restart"]),
         (no_eos, document_mask, ["each document should appear whole, in order, followed by eos"]),
         (one_per_row, document_mask, ["greedy packing gives", "if it fits, else start a new row"]),
+        (padding_is_document_0, document_mask, ["the tokens are packed right", "padding has doc_ids [0]", "-1"]),
         (pack_documents, causal_only, ["lets a document see the one before it"]),
         (pack_documents, not_causal, ["lets a token see later tokens"]),
         (pack_documents, pads_see_nothing, ["all False", "Let padding see padding"]),
@@ -327,6 +362,45 @@ class NotResumableRandom(MyMixer):
         return self.slots[self.order[i]]
 
 
+class DrawsPerPosition(MyMixer):
+    """The source drawn with probabilities from (seed, position): resumable, seeded, but not exact."""
+
+    def __next__(self):
+        p = [w / len(self.slots) for w in collections.Counter(self.slots).values()]
+        names = list(collections.Counter(self.slots))
+        choice = np.random.default_rng([self.seed, self.taken]).choice(len(names), p=p)
+        self.taken += 1
+        return names[choice]
+
+
+class SameOrderEveryBlock(MyMixer):
+    def __next__(self):
+        block, i = divmod(self.taken, len(self.slots))
+        order = np.random.default_rng(self.seed).permutation(len(self.slots))
+        self.taken += 1
+        return self.slots[order[i]]
+
+
+class NumpyState(MyMixer):
+    def state_dict(self):
+        return {"taken": np.int64(self.taken)}
+
+
+class OrderDrawnAtBlockStart(MyMixer):
+    """One generator from __init__; each block's order drawn when the block starts: resumed mid-block, it has none."""
+
+    def __init__(self, weights, seed):
+        super().__init__(weights, seed)
+        self.rng, self.order = np.random.default_rng(seed), None
+
+    def __next__(self):
+        block, i = divmod(self.taken, len(self.slots))
+        if i == 0:
+            self.order = self.rng.permutation(len(self.slots))
+        self.taken += 1
+        return self.slots[self.order[i]]
+
+
 def test_15_mixer_right_and_stubs() -> None:
     class Stub:
         def __init__(self, weights, seed):
@@ -344,6 +418,10 @@ def test_15_mixer_right_and_stubs() -> None:
         (Unseeded, ["seed 1 gave the same sources as seed 0"]),
         (NotResumableRandom, ["an unstopped mixer gave", "(seed, position) only"]),
         (MyMixer(dict(a=1), 0), ["pass the class itself"]),
+        (DrawsPerPosition, ["draws with probabilities drift", "blocks of 10"]),
+        (SameOrderEveryBlock, ["every block of 10 came in the same order", "default_rng([seed, block])"]),
+        (NumpyState, ["which json cannot save", "int(...)"]),
+        (OrderDrawnAtBlockStart, ["load_state_dict({'taken': 37}) raised TypeError", "from its state alone"]),
     ],
 )
 def test_15_mixer_wrong_answers(cls, hints) -> None:
@@ -394,6 +472,24 @@ def rank_0_only(steps, reference):
     return repeated, None
 
 
+def repeats_after_the_first(steps, reference):
+    """Each window seen before, listed again: once per extra read."""
+    seen, repeated = set(), []
+    for rank in steps.values():
+        for s in rank:
+            for w in s["windows"]:
+                if tuple(w) in seen:
+                    repeated.append(list(w))
+                seen.add(tuple(w))
+    return sorted(repeated), audit(steps, reference)[1]
+
+
+def repeated_steps(steps, reference):
+    """Whole steps compared, not windows."""
+    counts = collections.Counter(json.dumps(s["windows"]) for rank in steps.values() for s in rank)
+    return sorted(w for key, c in counts.items() if c > 1 for w in json.loads(key)), audit(steps, reference)[1]
+
+
 def test_15_audit_right_and_stubs() -> None:
     right_and_stubs(nb15.audit, audit, stub)
 
@@ -406,6 +502,8 @@ def test_15_audit_right_and_stubs() -> None:
         (first_window_only, ["is (0, 1), got None"]),
         (rank_0_only, ["is (1, 2), got None", "rank by rank"]),
         (lambda s, r: {"repeated": []}, ["return two things"]),
+        (repeats_after_the_first, ["got [['docs', 0], ['docs', 0]]", "list it once"]),
+        (repeated_steps, ["[['docs', 64], ['docs', 0]]]", "are [['docs', 0]], got []"]),
     ],
 )
 def test_15_audit_wrong_answers(fn, hints) -> None:

@@ -33,6 +33,13 @@ def token_file(write: Callable[..., Any], read: Callable[..., Any]) -> None:
         write(base, [np.asarray(d) for d in documents], 10)
         for suffix in (".bin", ".idx", ".json"):
             require(base.with_suffix(suffix).exists(), f"write(base, ...) should create {base.name}{suffix}.")
+        flat = [t for d in documents for t in d]
+        size = base.with_suffix(".bin").stat().st_size
+        require(  # before reading: a reader that checks sizes would refuse these files with its own error
+            size == 2 * len(flat),
+            f"{base.name}.bin holds {size} bytes for {len(flat)} ids of a 10-token vocabulary: uint16 (2 bytes an id) "
+            "holds every id below 65,536; convert the ids to the dtype before writing (np.asarray(d, dtype=...)).",
+        )
         got = read(base)
         require(
             isinstance(got, (tuple, list)) and len(got) == 2, f"read(base) should return (tokens, offsets), got {got!r}"
@@ -43,7 +50,11 @@ def token_file(write: Callable[..., Any], read: Callable[..., Any]) -> None:
             f"tokens should be an np.memmap of {base.name}.bin (opened without reading it), "
             f"got {type(tokens).__name__}: use np.memmap(path, dtype=..., mode='r').",
         )
-        flat = [t for d in documents for t in d]
+        require(
+            tokens.mode == "r",
+            f"tokens is a memory map opened with mode={tokens.mode!r}, which lets a reader write into the token file "
+            "(np.memmap's default mode is 'r+'): open it read-only, np.memmap(path, dtype=..., mode='r').",
+        )
         require(
             [int(t) for t in tokens] == flat,
             f"the tokens read back are {[int(t) for t in tokens]}, the documents hold {flat}: "
@@ -52,11 +63,6 @@ def token_file(write: Callable[..., Any], read: Callable[..., Any]) -> None:
         require(
             [int(o) for o in offsets] == [0, 3, 4, 8, 8],
             f"offsets should be where each document starts, and the end: [0, 3, 4, 8, 8], got {[int(o) for o in offsets]}.",
-        )
-        require(
-            base.with_suffix(".bin").stat().st_size == 2 * len(flat),
-            f"{base.name}.bin holds {base.with_suffix('.bin').stat().st_size} bytes for {len(flat)} ids of a 10-token "
-            "vocabulary: uint16 (2 bytes an id) holds every id below 65,536.",
         )
         manifest = json.loads(base.with_suffix(".json").read_text())
         missing = [k for k in ("dtype", "vocab_size", "tokens", "documents") if k not in manifest]
@@ -115,7 +121,14 @@ def window_starts(fn: Callable[..., Any]) -> None:
     )
     np.random.seed(1)
     torch.manual_seed(1)
+    before = np.random.get_state()[1].copy(), torch.get_rng_state()
     first = starts(1000, 16, 50, 3, 0)
+    require(
+        np.array_equal(np.random.get_state()[1], before[0]) and torch.equal(torch.get_rng_state(), before[1]),
+        "window_starts changed the global random state (np.random.seed, torch.manual_seed or a draw from them): "
+        "everything else that draws at random in the process then changes with it. Draw from a generator of "
+        "your own, np.random.default_rng([seed, epoch]).",
+    )
     np.random.seed(2)
     torch.manual_seed(2)
     require(
@@ -129,6 +142,11 @@ def window_starts(fn: Callable[..., Any]) -> None:
     )
     require(
         starts(1000, 16, 50, 4, 0) != first, "seed 4 drew the same windows as seed 3: the seed must change the draws."
+    )
+    require(
+        starts(1000, 16, 50, 3, 1) != starts(1000, 16, 50, 4, 0),
+        "seed 3's epoch 1 drew the same windows as seed 4's epoch 0: seeding with seed + epoch makes runs with "
+        "neighbouring seeds share their epochs. Give the generator both numbers: np.random.default_rng([seed, epoch]).",
     )
 
 
@@ -178,11 +196,18 @@ def packer(pack_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:
         f"every row should hold seq_len={seq_len} entries (pad the end), got rows of {sorted({len(r) for r in tokens})}.",
     )
     flat = [x for row, d in zip(tokens, doc_ids) for x, i in zip(row, d) if i >= 0]
-    require(
-        flat == [x for d in documents for x in d + [eos]],
+    require(  # the tokens right and only doc_ids wrong (padding's -1): the next check says so
+        tokens == want_t or flat == [x for d in documents for x in d + [eos]],
         f"the documents {documents} with seq_len={seq_len}, eos={eos} packed as {tokens} (doc_ids {doc_ids}): "
         "each document should appear whole, in order, followed by eos.",
     )
+    if tokens == want_t and doc_ids != want_d:
+        padding = {d for row, want in zip(doc_ids, want_d) for d, w in zip(row, want) if w < 0}
+        if all(d == w for row, want in zip(doc_ids, want_d) for d, w in zip(row, want) if w >= 0):
+            raise Hint(
+                f"the tokens are packed right, but padding has doc_ids {sorted(padding)}: give padding the document "
+                "number -1, which no document has (0 is the first document's)."
+            )
     require(
         tokens == want_t and doc_ids == want_d,
         f"greedy packing gives {want_t} with doc_ids {want_d}, got {tokens} and {doc_ids}: put each document "
@@ -238,17 +263,23 @@ def mixer(cls: Any) -> None:
         set(draws) <= set(weights),
         f"next(mixer) should give a source name of {sorted(weights)}, got {sorted(set(draws) - set(weights))[:3]}",
     )
-    worst, at = 0.0, 0
+    worst, at, came = 0.0, 0, 0
     count = 0
     for n, name in enumerate(draws, 1):
         count += name == "docs"
         if abs(count - 0.7 * n) > worst:
-            worst, at = abs(count - 0.7 * n), n
+            worst, at, came = abs(count - 0.7 * n), n, count
+    require(  # blocks of 7 and 3 are never more than 2.1 away from 70 %; random draws drift further
+        worst <= 3,
+        f"after {at} draws, 'docs' came {came} times, not {0.7 * at:g} (70 %): draws with probabilities drift. Take "
+        "blocks of 10 holding exactly 7 'docs' and 3 'code', in an order shuffled from (seed, block), so that any "
+        "stretch is within one block of exact.",
+    )
+    blocks = {tuple(draws[i : i + 10]) for i in range(0, len(draws), 10)}
     require(
-        worst < 10,
-        f"after {at} draws, 'docs' came {round(0.7 * at + (worst if count else -worst))} times, "
-        f"{worst:.0f} away from 70 %: draws with probabilities drift. Take blocks of 10 holding exactly 7 'docs' and "
-        "3 'code', in an order shuffled from (seed, block), so that any stretch is within one block of exact.",
+        len(blocks) > 1,
+        f"every block of 10 came in the same order, {list(next(iter(blocks)))}: shuffle each block anew, from "
+        "np.random.default_rng([seed, block]).",
     )
     again = cls(dict(weights), 0)
     require([next(again) for _ in range(1000)] == draws, "two mixers with the same seed gave different sources.")
@@ -263,15 +294,25 @@ def mixer(cls: Any) -> None:
     state = m.state_dict()
     try:
         small = len(json.dumps(state)) < 200
-    except TypeError:
-        small = False
+    except TypeError as exc:
+        raise Hint(
+            f"state_dict() gave {str(state)[:80]}, which json cannot save ({exc}): a checkpoint holds plain Python "
+            "numbers; convert with int(...)."
+        ) from None
     require(
         small,
         f"the state should be a few integers (how many draws were taken), not the history: got {str(state)[:80]}",
     )
     resumed = cls(dict(weights), 0)
     resumed.load_state_dict(json.loads(json.dumps(state)))
-    after = [next(resumed) for _ in range(50)]
+    try:
+        after = [next(resumed) for _ in range(50)]
+    except Exception as exc:  # e.g. an order drawn only at a block's start, never drawn by the resumed mixer
+        raise Hint(
+            f"a new mixer given load_state_dict({state}) raised {type(exc).__name__}: {exc} at its first draws: it "
+            "must draw from its state alone. Compute each block's order from (seed, block) whenever it is needed, "
+            "np.random.default_rng([seed, block]).permutation(...), rather than keeping one made earlier."
+        ) from None
     if after != draws[37:87]:
         replay = " it replays from the start: load_state_dict must set the position," if after == draws[:50] else ""
         raise Hint(
@@ -298,6 +339,8 @@ def audit(fn: Callable[..., Any]) -> None:
         (steps([[a], [b]], [[c], [e]]), [], (1, 2)),
         (steps([[a], [b]], [[a], [d]]), [a], (1, 1)),
         (steps([[a, f], [b, e]], [[c], [d]]), [], (0, 1)),
+        (steps([[a], [a]], [[a], [d]]), [a], (0, 2)),  # read three times: listed once
+        (steps([[a, f], [b, a]], [[c], [d]]), [a], (0, 1)),  # a window, not a whole step, read twice
     ]
     for case, want_repeated, want_first in cases:
         got = fn(case, reference)

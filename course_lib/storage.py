@@ -265,19 +265,22 @@ class ImageFiles:
             stderr=subprocess.PIPE,
             preexec_fn=_term_with_parent,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if os.path.ismount(mountpoint):
-                self.root, self._process = mountpoint, process
-                return ""
-            if process.poll() is not None:
-                error = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
-                with contextlib.suppress(OSError):
-                    mountpoint.rmdir()
-                return f"squashfuse could not mount it ({error or f'exit status {process.returncode}'})"
-            time.sleep(0.02)
-        process.kill()
-        process.wait()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if os.path.ismount(mountpoint):
+                    self.root, self._process = mountpoint, process
+                    return ""
+                if process.poll() is not None:
+                    error = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
+                    with contextlib.suppress(OSError):
+                        mountpoint.rmdir()
+                    return f"squashfuse could not mount it ({error or f'exit status {process.returncode}'})"
+                time.sleep(0.02)
+        except BaseException:  # Kernel > Interrupt while it mounts: no mount may outlive the cell
+            _unmount(process, mountpoint)
+            raise
+        _unmount(process, mountpoint)
         return "squashfuse did not mount it within 10 s"
 
     def names(self) -> list[str]:
@@ -297,18 +300,8 @@ class ImageFiles:
     def close(self) -> None:
         """Unmount (squashfuse unmounts when it is asked to stop) and remove the mount point, or close the reader."""
         process, self._process = self._process, None
-        if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stderr:
-                process.stderr.close()
-            if self.root is not None:
-                with contextlib.suppress(OSError):
-                    self.root.rmdir()
+        if process is not None and self.root is not None:
+            _unmount(process, self.root)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -322,6 +315,21 @@ class ImageFiles:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _unmount(process: subprocess.Popen, mountpoint: Path) -> None:
+    """Stop ``squashfuse -f``: SIGTERM, on which it unmounts (SIGKILL would leave a dead mount), then remove the
+    mount point."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stderr:
+        process.stderr.close()
+    with contextlib.suppress(OSError):
+        mountpoint.rmdir()
 
 
 # ------------------------------------------------------------------------------------------------------- staging

@@ -39,9 +39,9 @@ def test_rotating_dataset() -> None:
     wrong = {
         "never the rank": lambda u, s, e: rotating(u, s, e, key=[s, e, int(os.environ.get("RANK", 0))]),
         "wds.split_by_node": lambda u, s, e: rotating(u, s, e, split=False),
-        "the share does not": lambda u, s, e: rotating(u, s, e, key=[s]),
+        "not from the seed alone": lambda u, s, e: rotating(u, s, e, key=[s]),
         "shuffle the list identically": lambda u, s, e: rotating(u, s, e, shuffle="global"),
-        "Shuffle the URL list itself": lambda u, s, e: rotating(u, s, e, shuffle="after split"),
+        "the share does not. Shuffle the URL list itself": lambda u, s, e: rotating(u, s, e, shuffle="after split"),
         "(key, label)": lambda u, s, e: (sample[1] for sample in rotating(u, s, e)),
     }
     for words, fn in wrong.items():
@@ -71,3 +71,14 @@ def test_stage_or_stream() -> None:
     for words, fn in wrong.items():
         outcome, message = status(nb09.stage_or_stream, fn)
         assert outcome is Status.WRONG and words in message, (words, message)
+
+
+def test_with_epoch_value_multiplied_by_the_workers_says_they_share_the_epoch() -> None:
+    """A learner who multiplies on the dataset (each worker yields n, so n × workers?) is told the rank's n batches
+    are shared among its workers."""
+
+    def times_workers(n, b, w, on):
+        return n if on == "loader" or w == 0 else n * w
+
+    outcome, message = status(nb09.with_epoch_value, times_workers)
+    assert outcome is Status.WRONG and "shared among its 2 workers" in message, message

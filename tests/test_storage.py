@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course_lib import storage
@@ -143,6 +146,35 @@ def test_a_killed_kernels_mount_goes_with_it(small_set, tmp_path: Path) -> None:
     assert not os.path.ismount(tmp_path / "set.sqsh.mnt"), "the mount outlived the process that made it"
 
 
+def test_an_interrupt_while_it_mounts_leaves_no_mount(small_set, tmp_path: Path, monkeypatch) -> None:
+    """Kernel > Interrupt in the moment squashfuse has mounted but ``ImageFiles`` has not yet seen it (the worst
+    case): the KeyboardInterrupt goes on, and neither the mount, nor squashfuse, nor the mount point is left."""
+    needs("mksquashfs", "squashfuse")
+    if os.geteuid() != 0:
+        pytest.skip("mounting is checked as root (CI)")
+    image = storage.make_image(small_set[0][0].parent, tmp_path / "set.sqsh")
+    point = tmp_path / "set.sqsh.mnt"
+    real_ismount, real_sleep, before = os.path.ismount, time.sleep, set(psutil.Process().children())
+    interrupted = []
+
+    def interrupt_once_mounted(seconds: float) -> None:
+        if interrupted:  # Popen.wait sleeps too
+            return real_sleep(seconds)
+        deadline = time.monotonic() + 10
+        while not real_ismount(point) and time.monotonic() < deadline:
+            real_sleep(0.02)
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(storage.os.path, "ismount", lambda path: False)
+    monkeypatch.setattr(storage.time, "sleep", interrupt_once_mounted)
+    with pytest.raises(KeyboardInterrupt):
+        storage.ImageFiles(image)
+    monkeypatch.undo()
+    assert not os.path.ismount(point) and not point.exists(), "the interrupted mount was left behind"
+    assert not [p for p in set(psutil.Process().children()) - before if p.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_an_ordinary_user_reads_the_image_without_mounting(small_set, tmp_path: Path) -> None:
     """As on many hubs: squashfuse cannot mount for an ordinary user here (no working fusermount3), so the image
     is read without mounting, saying so, and gives the same bytes."""
@@ -196,3 +228,28 @@ def test_staging_copies_whole_and_refuses_what_does_not_fit(small_set, tmp_path:
     with pytest.raises(storage.StorageError, match=r"does not fit in .* \(0 MB free\): stage to the node's local disk"):
         storage._stage(files, tmp_path / "shm-copy")
     assert list(tmp_path.glob("*shm-copy*")) == [], "nothing is written when it does not fit"
+
+
+@pytest.mark.parametrize("version", ["09_streaming_shards.ipynb", "solutions/09_streaming_shards.ipynb"])
+def test_notebook_09s_image_cell_goes_on_without_mksquashfs(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hub without squashfs-tools: the cell that packs the image says so and prints what a machine with it
+    printed, and no later cell needs what it would have made (Run All goes on to exercise 09.6)."""
+    cells = [
+        "".join(c["source"])
+        for c in json.loads((ROOT / "notebooks" / version).read_text())["cells"]
+        if c["cell_type"] == "code"
+    ]
+    at = next(i for i, source in enumerate(cells) if "storage.make_image(" in source)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mksquashfs (nor anything else) on the PATH
+    namespace = {"storage": storage, "claims": None, "shards": None, "root": tmp_path, "work": tmp_path, "files": []}
+    exec(compile(cells[at], "cell", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "mksquashfs is not installed (Debian: apt-get install squashfs-tools)" in out
+    assert "samples/s" in out, "the stored figures"
+    made = {"image", "rounds", "read_three_ways"}
+    later = [
+        n for source in cells[at + 1 :] for n in made if re.search(rf"\b{n}\b(?!\s*=[^=])", source)
+    ]  # not a keyword
+    assert not later, f"later cells use {later}, which a machine without mksquashfs does not have"

@@ -213,6 +213,11 @@ def with_epoch_value(fn: Callable[[int, int, int, str], Any]) -> None:
                 f"{call} = {got}: with_epoch counts whatever comes out of the end of the pipeline it is set on; "
                 "the dataset ends with .batched(...), so that is batches, not samples."
             )
+        if on == "dataset" and w > 1 and got == n * w:
+            raise Hint(
+                f"{call} = {got}: on the dataset, each of the {w} workers stops after that many batches, so the rank "
+                f"would get {w * got}: the {n} batches of the rank's epoch are shared among its {w} workers."
+            )
         if on == "dataset" and w > 1 and got == n:
             raise Hint(
                 f"{call} = {got}: on the dataset, with_epoch counts per worker, and each of the {w} workers "
@@ -430,9 +435,16 @@ def rotating_dataset(fn: Callable[..., Any]) -> None:
             shares.append(mine)
             require(len(runs[0]) == len(set(runs[0])), f"rank 0 read a sample twice in epoch {epoch}.")
         if all(s[0] == shares[0][0] for s in shares):
+            if shares[0][0] == set(range(0, n, world)):  # rank 0's share of the list as given: shuffled after the split
+                raise Hint(
+                    f"rank 0 read shards {sorted(shares[0][0])} of the check's {n} in every one of 4 epochs, its share "
+                    "of the list as given: a shuffle after the split changes the order, the share does not. Shuffle "
+                    "the URL list itself, from (seed, epoch), before wds.split_by_node."
+                )
             raise Hint(
-                f"rank 0 read shards {sorted(shares[0][0])} in every one of 4 epochs: the order changes, the share "
-                "does not. Shuffle the URL list itself, from (seed, epoch), before wds.split_by_node."
+                f"rank 0 read shards {sorted(shares[0][0])} of the check's {n} in every one of 4 epochs: the list is "
+                "shuffled, but alike in every epoch. Draw the permutation from (seed, epoch), e.g. "
+                "np.random.default_rng([seed, epoch]), not from the seed alone."
             )
         again = _rotation_run(fn, urls, 0, world, 0, 1)
         first = _rotation_run(fn, urls, 0, world, 0, 1)

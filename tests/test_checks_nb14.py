@@ -207,6 +207,15 @@ class AlwaysFromTheStart(MyResumableShuffle):
             yield index
 
 
+class RestoresTheRunningCount(MyResumableShuffle):
+    """The notebook's solution with ``self.yielded = state["yielded"]`` in load_state_dict (a learner's slip seen in
+    JupyterLab): ``__iter__`` then sets the count from ``self.skip``, 0, and the resumed pass starts over."""
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+        self.yielded = state["yielded"]
+
+
 class GlobalRng(MyResumableShuffle):
     def __iter__(self):
         order = torch.randperm(self.n).tolist()
@@ -262,7 +271,8 @@ def test_14_resumable_sampler_right_and_stubs() -> None:
         (NoEpochInState, [f"{[order(0)[12:16], order(0)[16:20]]}... came next", "Save the epoch"]),
         (CountsAfterYield, [f"{[order(1)[11:15], order(1)[15:19]]}... came next", "count before each yield"]),
         (IgnoresLoad, [f"{[order(0)[0:4], order(0)[4:8]]}... came next", "stopped after 3 batches"]),
-        (AlwaysFromTheStart, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "skip that many of the epoch's order"]),
+        (AlwaysFromTheStart, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "started the epoch over"]),
+        (RestoresTheRunningCount, [f"{[order(1)[0:4], order(1)[4:8]]}... came next", "restore into another attribute"]),
         (SkipsEveryPass, ["it had 20 indices", "skip only once"]),
         (
             CountsFromTheResume,  # the second state says 8 yielded: epoch 1's order from its 9th index again

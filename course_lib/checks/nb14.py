@@ -122,6 +122,13 @@ def resumable_sampler(cls: Any) -> None:
     resumed = loader(resumed_sampler)
     resumed.load_state_dict(state)
     mid, state = _pass(resumed, stop_after=2)
+    if mid == whole[:2]:
+        raise Hint(
+            f"stopped after 3 batches and resumed in a new loader: {mid[:2]}... came next, the epoch's first batches: "
+            "the resumed sampler started the epoch over. __iter__ must skip the count that load_state_dict restored; "
+            "if __iter__ sets its running count to 0 as it starts, restore into another attribute (self.skip) that "
+            "__iter__ skips, then clears."
+        )
     require(
         before + mid == whole[:5],
         f"stopped after 3 batches and resumed in a new loader: {mid[:2]}... came next, "

@@ -325,7 +325,10 @@ def read_steps(folder: str | os.PathLike[str], program: str = "course_lib.resume
                 steps[record["step"]] = record
         runs[int(path.name[4:].split(".")[0])] = [steps[s] for s in sorted(steps)]
     if not runs:
-        raise FileNotFoundError(f"no rank*.steps.jsonl in {folder}; run {program} with --report {folder}")
+        raise FileNotFoundError(
+            f"no rank*.steps.jsonl in {folder}; run {program} with --report {folder} first (in a notebook: the cell "
+            "that starts the job)"
+        )
     return runs
 
 

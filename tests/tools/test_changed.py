@@ -24,7 +24,7 @@ ALL = changed.numbers()
         (["course_lib/checks/nb09.py"], ["09"]),  # its checks
         (["course_lib/checks/_core.py"], ALL),  # every check's machinery
         (["course_lib/s3server.py"], ["10"]),  # a module one notebook imports
-        (["course_lib/resume.py"], ["13", "14", "15"]),  # ... one imported by modules (capstone's, tokens) inside functions
+        (["course_lib/resume.py"], ["13", "14", "15"]),  # ... one that modules import (capstone, tokens)
         (["course_lib/train.py"], ["07", "13", "14", "15"]),  # a program (launch("course_lib.train")), and imported
         (["course_lib/support.py"], ALL),  # what every lesson module imports
         (["requirements.txt"], ALL),

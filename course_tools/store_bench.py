@@ -221,16 +221,19 @@ def _cpu_seconds(processes: list[psutil.Process]) -> float:
     return seconds
 
 
-def cpu_per_gb(one_pass: Callable[[], int], server_pid: int) -> dict[str, float]:
-    """CPU seconds per GB of one pass: the server's process tree, and the readers (this process and its other
-    children: the DataLoader's workers). Children are counted while they live (persistent workers)."""
+def cpu_per_gb(one_pass: Callable[[], int], server_pid: int, min_seconds: float = 1.0) -> dict[str, float]:
+    """CPU seconds per GB of passes lasting ``min_seconds`` at least (the CPU clock ticks every 10 ms: a small pass
+    alone may read as 0): the server's process tree, and the readers (this process and its other children: the
+    DataLoader's workers). Children are counted while they live (persistent workers)."""
     me = psutil.Process()
     server = psutil.Process(server_pid)
     server_tree = [server, *server.children(recursive=True)]
     server_pids = {p.pid for p in server_tree}
     readers = [me, *(p for p in me.children(recursive=True) if p.pid not in server_pids)]
     before = _cpu_seconds(server_tree), _cpu_seconds(readers)
-    read = one_pass()
+    read, start = 0, time.perf_counter()
+    while not read or time.perf_counter() - start < min_seconds:
+        read += one_pass()
     after = _cpu_seconds(server_tree), _cpu_seconds(readers)
     gb = read / 1e9
     return {"server": (after[0] - before[0]) / gb, "readers": (after[1] - before[1]) / gb}

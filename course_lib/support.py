@@ -1,8 +1,8 @@
 """The helpers the lesson modules share, one per idea: files and folders written under a temporary
 name and renamed (a reader never sees half of one; a folder the course did not write is never replaced),
-the ``fork`` context where the platform has it, argument checks that say what was wrong, and the CPU and memory
-limits of this process's cgroup. Public because the
-checks and the tools share them too; no notebook needs them."""
+the ``fork`` context where the platform has it, argument checks that say what was wrong, and the CPU and
+memory limits of this process's cgroup. Public because the checks and the tools share them too; no notebook
+needs them."""
 
 from __future__ import annotations
 

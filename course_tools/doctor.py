@@ -48,7 +48,6 @@ OPEN_FILES_MINIMUM = 256
 #: below the minimum the kernel is killed ("Kernel died"), below the comfort figure a second open notebook may be.
 MEMORY_MINIMUM_MB = 2048
 MEMORY_COMFORT_MB = 4096
-#: A cgroup v1 limit this large (the kernel's "no limit", rounded to pages) means none.
 #: Free disk at the data folder: the 'workshop' set and its shards take about 150 MB.
 DISK_FAIL_MB = 200
 DISK_WARN_MB = 1024
